@@ -1,0 +1,108 @@
+#pragma once
+// The collective layer: what the lifecycle manager needs from "the other ranks".
+//
+// `exchange` all-gathers one byte string per rank; `collectiveCall` runs a function on every
+// rank and raises on every rank when any rank failed (the reference's `_automatic`). Every
+// collective carries a stage tag and a sequence number: when ranks enter different
+// collectives, every rank raises CollectiveMismatch naming both stages, before any side
+// effect of the collective. Every collective has a deadline (`timeout()`): past it the rank
+// raises TimeoutError naming the stage and the ranks that did not arrive.
+//
+// Thread safety: one Collective belongs to one rank and is used from one thread at a time.
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace hmc::collective {
+
+using Bytes = std::string;
+using Clock = std::chrono::steady_clock;
+
+enum class CollectiveStatus { kOk, kTimeout, kMismatch, kRankFailure, kError };
+
+// One collective as a rank saw it; what observers (flight recorder, timings) receive.
+struct CollectiveRecord {
+  std::uint64_t sequence = 0;
+  std::string stage;
+  std::size_t payloadBytes = 0;
+  Clock::time_point start;
+  Clock::time_point end;
+  CollectiveStatus status = CollectiveStatus::kOk;
+};
+
+class CollectiveObserver {
+ public:
+  virtual ~CollectiveObserver() = default;
+  virtual void onEnter(const CollectiveRecord& record) = 0;
+  // Called once per onEnter, also when the collective raised (status says how it ended).
+  virtual void onExit(const CollectiveRecord& record) = 0;
+};
+
+class Collective {
+ public:
+  virtual ~Collective() = default;
+  Collective(const Collective&) = delete;
+  Collective& operator=(const Collective&) = delete;
+
+  int rank() const noexcept { return rank_; }
+  int worldSize() const noexcept { return worldSize_; }
+  std::chrono::milliseconds timeout() const noexcept { return timeout_; }
+  void setTimeout(std::chrono::milliseconds timeout);
+  // Collectives entered so far; the next one gets this number.
+  std::uint64_t sequence() const noexcept { return sequence_; }
+  // The transport's name ("threads", "store", "gloo", "local").
+  virtual std::string_view transportName() const noexcept = 0;
+
+  // All-gather: every rank's payload in rank order. Blocking, collective, bounded by
+  // timeout(). Throws CollectiveMismatch, TimeoutError or RankFailure.
+  std::vector<Bytes> exchange(std::string_view stage, const Bytes& payload);
+
+  // Runs `fn` locally only after every rank has entered the same stage, then agrees on
+  // success. When any rank's `fn` threw, every rank throws RuntimeError
+  // "<stage> failed on ranks [r, ...]: <Class>: <message of the lowest failed rank>".
+  void collectiveCall(std::string_view stage, const std::function<void()>& fn);
+
+  // A plain barrier (an exchange of nothing).
+  void barrier(std::string_view stage = "barrier");
+
+  // Not owned; nullptr to detach. Must outlive its attachment.
+  void setObserver(CollectiveObserver* observer) noexcept { observer_ = observer; }
+
+ protected:
+  Collective(int rank, int worldSize, std::chrono::milliseconds timeout);
+
+  // Gathers `envelope` from every rank for collective number `sequence`, in rank order.
+  // `stage` is given for error messages only. Throws TimeoutError (naming the stage and the
+  // ranks that did not arrive) or RankFailure when the deadline passes or a peer is gone.
+  virtual std::vector<Bytes> gather(std::uint64_t sequence, std::string_view stage,
+                                    const Bytes& envelope, Clock::time_point deadline) = 0;
+
+ private:
+  int rank_;
+  int worldSize_;
+  std::chrono::milliseconds timeout_;
+  std::uint64_t sequence_ = 0;
+  CollectiveObserver* observer_ = nullptr;
+};
+
+// A world of one rank: every collective returns at once (the reference without
+// torch.distributed initialised).
+class LocalCollective final : public Collective {
+ public:
+  explicit LocalCollective(std::chrono::milliseconds timeout = std::chrono::seconds(30));
+  std::string_view transportName() const noexcept override { return "local"; }
+
+ protected:
+  std::vector<Bytes> gather(std::uint64_t sequence, std::string_view stage,
+                            const Bytes& envelope, Clock::time_point deadline) override;
+};
+
+// Python's repr of a list of ints: "[0, 2]".
+std::string formatRankList(const std::vector<int>& ranks);
+
+}  // namespace hmc::collective

@@ -1,0 +1,118 @@
+#pragma once
+// The execution-resource lifecycle manager: the reference's `_MulticoreResourceManager`,
+// with the same semantics and messages.
+//
+// One manager per rank. The reference has one per process; with the `threads` transport a
+// process holds many ranks, so managers are instantiable, and `current()` is the manager of
+// the calling thread (set with ResourceManager::Scope) or the process default.
+//
+// Collective methods (recycle, closeGroups, shutdown) must be called on every rank in the
+// same order; they block until every rank arrives or the collective's deadline passes.
+// Thread safety: a manager belongs to one rank thread; it is not safe to share.
+
+#include <functional>
+#include <memory>
+#include <map>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "hmc/collective/collective.hpp"
+#include "hmc/lifecycle/resource_group.hpp"
+
+namespace hmc::lifecycle {
+
+// Stage tags of the manager's collectives.
+inline constexpr std::string_view kRecycleStage = "recycle";
+inline constexpr std::string_view kCloseValidationStage = "close validation";
+inline constexpr std::string_view kResourceCloseStage = "multicore resource close";
+inline constexpr std::string_view kRuntimeReleaseStage = "multicore Runtime release";
+
+class ResourceManager {
+ public:
+  explicit ResourceManager(std::shared_ptr<collective::Collective> collective);
+  ~ResourceManager();
+  ResourceManager(const ResourceManager&) = delete;
+  ResourceManager& operator=(const ResourceManager&) = delete;
+
+  // The process-wide manager over a one-rank LocalCollective.
+  static std::shared_ptr<ResourceManager> processDefault();
+  // This thread's manager (innermost Scope), else the process default.
+  static std::shared_ptr<ResourceManager> current();
+
+  // Makes `manager` this thread's current() until destroyed.
+  class Scope {
+   public:
+    explicit Scope(std::shared_ptr<ResourceManager> manager);
+    ~Scope();
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+
+   private:
+    std::shared_ptr<ResourceManager> previous_;
+  };
+
+  collective::Collective& collective() noexcept { return *collective_; }
+
+  // Local. A new unbound group with one member.
+  std::pair<GroupPtr, MemberToken> createGroup(nlohmann::json specification,
+                                               nlohmann::json compatibilityKey,
+                                               nlohmann::json scopeKey);
+  // Local.
+  MemberToken addMember(ResourceGroup& group);
+  // Local, never collective: drops a membership; a group with no members and no resources
+  // is forgotten (closed).
+  void retire(GroupId groupId, MemberToken memberToken);
+
+  // Collective ('recycle'). Reconciles orphan groups on a first binding: the first bound
+  // group idle on every rank and compatible with `target` on every rank (in binding order)
+  // moves its resources to `target`; every other group idle on every rank is closed
+  // collectively. Raises RuntimeError when ranks' manifests or signatures differ.
+  void recycle(ResourceGroup& target, const Binding& binding, const nlohmann::json& signature);
+
+  // Collective. Validates manifests and readiness across ranks, closes every bound group of
+  // `groups` (all groups when nullopt) in binding order, forgets unbound ones, and releases
+  // the runtime once no group holds resources. On failure ownership stays, so a retry with
+  // the same manifest works.
+  void closeGroups(std::optional<std::vector<GroupPtr>> groups = std::nullopt);
+
+  // Specifications of the active (members or resources) groups in `scopeKey`.
+  std::vector<nlohmann::json> activeSpecifications(const nlohmann::json& scopeKey) const;
+
+  BindingId nextBindingId() noexcept { return nextBindingId_++; }
+
+  // The process runtime's final release (set by the first binding's module type), called
+  // once inside the 'multicore Runtime release' collective after the last group closes.
+  const std::function<void()>& runtimeRelease() const noexcept { return runtimeRelease_; }
+  void setRuntimeRelease(std::function<void()> release) { runtimeRelease_ = std::move(release); }
+
+  // The reference's `_automatic.register(close_groups, ...)`: remember that shutdown() must
+  // close groups. shutdown() is collective when registered; it never runs from a destructor.
+  void registerAutomaticCleanup() noexcept { automaticCleanup_ = true; }
+  bool automaticCleanupRegistered() const noexcept { return automaticCleanup_; }
+  void shutdown();
+
+  // Introspection (local).
+  std::vector<GroupPtr> groups() const;
+  std::size_t groupCount() const noexcept { return groups_.size(); }
+  std::size_t boundGroupCount() const;
+
+ private:
+  static std::vector<GroupPtr> boundGroups(const std::vector<GroupPtr>& groups);
+  void validateCollectiveClose(const std::vector<GroupPtr>& bound);
+  void closeGroupCollectively(const GroupPtr& group);
+  void releaseRuntime(const std::function<void()>& release);
+
+  std::shared_ptr<collective::Collective> collective_;
+  GroupId nextGroupId_ = 0;
+  MemberToken nextMemberToken_ = 0;
+  BindingId nextBindingId_ = 0;
+  std::map<GroupId, GroupPtr> groups_;  // ids only grow: map order is creation order
+  std::function<void()> runtimeRelease_;
+  bool runtimeReleased_ = false;
+  bool automaticCleanup_ = false;
+};
+
+}  // namespace hmc::lifecycle

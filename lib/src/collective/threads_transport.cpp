@@ -1,0 +1,109 @@
+#include "hmc/collective/threads_transport.hpp"
+
+#include <fmt/format.h>
+
+#include "hmc/error.hpp"
+
+namespace hmc::collective {
+namespace {
+
+class ThreadCollective final : public Collective {
+ public:
+  ThreadCollective(std::shared_ptr<ThreadWorld> world, int rank, std::chrono::milliseconds timeout)
+      : Collective(rank, world->worldSize(), timeout), world_(std::move(world)) {}
+  std::string_view transportName() const noexcept override { return "threads"; }
+
+ protected:
+  std::vector<Bytes> gather(std::uint64_t sequence, std::string_view stage, const Bytes& envelope,
+                            Clock::time_point deadline) override {
+    return world_->gather(rank(), sequence, stage, envelope, deadline);
+  }
+
+ private:
+  std::shared_ptr<ThreadWorld> world_;
+};
+
+}  // namespace
+
+std::shared_ptr<ThreadWorld> ThreadWorld::create(int worldSize) {
+  if (worldSize < 1) {
+    throw ValueError(fmt::format("a thread world needs at least one rank, got {}", worldSize));
+  }
+  return std::shared_ptr<ThreadWorld>(new ThreadWorld(worldSize));
+}
+
+ThreadWorld::ThreadWorld(int worldSize) : worldSize_(worldSize), failed_(worldSize) {}
+
+std::unique_ptr<Collective> ThreadWorld::collective(int rank, std::chrono::milliseconds timeout) {
+  return std::make_unique<ThreadCollective>(shared_from_this(), rank, timeout);
+}
+
+void ThreadWorld::markFailed(int rank, const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    failed_.at(rank) = reason;
+  }
+  changed_.notify_all();
+}
+
+std::vector<Bytes> ThreadWorld::gather(int rank, std::uint64_t sequence, std::string_view stage,
+                                       const Bytes& envelope, Clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  Slot& slot = slots_[sequence];
+  if (slot.payloads.empty()) slot.payloads.resize(worldSize_);
+  slot.payloads[rank] = envelope;
+  ++slot.arrived;
+  changed_.notify_all();
+
+  auto missing = [&] {
+    std::vector<int> ranks;
+    for (int peer = 0; peer < worldSize_; ++peer) {
+      if (!slot.payloads[peer]) ranks.push_back(peer);
+    }
+    return ranks;
+  };
+  auto deadPeer = [&]() -> std::optional<int> {
+    for (int peer = 0; peer < worldSize_; ++peer) {
+      if (!slot.payloads[peer] && failed_[peer]) return peer;
+    }
+    return std::nullopt;
+  };
+  auto leave = [&] {
+    // An abandoned slot stays, so that ranks arriving late fail at once.
+    if (++slot.departed == worldSize_) slots_.erase(sequence);
+  };
+
+  while (slot.abandonedBy || slot.arrived < worldSize_) {
+    if (slot.abandonedBy) {
+      const int by = *slot.abandonedBy;
+      const std::vector<int> absent = missing();
+      leave();
+      throw TimeoutError(fmt::format(
+          "'{}' #{} timed out on rank {}: rank {} already gave up waiting for ranks {}", stage,
+          sequence, rank, by, formatRankList(absent)));
+    }
+    if (auto dead = deadPeer()) {
+      const std::string why = *failed_[*dead];
+      slot.abandonedBy = rank;
+      leave();
+      throw RankFailure(fmt::format("'{}' #{} on rank {}: rank {} failed: {}", stage, sequence,
+                                    rank, *dead, why));
+    }
+    if (changed_.wait_until(lock, deadline) == std::cv_status::timeout &&
+        slot.arrived < worldSize_) {
+      const std::vector<int> absent = missing();
+      slot.abandonedBy = rank;
+      leave();
+      changed_.notify_all();
+      throw TimeoutError(fmt::format("'{}' #{} timed out on rank {}: ranks {} did not arrive",
+                                     stage, sequence, rank, formatRankList(absent)));
+    }
+  }
+  std::vector<Bytes> out;
+  out.reserve(worldSize_);
+  for (const auto& payload : slot.payloads) out.push_back(*payload);
+  leave();
+  return out;
+}
+
+}  // namespace hmc::collective

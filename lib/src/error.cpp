@@ -1,0 +1,48 @@
+#include "hmc/error.hpp"
+
+namespace hmc {
+
+std::string_view toString(ErrorKind kind) noexcept {
+  switch (kind) {
+    case ErrorKind::kRuntimeError: return "runtime_error";
+    case ErrorKind::kValueError: return "value_error";
+    case ErrorKind::kTypeError: return "type_error";
+    case ErrorKind::kTimeout: return "timeout";
+    case ErrorKind::kCheckFailed: return "check_failed";
+    case ErrorKind::kCollectiveMismatch: return "collective_mismatch";
+    case ErrorKind::kRankFailure: return "rank_failure";
+    case ErrorKind::kScenario: return "scenario_error";
+    case ErrorKind::kBackend: return "backend_error";
+  }
+  return "runtime_error";
+}
+
+namespace {
+std::string scenarioMessage(const std::string& file, const std::string& path,
+                            const std::string& what) {
+  std::string out = file.empty() ? std::string("<scenario>") : file;
+  out += ": ";
+  out += path.empty() ? std::string("/") : path;
+  out += ": ";
+  out += what;
+  return out;
+}
+}  // namespace
+
+ScenarioError::ScenarioError(std::string file, std::string jsonPath, const std::string& what)
+    : Error(ErrorKind::kScenario, scenarioMessage(file, jsonPath, what)),
+      file_(std::move(file)),
+      jsonPath_(std::move(jsonPath)),
+      detail_(what) {}
+
+ErrorKind kindOf(const std::exception& error) noexcept {
+  if (const auto* hmcError = dynamic_cast<const Error*>(&error)) return hmcError->kind();
+  return ErrorKind::kRuntimeError;
+}
+
+std::string_view classNameOf(const std::exception& error) noexcept {
+  if (const auto* hmcError = dynamic_cast<const Error*>(&error)) return hmcError->className();
+  return "RuntimeError";
+}
+
+}  // namespace hmc

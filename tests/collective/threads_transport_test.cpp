@@ -1,0 +1,162 @@
+#include <atomic>
+#include <string>
+
+#include <doctest/doctest.h>
+
+#include "hmc/collective/collective.hpp"
+#include "hmc/collective/threads_transport.hpp"
+#include "hmc/error.hpp"
+#include "support/thread_ranks.hpp"
+
+using namespace std::chrono_literals;
+using hmc::testing::runThreadRanks;
+
+TEST_SUITE("collective") {
+  TEST_CASE("exchange returns every rank's payload in rank order") {
+    for (int world : {1, 2, 3, 4, 8}) {
+      CAPTURE(world);
+      std::vector<std::vector<std::string>> seen(world);
+      auto outcomes = runThreadRanks(world, [&](int rank, auto collective) {
+        for (int round = 0; round < 3; ++round) {
+          auto peers = collective->exchange("test", std::to_string(rank * 10 + round));
+          for (const auto& peer : peers) seen[rank].push_back(peer);
+        }
+      });
+      for (int rank = 0; rank < world; ++rank) {
+        CHECK(outcomes[rank].ok());
+        REQUIRE(seen[rank].size() == static_cast<std::size_t>(3 * world));
+        for (int round = 0; round < 3; ++round) {
+          for (int peer = 0; peer < world; ++peer) {
+            CHECK(seen[rank][round * world + peer] == std::to_string(peer * 10 + round));
+          }
+        }
+      }
+    }
+  }
+
+  TEST_CASE("ranks in different collectives raise collective_mismatch on every rank naming both") {
+    for (int world : {2, 3, 4, 8}) {
+      CAPTURE(world);
+      auto outcomes = runThreadRanks(world, [&](int rank, auto collective) {
+        collective->exchange(rank == world - 1 ? "close validation" : "recycle", "x");
+      });
+      for (const auto& outcome : outcomes) {
+        CHECK(outcome.kind() == "collective_mismatch");
+        CHECK(outcome.message().find("'recycle' #0") != std::string::npos);
+        CHECK(outcome.message().find("'close validation' #0") != std::string::npos);
+      }
+      CHECK(outcomes[0].message() == outcomes[world - 1].message());
+    }
+  }
+
+  TEST_CASE("collectiveCall runs nothing when ranks entered different stages") {
+    std::atomic<int> ran{0};
+    auto outcomes = runThreadRanks(2, [&](int rank, auto collective) {
+      if (rank == 0) {
+        collective->collectiveCall("multicore resource close", [&] { ++ran; });
+      } else {
+        collective->exchange("recycle", "");
+      }
+    });
+    CHECK(ran == 0);
+    CHECK(outcomes[0].kind() == "collective_mismatch");
+    CHECK(outcomes[1].kind() == "collective_mismatch");
+  }
+
+  TEST_CASE("collectiveCall raises on every rank naming the failed ranks and the first error") {
+    for (int world : {2, 3, 4, 8}) {
+      CAPTURE(world);
+      auto outcomes = runThreadRanks(world, [&](int rank, auto collective) {
+        collective->collectiveCall("multicore resource close", [&] {
+          if (rank % 2 == 1) throw hmc::ValueError("rank " + std::to_string(rank) + " broke");
+        });
+      });
+      std::string failed = "[1";
+      for (int r = 3; r < world; r += 2) failed += ", " + std::to_string(r);
+      failed += "]";
+      for (const auto& outcome : outcomes) {
+        CHECK(outcome.kind() == "runtime_error");
+        CHECK(outcome.message() == "multicore resource close failed on ranks " + failed +
+                                       ": ValueError: rank 1 broke");
+      }
+    }
+  }
+
+  TEST_CASE("a foreign exception is reported as a RuntimeError") {
+    auto outcomes = runThreadRanks(2, [&](int rank, auto collective) {
+      collective->collectiveCall("stage", [&] {
+        if (rank == 0) throw std::runtime_error("plain");
+      });
+    });
+    CHECK(outcomes[1].message() == "stage failed on ranks [0]: RuntimeError: plain");
+  }
+
+  TEST_CASE("a rank that never arrives gives a timeout naming the stage and the absent ranks") {
+    auto outcomes = runThreadRanks(
+        3,
+        [&](int rank, auto collective) {
+          if (rank != 2) collective->exchange("multicore resource close", "");
+        },
+        200ms);
+    for (int rank : {0, 1}) {
+      CHECK(outcomes[rank].kind() == "timeout");
+      CHECK(outcomes[rank].message().find("'multicore resource close' #0") != std::string::npos);
+      CHECK(outcomes[rank].message().find("ranks [2] did not arrive") != std::string::npos);
+    }
+    CHECK(outcomes[2].ok());
+  }
+
+  TEST_CASE("a rank arriving after a peer gave up fails at once") {
+    auto world = hmc::collective::ThreadWorld::create(2);
+    auto late = world->collective(1, 5000ms);
+    auto early = world->collective(0, 50ms);
+    CHECK_THROWS_AS(early->exchange("recycle", ""), hmc::TimeoutError);
+    const auto start = std::chrono::steady_clock::now();
+    CHECK_THROWS_AS(late->exchange("recycle", ""), hmc::TimeoutError);
+    CHECK(std::chrono::steady_clock::now() - start < 2000ms);
+  }
+
+  TEST_CASE("a failed rank raises rank_failure in its peers") {
+    auto world = hmc::collective::ThreadWorld::create(2);
+    auto survivor = world->collective(0, 5000ms);
+    world->markFailed(1, "exited with status 17");
+    try {
+      survivor->exchange("recycle", "");
+      FAIL("expected RankFailure");
+    } catch (const hmc::RankFailure& error) {
+      CHECK(std::string(error.what()).find("rank 1 failed: exited with status 17") !=
+            std::string::npos);
+    }
+  }
+
+  TEST_CASE("sequence numbers count every collective and appear in messages") {
+    hmc::collective::LocalCollective local;
+    CHECK(local.sequence() == 0);
+    local.exchange("a", "");
+    local.collectiveCall("b", [] {});
+    CHECK(local.sequence() == 3);  // a call agrees on entry and on the result
+  }
+
+  TEST_CASE("observers see every collective with its status") {
+    struct Recorder : hmc::collective::CollectiveObserver {
+      std::vector<hmc::collective::CollectiveRecord> records;
+      void onEnter(const hmc::collective::CollectiveRecord&) override {}
+      void onExit(const hmc::collective::CollectiveRecord& r) override { records.push_back(r); }
+    } recorder;
+    auto world = hmc::collective::ThreadWorld::create(2);
+    auto alone = world->collective(0, 30ms);
+    alone->setObserver(&recorder);
+    CHECK_THROWS(alone->exchange("recycle", "abc"));
+    REQUIRE(recorder.records.size() == 1);
+    CHECK(recorder.records[0].stage == "recycle");
+    CHECK(recorder.records[0].payloadBytes == 3);
+    CHECK(recorder.records[0].status == hmc::collective::CollectiveStatus::kTimeout);
+  }
+
+  TEST_CASE("invalid options are rejected with a message") {
+    CHECK_THROWS_AS(hmc::collective::ThreadWorld::create(0), hmc::ValueError);
+    auto world = hmc::collective::ThreadWorld::create(2);
+    CHECK_THROWS_AS(world->collective(2, 10ms), hmc::ValueError);
+    CHECK_THROWS_AS(world->collective(0, 0ms), hmc::ValueError);
+  }
+}
