@@ -1,0 +1,109 @@
+#pragma once
+// The scenario model: an `hmc-scenario/1` file (shared/scenario-format.md) parsed and
+// validated. Parsing rejects every rule violation with a ScenarioError that names the file,
+// the JSON path (RFC 6901, "/steps/3/features") and what was expected.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace hmc::scenario {
+
+inline constexpr const char* kScenarioFormat = "hmc-scenario/1";
+inline constexpr int kMaxWorldSize = 4096;
+inline constexpr int kMaxRepeatDepth = 8;
+
+enum class Device { kAuto, kCpu, kCuda };
+enum class Expect { kOk, kError, kHang, kAny };
+enum class Op {
+  kCreate, kShare, kForward, kBackward, kDrop, kClose, kCloseAll,
+  kCheck, kFault, kBarrier, kSleep, kRepeat,
+};
+enum class FaultKind { kCloseError, kReleaseError, kBusy, kStall, kCrash };
+
+std::string_view toString(Op op) noexcept;          // "create", "close_all", ...
+std::string_view toString(Device device) noexcept;  // "auto", "cpu", "cuda"
+std::string_view toString(Expect expect) noexcept;  // "ok", "error", "hang", "any"
+std::string_view toString(FaultKind kind) noexcept; // "close_error", ...
+
+struct Step {
+  Op op = Op::kBarrier;
+  std::string path;  // JSON path of the step in its file ("/steps/3", "/steps/2/steps/0")
+
+  // Fields every step may carry.
+  std::optional<std::vector<int>> ranks;  // nullopt: every rank
+  Expect expect = Expect::kOk;            // kError when expectError is given and expect is not
+  std::optional<std::string> expectError;
+  int repeat = 1;
+  std::optional<std::string> label;
+
+  // create, forward, backward, drop, close; fault `busy`.
+  std::string module;
+
+  // create
+  std::string type = "scratch_linear";
+  std::int64_t features = 64;
+  std::optional<std::int64_t> workspaceBytes;  // nullopt: features * features * 4
+  std::optional<nlohmann::json> compat;        // nullopt (or JSON null): the specification
+  std::string scope = "default";
+
+  // share
+  std::vector<std::string> modules;
+
+  // forward
+  std::int64_t batch = 8;
+  std::optional<std::string> dtype;  // nullopt: the scenario's
+  std::optional<Device> device;      // nullopt: the scenario's
+  bool backward = true;
+
+  // drop (reference runner extension; a no-op in C++ where destruction is immediate)
+  bool collect = false;
+
+  // check
+  std::optional<std::int64_t> groups;
+  std::optional<std::int64_t> boundGroups;
+  std::optional<bool> runtimeLive;
+
+  // fault
+  FaultKind faultKind = FaultKind::kStall;
+  int faultCount = 1;   // close_error, release_error
+  bool busy = true;     // busy
+
+  // sleep, fault stall
+  double seconds = 0;   // sleep default 0, stall default 1
+
+  // repeat (the op): count and nested steps
+  int count = 1;
+  std::vector<Step> steps;
+};
+
+struct Scenario {
+  std::string file;  // where it was read from ("" when parsed from memory)
+  std::string name;
+  std::string description;
+  int worldSize = 1;
+  Device device = Device::kAuto;
+  std::string dtype = "float32";
+  double timeoutS = 30;
+  std::vector<Step> steps;
+};
+
+struct ParseOptions {
+  // Replaces the file's world_size before rank lists are validated (--world-size).
+  std::optional<int> worldSize;
+};
+
+// Validates and converts a parsed JSON document. Throws ScenarioError.
+Scenario parseScenario(const nlohmann::json& document, const std::string& file,
+                       const ParseOptions& options = {});
+// Reads and parses a file: empty, truncated, binary and non-object files are
+// ScenarioErrors too. Never hangs, never crashes on bad input.
+Scenario loadScenario(const std::string& path, const ParseOptions& options = {});
+
+// The scenario dtypes: "float32", "float64", "float16", "bfloat16".
+bool isScenarioDtype(std::string_view dtype) noexcept;
+
+}  // namespace hmc::scenario
