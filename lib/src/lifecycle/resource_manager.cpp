@@ -32,6 +32,38 @@ std::vector<json> decodeAll(const std::vector<collective::Bytes>& peers) {
   return out;
 }
 
+// Every rank's manifest and the first difference against rank 0's, for the report.
+json describeMismatch(std::string_view stage, const std::vector<json>& peers, bool withSignature) {
+  json ranks = json::array();
+  json first = nullptr;
+  const json& reference = peers.front();
+  for (std::size_t rank = 0; rank < peers.size(); ++rank) {
+    const json& manifest = peers[rank].at(0);
+    json entry = {{"rank", rank}, {"manifest", manifest}};
+    if (withSignature) entry["signature"] = peers[rank].at(1);
+    ranks.push_back(std::move(entry));
+    if (!first.is_null()) continue;
+    const json& expected = reference.at(0);
+    const std::size_t common = std::min(manifest.size(), expected.size());
+    for (std::size_t i = 0; i < common && first.is_null(); ++i) {
+      if (manifest[i] != expected[i]) {
+        first = {{"rank", rank}, {"index", i}, {"rank0", expected[i]}, {"this_rank", manifest[i]}};
+      }
+    }
+    if (first.is_null() && manifest.size() != expected.size()) {
+      first = {{"rank", rank},
+               {"index", common},
+               {"rank0", common < expected.size() ? expected[common] : json(nullptr)},
+               {"this_rank", common < manifest.size() ? manifest[common] : json(nullptr)}};
+    }
+    if (first.is_null() && withSignature && peers[rank].at(1) != reference.at(1)) {
+      first = {{"rank", rank}, {"signature", true}, {"rank0", reference.at(1)},
+               {"this_rank", peers[rank].at(1)}};
+    }
+  }
+  return {{"stage", stage}, {"ranks", std::move(ranks)}, {"first_difference", std::move(first)}};
+}
+
 }  // namespace
 
 ResourceManager::ResourceManager(std::shared_ptr<collective::Collective> collective)
@@ -106,6 +138,7 @@ void ResourceManager::recycle(ResourceGroup& target, const Binding& binding,
       decodeAll(collective_->exchange(kRecycleStage, encode(mine)));
   for (const json& peer : peers) {
     if (peer.at(0) != manifest || peer.at(1) != signature) {
+      lastMismatch_ = describeMismatch(kRecycleStage, peers, true);
       throw RuntimeError("multicore resource binding order or specifications differ across ranks");
     }
   }
@@ -181,6 +214,7 @@ void ResourceManager::validateCollectiveClose(const std::vector<GroupPtr>& bound
       collective_->exchange(kCloseValidationStage, encode(json::array({manifest, ready}))));
   for (const json& peer : peers) {
     if (peer.at(0) != manifest) {
+      lastMismatch_ = describeMismatch(kCloseValidationStage, peers, false);
       throw RuntimeError("multicore resource manifests differ across ranks");
     }
   }

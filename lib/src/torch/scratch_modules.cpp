@@ -1,10 +1,18 @@
 #include "hmc/torch/scratch_modules.hpp"
 
+#include <algorithm>
+
 #include <torch/autograd.h>
 #include <torch/nn/init.h>
 
+#include "hmc/config.hpp"
 #include "hmc/error.hpp"
+#include "hmc/resources/cuda_device.hpp"
 #include "hmc/torch/dtype.hpp"
+#if HMC_HAVE_CUDA
+#include "cuda_stream_compat.hpp"
+#include "hmc/resources/cuda_workspace.hpp"
+#endif
 
 namespace hmc::nn {
 namespace {
@@ -13,25 +21,58 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 // Keeps the workspace alive in the autograd graph while a backward is pending.
+template <class Workspace>
 struct WorkspaceHolder : torch::CustomClassHolder {
-  explicit WorkspaceHolder(std::shared_ptr<resources::HostWorkspace> ws) : workspace(std::move(ws)) {}
-  std::shared_ptr<resources::HostWorkspace> workspace;
+  explicit WorkspaceHolder(std::shared_ptr<Workspace> ws) : workspace(std::move(ws)) {}
+  std::shared_ptr<Workspace> workspace;
 };
 
-struct ScratchFn : public torch::autograd::Function<ScratchFn> {
+// x @ weight through the workspace. On the host the workspace only holds the pending count.
+torch::Tensor scratchMatmul(resources::HostWorkspace&, const torch::Tensor& x,
+                            const torch::Tensor& weight) {
+  return x.matmul(weight);
+}
+
+#if HMC_HAVE_CUDA
+// On CUDA the input is staged into the workspace on its stream (ordered after LibTorch's
+// current stream, which then waits for the copy) and the product reads it from there; the
+// workspace then tracks the product, so canClose() stays false until it has run.
+torch::Tensor scratchMatmul(resources::CudaWorkspace& workspace, const torch::Tensor& x,
+                            const torch::Tensor& weight) {
+  CUstream_st* stream = detail::currentCudaStream(x.device());
+  const torch::Tensor input = x.contiguous();
+  const auto bytes = static_cast<std::int64_t>(input.numel() * input.element_size());
+  torch::Tensor result;
+  if (bytes <= workspace.nbytes() && bytes > 0) {
+    workspace.copyIn(input.data_ptr(), static_cast<std::size_t>(bytes), stream);
+    const torch::Tensor staged = torch::from_blob(workspace.data(), input.sizes(), input.options());
+    result = staged.matmul(weight);
+  } else {
+    // A workspace smaller than the input still takes the first nbytes() of it.
+    const std::int64_t staged = std::min(bytes, workspace.nbytes());
+    workspace.copyIn(input.data_ptr(), static_cast<std::size_t>(staged), stream);
+    result = input.matmul(weight);
+  }
+  workspace.trackWorkOn(stream);
+  return result;
+}
+#endif
+
+template <class Workspace>
+struct ScratchFn : public torch::autograd::Function<ScratchFn<Workspace>> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
-                               const torch::Tensor& weight,
-                               std::shared_ptr<resources::HostWorkspace> workspace) {
+                               const torch::Tensor& weight, std::shared_ptr<Workspace> workspace) {
+    torch::Tensor result = scratchMatmul(*workspace, x, weight);
     workspace->addPending();
-    ctx->saved_data["workspace"] =
-        c10::IValue::make_capsule(c10::make_intrusive<WorkspaceHolder>(std::move(workspace)));
+    ctx->saved_data["workspace"] = c10::IValue::make_capsule(
+        c10::make_intrusive<WorkspaceHolder<Workspace>>(std::move(workspace)));
     ctx->save_for_backward({x, weight});
-    return x.matmul(weight);
+    return result;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    auto holder = c10::static_intrusive_pointer_cast<WorkspaceHolder>(
+    auto holder = c10::static_intrusive_pointer_cast<WorkspaceHolder<Workspace>>(
         ctx->saved_data["workspace"].toCapsule());
     holder->workspace->removePending();
     const torch::Tensor& grad = grads[0];
@@ -74,17 +115,44 @@ std::shared_ptr<resources::RankResources> ScratchModule::defaultRankResources() 
 }
 
 torch::Tensor ScratchModule::forward(const torch::Tensor& x) {
-  auto resources = std::static_pointer_cast<resources::HostWorkspace>(getExecutionResources(x));
-  return ScratchFn::apply(x, weight_.to(x.scalar_type()), std::move(resources));
+  std::shared_ptr<lifecycle::Resource> bound = getExecutionResources(x);
+  const torch::Tensor weight = weight_.to(x.device(), x.scalar_type());
+#if HMC_HAVE_CUDA
+  if (auto cuda = std::dynamic_pointer_cast<resources::CudaWorkspace>(bound)) {
+    return ScratchFn<resources::CudaWorkspace>::apply(x, weight, std::move(cuda));
+  }
+#endif
+  auto host = std::static_pointer_cast<resources::HostWorkspace>(std::move(bound));
+  return ScratchFn<resources::HostWorkspace>::apply(x, weight, std::move(host));
 }
 
 resources::HostWorkspace* ScratchModule::workspace() const {
-  return static_cast<resources::HostWorkspace*>(resourceGroup()->resources.get());
+  return dynamic_cast<resources::HostWorkspace*>(resourceGroup()->resources.get());
+}
+
+resources::CudaWorkspace* ScratchModule::cudaWorkspace() const {
+#if HMC_HAVE_CUDA
+  return dynamic_cast<resources::CudaWorkspace*>(resourceGroup()->resources.get());
+#else
+  return nullptr;
+#endif
 }
 
 std::shared_ptr<lifecycle::Resource> ScratchModule::createExecutionResources(
     const torch::Tensor& tensor, bool shared,
     const std::vector<nlohmann::json>& activeSpecifications) {
+  if (tensor.is_cuda()) {
+#if HMC_HAVE_CUDA
+    resources::CudaWorkspaceOptions options;
+    options.kind = kind_;
+    options.nbytes = workspaceBytes_;
+    options.dtype = dtypeName(tensor.scalar_type());
+    options.device = tensor.device().index();
+    return std::make_shared<resources::CudaWorkspace>(std::move(options), resources_);
+#else
+    throw BackendError(resources::kBuiltWithoutCuda);
+#endif
+  }
   return std::make_shared<resources::HostWorkspace>(kind_, workspaceBytes_,
                                                     dtypeName(tensor.scalar_type()), resources_);
 }

@@ -94,6 +94,12 @@ class ResourceManager {
   bool automaticCleanupRegistered() const noexcept { return automaticCleanup_; }
   void shutdown();
 
+  // The diagnosis of the last manifest or signature mismatch this manager raised: every
+  // rank's manifest (and signature) and the first entry that differs from rank 0's. Cleared
+  // by clearLastMismatch(); the scenario runner reports it.
+  const std::optional<nlohmann::json>& lastMismatch() const noexcept { return lastMismatch_; }
+  void clearLastMismatch() noexcept { lastMismatch_.reset(); }
+
   // Introspection (local).
   std::vector<GroupPtr> groups() const;
   std::size_t groupCount() const noexcept { return groups_.size(); }
@@ -113,6 +119,7 @@ class ResourceManager {
   std::function<void()> runtimeRelease_;
   bool runtimeReleased_ = false;
   bool automaticCleanup_ = false;
+  std::optional<nlohmann::json> lastMismatch_;
 };
 
 }  // namespace hmc::lifecycle

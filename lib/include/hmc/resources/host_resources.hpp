@@ -31,9 +31,19 @@ struct Accounting {
   std::int64_t workspacesClosed = 0;
   std::int64_t runtimesCreated = 0;
   std::int64_t runtimesReleased = 0;
+  // CUDA workspaces (which also count in workspacesCreated/Closed; bytes* stay host bytes).
+  std::int64_t deviceBytesAllocated = 0;
+  std::int64_t deviceBytesFreed = 0;
+  std::int64_t streamsCreated = 0;
+  std::int64_t streamsDestroyed = 0;
+  std::int64_t eventsCreated = 0;
+  std::int64_t eventsDestroyed = 0;
 
   std::int64_t bytesHeld() const noexcept { return bytesAllocated - bytesFreed; }
   std::int64_t workspacesHeld() const noexcept { return workspacesCreated - workspacesClosed; }
+  std::int64_t deviceBytesHeld() const noexcept { return deviceBytesAllocated - deviceBytesFreed; }
+  std::int64_t streamsHeld() const noexcept { return streamsCreated - streamsDestroyed; }
+  std::int64_t eventsHeld() const noexcept { return eventsCreated - eventsDestroyed; }
 };
 
 class Runtime;

@@ -16,6 +16,10 @@
 #include "hmc/resources/host_resources.hpp"
 #include "hmc/torch/multicore_module.hpp"
 
+namespace hmc::resources {
+class CudaWorkspace;
+}  // namespace hmc::resources
+
 namespace hmc::nn {
 
 struct ScratchOptions {
@@ -42,6 +46,10 @@ class ScratchModule : public MulticoreModule {
   std::int64_t workspaceBytes() const noexcept { return workspaceBytes_; }
   // The bound workspace, or null while unbound or after close.
   resources::HostWorkspace* workspace() const;
+  // The bound workspace of a module bound to a CUDA tensor (a CudaWorkspace on the tensor's
+  // device), or null; always null in a build without CUDA, where binding to a CUDA tensor
+  // throws BackendError("hmc was built without CUDA: ...").
+  resources::CudaWorkspace* cudaWorkspace() const;
   resources::RankResources& rankResources() const noexcept { return *resources_; }
 
   static std::shared_ptr<resources::RankResources> defaultRankResources();

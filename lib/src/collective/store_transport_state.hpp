@@ -1,0 +1,68 @@
+#pragma once
+// Internal to hmc_transports: the c10d side of StoreTransport, shared with GlooTransport
+// (which rendezvouses through the same kind of store). Includes c10d headers.
+
+#include <chrono>
+#include <cstdint>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "hmc/collective/store_transport.hpp"
+
+namespace hmc::detail {
+
+using collective::StoreTransportOptions;
+
+// Connects to (and, on the hosting rank, starts) the TCPStore of `options`. With
+// `waitWorkers`, the hosting rank returns once all worldSize ranks connected. Throws
+// TimeoutError or BackendError naming host:port.
+c10::intrusive_ptr<c10d::TCPStore> connectTcpStore(const StoreTransportOptions& options,
+                                                   bool asServer, bool waitWorkers, int port);
+
+// Leaving: every rank sets "<prefix>/bye/<rank>"; the hosting rank (whose store, server
+// included, dies with it) waits up to the timeout for every other rank's, so that no rank
+// loses the server while still reading the last exchange. Never throws.
+void leaveStore(c10d::Store& store, bool hostsServer, const StoreTransportOptions& options) noexcept;
+
+// Deletes keys on its own connection and thread, off the exchange's critical path (a delete
+// is a round trip to the server). Stops and joins in its destructor; each delete is bounded
+// by the store timeout.
+class KeyJanitor {
+ public:
+  explicit KeyJanitor(c10::intrusive_ptr<c10d::TCPStore> store);
+  ~KeyJanitor();
+  void erase(std::string key);
+
+ private:
+  void run();
+  c10::intrusive_ptr<c10d::TCPStore> store_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<std::string> keys_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+struct StoreTransportState {
+  StoreTransportOptions options;
+  int port = 0;
+  // The hosting rank's store object owns the server; it is also the first client.
+  c10::intrusive_ptr<c10d::TCPStore> server;
+  // The connection exchanges use; replaced after a wait timed out (the server still owes
+  // that wait an answer, which would desynchronise the next request).
+  c10::intrusive_ptr<c10d::TCPStore> client;
+  std::unique_ptr<KeyJanitor> janitor;
+
+  std::string endpoint() const { return options.host + ":" + std::to_string(port); }
+  std::string exchangeKey(std::uint64_t sequence, int rank) const;
+  // Replaces `client` by a fresh connection; throws RankFailure when the server is gone.
+  void reconnect(std::string_view context);
+};
+
+}  // namespace hmc::detail

@@ -1,0 +1,16 @@
+// cuda_device.hpp in a build without CUDA (hmc_core, HMC_HAVE_CUDA 0).
+#include "hmc/resources/cuda_device.hpp"
+
+#include "hmc/error.hpp"
+
+namespace hmc::resources {
+
+DeviceProbe cudaDeviceUsable() noexcept {
+  DeviceProbe probe;
+  probe.reason = std::string("no usable CUDA device: ") + kBuiltWithoutCuda;
+  return probe;
+}
+
+DeviceMemoryInfo deviceMemoryInfo(int device) { throw BackendError(kBuiltWithoutCuda); }
+
+}  // namespace hmc::resources

@@ -1,0 +1,76 @@
+#include "hmc/scenario/thread_driver.hpp"
+
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include "hmc/collective/threads_transport.hpp"
+
+namespace hmc::scenario {
+namespace {
+
+// The end-of-run agreement, out of band: each rank says whether it ended cleanly and waits
+// (bounded) for the others.
+class ShutdownVote {
+ public:
+  explicit ShutdownVote(int worldSize) : worldSize_(worldSize) {}
+
+  bool vote(bool clean, std::chrono::milliseconds timeout) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    ++posted_;
+    allClean_ = allClean_ && clean;
+    changed_.notify_all();
+    const bool complete =
+        changed_.wait_for(lock, timeout, [&] { return posted_ == worldSize_ || !allClean_; });
+    return complete && allClean_;
+  }
+
+ private:
+  int worldSize_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  int posted_ = 0;
+  bool allClean_ = true;
+};
+
+}  // namespace
+
+std::vector<RankResult> runOnThreads(const Scenario& scenario, const ThreadRunOptions& options) {
+  const int worldSize = scenario.worldSize;
+  const auto timeout = std::chrono::milliseconds(
+      std::max<std::int64_t>(1, static_cast<std::int64_t>(scenario.timeoutS * 1000.0)));
+  auto world = collective::ThreadWorld::create(worldSize);
+  ShutdownVote vote(worldSize);
+  const auto epoch = collective::Clock::now();
+  std::vector<RankResult> results(worldSize);
+  std::vector<std::thread> threads;
+  threads.reserve(worldSize);
+  for (int rank = 0; rank < worldSize; ++rank) {
+    threads.emplace_back([&, rank] {
+      RankEnvironment env;
+      env.collective = world->collective(rank, timeout);
+      env.epoch = epoch;
+      env.flightCapacity = options.flightCapacity;
+      env.crash = [&world, rank] {
+        world->markFailed(rank, "exited at once (fault crash)");
+        throw RankCrashed();
+      };
+      env.agreeOnShutdown = [&vote, timeout](bool clean) { return vote.vote(clean, timeout); };
+      if (options.onStep) {
+        env.onStep = [&options, rank](const StepResult& step) { options.onStep(rank, step); };
+      }
+      try {
+        results[rank] = runRank(scenario, env);
+      } catch (const std::exception& error) {
+        results[rank].rank = rank;
+        results[rank].crashed = true;
+        results[rank].crashReason = std::string("runner failed: ") + error.what();
+        world->markFailed(rank, results[rank].crashReason.value());
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  return results;
+}
+
+}  // namespace hmc::scenario

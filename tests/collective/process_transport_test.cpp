@@ -1,0 +1,182 @@
+// The `store` and `gloo` transports with ranks as real processes on 127.0.0.1. Each case
+// starts hmc_transport_peer once per rank (see transport_peer.cpp for what each scenario does
+// on a rank) and asserts on what every rank reported. Every run is bounded and reaps or kills
+// all its children.
+
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+#include "hmc/config.hpp"
+#include "support/process_ranks.hpp"
+
+using namespace std::chrono_literals;
+using hmc::testing::ProcessOutcome;
+
+namespace {
+
+std::vector<std::string> transports() {
+  std::vector<std::string> out{"store"};
+  if (HMC_HAVE_GLOO) out.push_back("gloo");
+  return out;
+}
+
+constexpr int kWorlds[] = {2, 4};
+
+struct Run {
+  std::vector<ProcessOutcome> ranks;
+  int port = 0;
+};
+
+Run runRanks(const std::string& transport, int world, const std::string& scenario,
+             std::chrono::milliseconds timeout) {
+  Run run;
+  run.port = hmc::testing::freeLoopbackPort();
+  run.ranks = hmc::testing::runProcessRanks(
+      world,
+      [&](int rank) {
+        return std::vector<std::string>{HMC_TRANSPORT_PEER,       transport,
+                                        std::to_string(rank),     std::to_string(world),
+                                        std::to_string(run.port), std::to_string(timeout.count()),
+                                        scenario};
+      },
+      timeout + 20s);
+  CHECK_MESSAGE(!hmc::testing::hasChildren(), "a rank process was left behind");
+  for (int rank = 0; rank < world; ++rank) {
+    const auto& r = run.ranks[rank];
+    INFO("rank ", rank, ": ", r.kind, " ", r.message, " (exit ", r.exitCode, ", signal ",
+         r.signal, ", ", r.seconds, " s)");
+    CHECK_FALSE(r.killed);
+  }
+  return run;
+}
+
+std::string describe(const ProcessOutcome& r) {
+  return r.kind + " " + r.message + " (exit " + std::to_string(r.exitCode) + ", " +
+         std::to_string(r.seconds) + " s)";
+}
+
+}  // namespace
+
+TEST_SUITE("process transports") {
+  TEST_CASE("exchange delivers every rank's payload in rank order, empty and 1 MiB included") {
+    for (const auto& transport : transports()) {
+      for (int world : kWorlds) {
+        CAPTURE(transport);
+        CAPTURE(world);
+        auto run = runRanks(transport, world, "exchange", 20s);
+        for (const auto& r : run.ranks) {
+          CHECK_MESSAGE(r.kind == "ok", describe(r));
+          CHECK(r.exitCode == 0);
+        }
+      }
+    }
+  }
+
+  TEST_CASE("ranks entering different stages raise CollectiveMismatch on every rank") {
+    for (const auto& transport : transports()) {
+      for (int world : kWorlds) {
+        CAPTURE(transport);
+        CAPTURE(world);
+        auto run = runRanks(transport, world, "mismatch", 10s);
+        for (const auto& r : run.ranks) {
+          CHECK_MESSAGE(r.kind == "collective_mismatch", describe(r));
+          CHECK(r.message.find("ranks [0] entered 'recycle' #0") != std::string::npos);
+          CHECK(r.message.find("entered 'close validation' #0") != std::string::npos);
+        }
+      }
+    }
+  }
+
+  TEST_CASE("a failed collectiveCall names the failed ranks on every rank") {
+    for (const auto& transport : transports()) {
+      for (int world : kWorlds) {
+        CAPTURE(transport);
+        CAPTURE(world);
+        auto run = runRanks(transport, world, "call-failure", 10s);
+        const std::string expected =
+            world == 2 ? "close failed on ranks [1]: RuntimeError: boom on rank 1"
+                       : "close failed on ranks [1, 3]: RuntimeError: boom on rank 1";
+        for (const auto& r : run.ranks) {
+          CHECK_MESSAGE(r.kind == "runtime_error", describe(r));
+          CHECK(r.message == expected);
+        }
+      }
+    }
+  }
+
+  TEST_CASE("a rank that skips a collective times the others out naming the stage and the rank") {
+    for (const auto& transport : transports()) {
+      for (int world : kWorlds) {
+        CAPTURE(transport);
+        CAPTURE(world);
+        const auto timeout = 2s;
+        auto run = runRanks(transport, world, "skip", timeout);
+        const int last = world - 1;
+        const std::string missing = "ranks [" + std::to_string(last) + "] did not arrive";
+        for (int rank = 0; rank < last; ++rank) {
+          const auto& r = run.ranks[rank];
+          CAPTURE(rank);
+          CHECK_MESSAGE(r.kind == "timeout", describe(r));
+          CHECK(r.message.find("'recycle' #1 timed out on rank " + std::to_string(rank) +
+                               " after 2 s") != std::string::npos);
+          CHECK(r.message.find(missing) != std::string::npos);
+        }
+        CHECK(run.ranks[last].kind == "ok");
+      }
+    }
+  }
+
+  TEST_CASE("a rank that crashes fails the others within the deadline") {
+    for (const auto& transport : transports()) {
+      for (int world : kWorlds) {
+        CAPTURE(transport);
+        CAPTURE(world);
+        const auto timeout = 2s;
+        auto run = runRanks(transport, world, "crash", timeout);
+        const int last = world - 1;
+        CHECK(run.ranks[last].exitCode == 7);
+        for (int rank = 0; rank < last; ++rank) {
+          const auto& r = run.ranks[rank];
+          CAPTURE(rank);
+          CHECK_MESSAGE((r.kind == "timeout" || r.kind == "rank_failure"), describe(r));
+          CHECK(r.message.find("'recycle' #1") != std::string::npos);
+          CHECK(r.message.find(std::to_string(last)) != std::string::npos);
+          CHECK(r.seconds < 2.0 + 8.0);  // deadline + connection setup + slack
+        }
+      }
+    }
+  }
+
+  TEST_CASE("the store server gone gives a clear error naming host:port") {
+    for (const auto& transport : transports()) {
+      for (int world : kWorlds) {
+        CAPTURE(transport);
+        CAPTURE(world);
+        auto run = runRanks(transport, world, "server-gone", 3s);
+        const std::string endpoint = "127.0.0.1:" + std::to_string(run.port);
+        for (int rank = 1; rank < world; ++rank) {
+          const auto& r = run.ranks[rank];
+          CAPTURE(rank);
+          CHECK_MESSAGE(r.kind == "rank_failure", describe(r));
+          CHECK(r.message.find(endpoint) != std::string::npos);
+          CHECK(r.message.find("gone") != std::string::npos);
+        }
+      }
+    }
+  }
+
+  TEST_CASE("the manager recycles and closes collectively through process transports") {
+    for (const auto& transport : transports()) {
+      CAPTURE(transport);
+      auto run = runRanks(transport, 2, "lifecycle", 10s);
+      for (const auto& r : run.ranks) CHECK_MESSAGE(r.kind == "ok", describe(r));
+    }
+  }
+
+  TEST_CASE("the rank helper reports failures (the tests can fail)") {
+    auto run = runRanks("store", 2, "no-such-scenario", 5s);
+    for (const auto& r : run.ranks) CHECK(r.kind == "value_error");
+  }
+}

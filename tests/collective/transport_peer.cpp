@@ -1,0 +1,197 @@
+// One rank of a process-based transport test: `hmc_transport_peer TRANSPORT RANK WORLD PORT
+// TIMEOUT_MS SCENARIO`. Prints one line "RESULT <kind> <message>" to stdout (kind "ok" or
+// the error's report kind) and exits 0; the test process asserts on these lines.
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <thread>
+
+#include "hmc/collective/store_transport.hpp"
+#include "hmc/config.hpp"
+#include "hmc/error.hpp"
+#include "hmc/lifecycle/resource_manager.hpp"
+#include "hmc/resources/host_resources.hpp"
+#if HMC_HAVE_GLOO
+#include "hmc/collective/gloo_transport.hpp"
+#endif
+
+using namespace std::chrono_literals;
+using hmc::collective::Bytes;
+using hmc::collective::Collective;
+
+namespace {
+
+struct Args {
+  std::string transport;
+  int rank = 0;
+  int world = 1;
+  int port = 0;
+  std::chrono::milliseconds timeout{0};
+  std::string scenario;
+};
+
+std::unique_ptr<Collective> connect(const Args& args) {
+  hmc::collective::StoreTransportOptions store;
+  store.port = args.port;
+  store.rank = args.rank;
+  store.worldSize = args.world;
+  store.timeout = args.timeout;
+  if (args.transport == "store") return std::make_unique<hmc::collective::StoreTransport>(store);
+#if HMC_HAVE_GLOO
+  if (args.transport == "gloo") {
+    hmc::collective::GlooTransportOptions options;
+    options.store = store;
+    return std::make_unique<hmc::collective::GlooTransport>(options);
+  }
+#endif
+  throw hmc::ValueError("unknown transport " + args.transport);
+}
+
+void expect(bool condition, const std::string& what) {
+  if (!condition) throw std::logic_error("peer check failed: " + what);
+}
+
+Bytes patterned(int rank, std::size_t size) {
+  Bytes out(size, '\0');
+  for (std::size_t i = 0; i < size; ++i) out[i] = static_cast<char>((i * 31 + rank * 7) & 0xff);
+  return out;
+}
+
+void exchangeScenario(Collective& c) {
+  const int world = c.worldSize();
+  auto check = [&](const std::vector<Bytes>& got, auto expected, const std::string& what) {
+    expect(static_cast<int>(got.size()) == world, what + ": size");
+    for (int peer = 0; peer < world; ++peer) {
+      expect(got[peer] == expected(peer), what + ": payload of rank " + std::to_string(peer));
+    }
+  };
+  for (int round = 0; round < 20; ++round) {
+    check(c.exchange("small", "rank-" + std::to_string(c.rank()) + "-" + std::to_string(round)),
+          [&](int peer) { return "rank-" + std::to_string(peer) + "-" + std::to_string(round); },
+          "small");
+  }
+  check(c.exchange("empty", Bytes()), [](int) { return Bytes(); }, "empty");
+  check(c.exchange("large", patterned(c.rank(), 1 << 20)),
+        [](int peer) { return patterned(peer, 1 << 20); }, "1 MiB");
+  // Sizes differing per rank, only some above gloo's slot.
+  check(c.exchange("mixed", patterned(c.rank(), c.rank() % 2 ? 5000 : 3)),
+        [](int peer) { return patterned(peer, peer % 2 ? 5000 : 3); }, "mixed");
+  c.barrier();
+}
+
+// Two ranks recycle and close through the manager (tests/lifecycle's scenario, as processes).
+void lifecycleScenario(std::unique_ptr<Collective> collective) {
+  using hmc::lifecycle::ResourceManager;
+  using hmc::resources::HostWorkspace;
+  using nlohmann::json;
+  std::shared_ptr<Collective> shared = std::move(collective);
+  auto manager = std::make_shared<ResourceManager>(shared);
+  auto resources = std::make_shared<hmc::resources::RankResources>();
+  const hmc::lifecycle::Binding binding{"cpu", "float32"};
+  auto bind = [&](hmc::lifecycle::GroupPtr group) {
+    group->moduleType = "ScratchLinear";
+    manager->registerAutomaticCleanup();
+    manager->recycle(*group, binding, json::array({"ScratchLinear", "torch.float32"}));
+    if (group->resources) return true;
+    group->resources = std::make_shared<HostWorkspace>("scratch_linear", 64, "float32", resources);
+    group->binding = binding;
+    group->bindingId = manager->nextBindingId();
+    if (!manager->runtimeRelease()) manager->setRuntimeRelease(resources->createRuntime());
+    return false;
+  };
+  auto [a, tokenA] = manager->createGroup(json{{"spec", "k"}}, "k", "default");
+  expect(!bind(a), "first binding creates");
+  auto* first = a->resources.get();
+  manager->retire(a->identifier, tokenA);
+  auto [b, tokenB] = manager->createGroup(json{{"spec", "k"}}, "k", "default");
+  expect(bind(b), "compatible module reuses");
+  expect(b->resources.get() == first, "same workspace");
+  expect(a->closed, "orphan closed");
+  manager->retire(b->identifier, tokenB);
+  auto [c, tokenC] = manager->createGroup(json{{"spec", "k2"}}, "k2", "default");
+  expect(!bind(c), "incompatible module creates");
+  expect(b->closed && b->resources == nullptr, "incompatible orphan closed collectively");
+  manager->closeGroups();
+  expect(resources->liveRuntime() == nullptr, "runtime released");
+  expect(resources->accounting().bytesHeld() == 0, "no bytes held");
+  expect(resources->accounting().workspacesClosed == 2, "two workspaces closed");
+  (void)tokenC;
+}
+
+void run(const Args& args) {
+  auto collective = connect(args);
+  Collective& c = *collective;
+  const int last = args.world - 1;
+  if (args.scenario == "exchange") {
+    exchangeScenario(c);
+  } else if (args.scenario == "mismatch") {
+    c.exchange(c.rank() == 0 ? "recycle" : "close validation", "x");
+  } else if (args.scenario == "call-failure") {
+    c.collectiveCall("close", [&] {
+      if (c.rank() == 1 || c.rank() == last) {
+        throw hmc::RuntimeError("boom on rank " + std::to_string(c.rank()));
+      }
+    });
+  } else if (args.scenario == "skip") {
+    c.barrier("warmup");
+    if (c.rank() == last) {
+      std::this_thread::sleep_for(args.timeout + 3s);  // alive but never enters
+      return;
+    }
+    c.exchange("recycle", "x");
+  } else if (args.scenario == "crash") {
+    c.barrier("warmup");
+    if (c.rank() == last) {
+      std::fflush(stdout);
+      ::_exit(7);
+    }
+    c.exchange("recycle", "x");
+  } else if (args.scenario == "server-gone") {
+    c.barrier("warmup");
+    if (c.rank() == 0) {
+      std::this_thread::sleep_for(300ms);  // let the others finish reading the warmup
+      ::_exit(0);
+    }
+    std::this_thread::sleep_for(600ms);
+    c.exchange("recycle", "x");
+  } else if (args.scenario == "lifecycle") {
+    lifecycleScenario(std::move(collective));
+  } else {
+    throw hmc::ValueError("unknown scenario " + args.scenario);
+  }
+}
+
+std::string oneLine(std::string text) {
+  for (char& ch : text) {
+    if (ch == '\n' || ch == '\r') ch = ' ';
+  }
+  return text;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 7) {
+    std::fprintf(stderr, "usage: %s TRANSPORT RANK WORLD PORT TIMEOUT_MS SCENARIO\n", argv[0]);
+    return 2;
+  }
+  Args args{argv[1],    std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]),
+            std::chrono::milliseconds(std::atoi(argv[5])), argv[6]};
+  std::string kind = "ok";
+  std::string message;
+  try {
+    run(args);
+  } catch (const std::exception& error) {
+    kind = std::string(hmc::toString(hmc::kindOf(error)));
+    message = error.what();
+  }
+  std::printf("RESULT %s %s\n", kind.c_str(), oneLine(message).c_str());
+  std::fflush(stdout);
+  return 0;
+}
