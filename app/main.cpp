@@ -19,6 +19,7 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include "hmc/collective/launch_env.hpp"
 #include "hmc/config.hpp"
 #include "hmc/error.hpp"
 #include "hmc/scenario/report.hpp"
@@ -26,6 +27,8 @@
 #include "hmc/scenario/runner.hpp"
 #include "hmc/scenario/scenario.hpp"
 #include "hmc/scenario/thread_driver.hpp"
+#include "local_launcher.hpp"
+#include "rank_process.hpp"
 
 namespace fs = std::filesystem;
 using hmc::scenario::Outcome;
@@ -44,7 +47,36 @@ struct RunOptions {
   std::optional<std::string> tracePath;
   std::string logLevel = "warn";
   bool quiet = false;
+  std::optional<std::string> masterAddr;
+  std::optional<int> masterPort;
 };
+
+// The hidden `_rank` command: one rank process of hmc-run's own local launch.
+struct RankCommand {
+  std::string file;
+  int rank = 0;
+  int worldSize = 1;
+  std::string masterAddr = "127.0.0.1";
+  int masterPort = 0;
+  int glooPort = 0;
+  std::string transport = "store";
+  std::string resultFile;
+  std::optional<std::string> device;
+  std::optional<double> timeoutS;
+  std::size_t flightCapacity = 64;
+};
+
+hmc::scenario::Device deviceFromName(const std::string& name) {
+  return name == "cpu"    ? hmc::scenario::Device::kCpu
+         : name == "cuda" ? hmc::scenario::Device::kCuda
+                          : hmc::scenario::Device::kAuto;
+}
+
+std::string selfExecutable(const char* argv0) {
+  std::error_code ec;
+  const auto path = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string(argv0) : path.string();
+}
 
 void setUpLogging(const std::string& level) {
   auto logger = spdlog::get("hmc");
@@ -116,14 +148,35 @@ class Progress {
   std::mutex mutex_;
 };
 
-int runScenarios(const RunOptions& options, const std::vector<std::string>& command) {
-  if (options.transport != "auto" && options.transport != "threads") {
-    fmt::print(stderr,
-               "hmc-run: --transport {}: this build runs ranks as threads only; multi-process "
-               "transports (store, gloo) are not wired into hmc-run yet. Use --transport "
-               "threads (or auto).\n",
-               options.transport);
+int runScenarios(const RunOptions& options, const std::vector<std::string>& command,
+                 const std::string& executable) {
+  // Who starts the ranks: a launcher (torchrun, srun, mpirun), hmc-run's own processes, or
+  // threads of this process.
+  std::optional<hmc::collective::LaunchEnv> launch;
+  try {
+    launch = hmc::collective::detectLaunch(hmc::collective::processEnvironment(),
+                                           {options.masterAddr, options.masterPort});
+  } catch (const hmc::ValueError& error) {
+    fmt::print(stderr, "hmc-run: launcher environment: {}\n", error.what());
     return kExitUsage;
+  }
+  std::string transport = options.transport;
+  if (launch) {
+    if (transport == "threads") {
+      fmt::print(stderr,
+                 "hmc-run: --transport threads runs every rank in one process, but {} started "
+                 "this process as rank {} of {}: use --transport store or gloo (or auto)\n",
+                 launch->launcher, launch->rank, launch->worldSize);
+      return kExitUsage;
+    }
+    if (transport == "auto") transport = "store";
+    if (options.worldSize && *options.worldSize != launch->worldSize) {
+      fmt::print(stderr, "hmc-run: --world-size {} disagrees with {}'s world of {} ranks\n",
+                 *options.worldSize, launch->launcher, launch->worldSize);
+      return kExitUsage;
+    }
+  } else if (transport == "auto") {
+    transport = "threads";
   }
   bool anyDirectory = false;
   std::vector<std::string> files;
@@ -133,6 +186,14 @@ int runScenarios(const RunOptions& options, const std::vector<std::string>& comm
     fmt::print(stderr, "hmc-run: {}\n", error.what());
     return kExitUsage;
   }
+  if (launch && files.size() != 1) {
+    fmt::print(stderr,
+               "hmc-run: under {} pass exactly one scenario file (got {}); run a directory with "
+               "hmc-run's own launcher (--transport store) instead\n",
+               launch->launcher, files.size());
+    return kExitUsage;
+  }
+  const bool reporting = !launch || launch->rank == 0;
   hmc::scenario::limitTorchThreads(1);
   std::vector<std::unique_ptr<hmc::scenario::Reporter>> reporters;
   hmc::scenario::ConsoleOptions consoleOptions;
@@ -153,7 +214,7 @@ int runScenarios(const RunOptions& options, const std::vector<std::string>& comm
   for (const auto& file : files) {
     ++index;
     hmc::scenario::ParseOptions parse;
-    parse.worldSize = options.worldSize;
+    parse.worldSize = launch ? std::optional<int>(launch->worldSize) : options.worldSize;
     hmc::scenario::Scenario scenario;
     try {
       scenario = hmc::scenario::loadScenario(file, parse);
@@ -163,26 +224,53 @@ int runScenarios(const RunOptions& options, const std::vector<std::string>& comm
       worsen(kExitUsage);
       continue;
     }
-    if (options.device) {
-      scenario.device = *options.device == "cpu"    ? hmc::scenario::Device::kCpu
-                        : *options.device == "cuda" ? hmc::scenario::Device::kCuda
-                                                    : hmc::scenario::Device::kAuto;
-    }
+    if (options.device) scenario.device = deviceFromName(*options.device);
     if (options.timeoutS) scenario.timeoutS = *options.timeoutS;
 
-    hmc::scenario::ThreadRunOptions runOptions;
-    if (options.tracePath) runOptions.flightCapacity = 1 << 16;
-    const std::size_t total = scenario.steps.size();
-    runOptions.onStep = [&](int rank, const hmc::scenario::StepResult& step) {
-      if (rank == 0) progress.step(scenario.name, step, total);
-    };
+    const std::size_t flightCapacity = options.tracePath ? (1u << 16) : 64u;
     const auto start = std::chrono::steady_clock::now();
-    std::vector<hmc::scenario::RankResult> ranks = hmc::scenario::runOnThreads(scenario, runOptions);
+    std::vector<hmc::scenario::RankResult> ranks;
+    bool interrupted = false;
+    if (launch) {
+      hmc::app::RankProcessOptions rankOptions;
+      rankOptions.transport = transport;
+      rankOptions.rank = launch->rank;
+      rankOptions.worldSize = launch->worldSize;
+      rankOptions.masterAddr = launch->masterAddr;
+      rankOptions.masterPort = launch->masterPort;
+      rankOptions.agentHostsStore = launch->agentHostsStore;
+      rankOptions.flightCapacity = flightCapacity;
+      auto outcome = hmc::app::runRankProcess(scenario, rankOptions, true);
+      if (!reporting) return 0;
+      ranks = std::move(*outcome.merged);
+    } else if (transport == "threads") {
+      hmc::scenario::ThreadRunOptions runOptions;
+      runOptions.flightCapacity = flightCapacity;
+      const std::size_t total = scenario.steps.size();
+      runOptions.onStep = [&](int rank, const hmc::scenario::StepResult& step) {
+        if (rank == 0) progress.step(scenario.name, step, total);
+      };
+      ranks = hmc::scenario::runOnThreads(scenario, runOptions);
+    } else {
+      hmc::app::LocalLaunchOptions launchOptions;
+      launchOptions.executable = executable;
+      launchOptions.scenarioFile = file;
+      launchOptions.transport = transport;
+      launchOptions.passThrough = {"--log-level", options.logLevel, "--flight-capacity",
+                                   std::to_string(flightCapacity)};
+      if (options.device) launchOptions.passThrough.insert(
+          launchOptions.passThrough.end(), {"--device", *options.device});
+      if (options.timeoutS) launchOptions.passThrough.insert(
+          launchOptions.passThrough.end(), {"--timeout", fmt::format("{}", *options.timeoutS)});
+      auto launched = hmc::app::launchLocalRanks(scenario, launchOptions);
+      ranks = std::move(launched.ranks);
+      interrupted = launched.interrupted;
+    }
     progress.clear();
 
     hmc::scenario::RunInfo info;
-    info.transport = "threads";
-    info.device = std::string(hmc::scenario::toString(scenario.device));
+    info.transport = transport;
+    info.device = hmc::scenario::resolvedDeviceName(scenario.device);
     info.wallSeconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     info.startedAt = isoNow();
@@ -196,6 +284,11 @@ int runScenarios(const RunOptions& options, const std::vector<std::string>& comm
                  report["outcome"].get<std::string>());
     }
     worsen(hmc::scenario::exitCodeOf(hmc::scenario::computeOutcome(scenario, ranks)));
+    if (interrupted) {
+      fmt::print(stderr, "hmc-run: interrupted; every rank process was stopped\n");
+      for (auto& reporter : reporters) reporter->finish();
+      return 130;
+    }
   }
   try {
     for (auto& reporter : reporters) reporter->finish();
@@ -204,6 +297,37 @@ int runScenarios(const RunOptions& options, const std::vector<std::string>& comm
     return kExitUsage;
   }
   return exitCode;
+}
+
+int runRankCommand(const RankCommand& command) {
+  hmc::scenario::ParseOptions parse;
+  parse.worldSize = command.worldSize;
+  hmc::scenario::Scenario scenario;
+  try {
+    scenario = hmc::scenario::loadScenario(command.file, parse);
+  } catch (const hmc::ScenarioError& error) {
+    fmt::print(stderr, "hmc-run rank {}: {}\n", command.rank, error.what());
+    return kExitUsage;
+  }
+  if (command.device) scenario.device = deviceFromName(*command.device);
+  if (command.timeoutS) scenario.timeoutS = *command.timeoutS;
+  hmc::scenario::limitTorchThreads(1);
+  hmc::app::RankProcessOptions options;
+  options.transport = command.transport;
+  options.rank = command.rank;
+  options.worldSize = command.worldSize;
+  options.masterAddr = command.masterAddr;
+  options.masterPort = command.masterPort;
+  options.glooPort = command.glooPort;
+  options.flightCapacity = command.flightCapacity;
+  try {
+    auto outcome = hmc::app::runRankProcess(scenario, options, false);
+    hmc::scenario::writeFileAtomically(command.resultFile, outcome.result.toJson().dump());
+  } catch (const std::exception& error) {
+    fmt::print(stderr, "hmc-run rank {}: {}\n", command.rank, error.what());
+    return 1;
+  }
+  return 0;
 }
 
 int validateFiles(const std::vector<std::string>& files, std::optional<int> worldSize) {
@@ -257,7 +381,8 @@ int main(int argc, char** argv) {
       "hmc-run " HMC_VERSION
       ": run execution-resource lifecycle scenarios (hmc-scenario/1 JSON) across ranks and\n"
       "report manifest mismatches, leaks, hangs (which rank, which stage) and workspace reuse\n"
-      "timings. Ranks run as threads of this process (--transport threads).",
+      "timings. Ranks run as threads of this process, as local processes, or as the ranks\n"
+      "of a torchrun/srun/mpirun launch (--transport).",
       "hmc-run"};
   app.footer(
       "Examples:\n"
@@ -280,8 +405,12 @@ int main(int argc, char** argv) {
                  "Ranks to run, replacing the file's world_size (1..4096), e.g. --world-size 8")
       ->check(CLI::Range(1, hmc::scenario::kMaxWorldSize));
   app.add_option("--transport", options.transport,
-                 "How ranks talk: auto (= threads here) or threads: every rank a thread of this "
-                 "process, collectives in shared memory")
+                 "How ranks talk. threads: every rank a thread of this process (fast, "
+                 "deterministic, up to 4096 ranks). store: rank processes meeting in a c10d "
+                 "TCPStore. gloo: rank processes over c10d ProcessGroupGloo. auto: threads, or "
+                 "store when torchrun/srun/mpirun started this process. With store or gloo and "
+                 "no launcher, hmc-run starts world_size local rank processes itself (like "
+                 "torchrun --standalone).")
       ->check(CLI::IsMember({"auto", "threads", "store", "gloo"}))
       ->capture_default_str();
   app.add_option("--device", options.device,
@@ -300,6 +429,28 @@ int main(int argc, char** argv) {
       ->envname("HMC_LOG_LEVEL")
       ->capture_default_str();
   app.add_flag("-q,--quiet", options.quiet, "Print only the final OK/FAILED line (and errors)");
+  app.add_option("--master-addr", options.masterAddr,
+                 "Host of rank 0's store under srun/mpirun (default: MASTER_ADDR, or the first "
+                 "host of SLURM_JOB_NODELIST)");
+  app.add_option("--master-port", options.masterPort,
+                 "Port of rank 0's store under a launcher (default: MASTER_PORT, else 29500)")
+      ->check(CLI::Range(1, 65535));
+
+  RankCommand rankCommand;
+  auto* rankSub = app.add_subcommand("_rank", "internal: one rank process of a local launch");
+  rankSub->group("");  // hidden from --help
+  rankSub->add_option("file", rankCommand.file)->required();
+  rankSub->add_option("--rank", rankCommand.rank)->required();
+  rankSub->add_option("--world-size", rankCommand.worldSize)->required();
+  rankSub->add_option("--master-addr", rankCommand.masterAddr);
+  rankSub->add_option("--master-port", rankCommand.masterPort)->required();
+  rankSub->add_option("--gloo-port", rankCommand.glooPort);
+  rankSub->add_option("--transport", rankCommand.transport);
+  rankSub->add_option("--result-file", rankCommand.resultFile)->required();
+  rankSub->add_option("--device", rankCommand.device);
+  rankSub->add_option("--timeout", rankCommand.timeoutS);
+  rankSub->add_option("--flight-capacity", rankCommand.flightCapacity);
+  rankSub->add_option("--log-level", options.logLevel);
 
   std::vector<std::string> validateFilesArg;
   std::optional<int> validateWorld;
@@ -328,6 +479,7 @@ int main(int argc, char** argv) {
   }
   setUpLogging(options.logLevel);
 
+  if (*rankSub) return runRankCommand(rankCommand);
   if (*validate) return validateFiles(validateFilesArg, validateWorld);
   if (*list) return listDirectory(listDir);
   if (options.paths.empty()) {
@@ -337,7 +489,7 @@ int main(int argc, char** argv) {
     return kExitUsage;
   }
   try {
-    return runScenarios(options, command);
+    return runScenarios(options, command, selfExecutable(argv[0]));
   } catch (const std::exception& error) {
     fmt::print(stderr, "hmc-run: internal error: {}\n", error.what());
     return 1;

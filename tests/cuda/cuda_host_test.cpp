@@ -2,13 +2,13 @@
 // of the checks, the NCCL version guard, the device probe's answer, the device registry.
 // Runs on every machine of a CUDA build.
 
-#include <memory>
-#include <sstream>
-#include <string>
-
 #include <doctest/doctest.h>
 #include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
+
+#include <memory>
+#include <sstream>
+#include <string>
 
 #include "hmc/error.hpp"
 #include "hmc/resources/cuda_check.hpp"
@@ -89,9 +89,9 @@ TEST_SUITE("cuda_host") {
     }
     CHECK(hmc::resources::checkRank() == -1);
     // Without a rank the prefix is left out.
-    CHECK(startsWith(hmc::resources::detail::cudaFailureMessage(cudaErrorInvalidValue, "f()",
-                                                                "/a/b.cpp", 7, -1),
-                     "f() failed: invalid argument (cudaErrorInvalidValue) [b.cpp:7]"));
+    CHECK(startsWith(
+        hmc::resources::detail::cudaFailureMessage(cudaErrorInvalidValue, "f()", "/a/b.cpp", 7, -1),
+        "f() failed: invalid argument (cudaErrorInvalidValue) [b.cpp:7]"));
   }
 
   TEST_CASE("the non-throwing checks log to the hmc logger and answer false") {
@@ -130,8 +130,9 @@ TEST_SUITE("cuda_host") {
     CHECK(snapshot.streams == 1);
     CHECK(snapshot.events == 1);
     CHECK(snapshot.communicators == 1);
-    CHECK(snapshot.toJson()["live"][0] ==
-          nlohmann::json{{"kind", "memory"}, {"device", 0}, {"bytes", 1024}, {"owner", "rank 0 a"}});
+    CHECK(
+        snapshot.toJson()["live"][0] ==
+        nlohmann::json{{"kind", "memory"}, {"device", 0}, {"bytes", 1024}, {"owner", "rank 0 a"}});
     registry.remove(memory);
     registry.remove(memory);  // twice: ignored
     registry.remove(stream);

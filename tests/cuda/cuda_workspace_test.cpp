@@ -2,6 +2,12 @@
 // device is usable (see support/cuda_skip.hpp).
 
 #define DOCTEST_CONFIG_IMPLEMENT
+#include "hmc/resources/cuda_workspace.hpp"
+
+#include <cuda_runtime_api.h>
+#include <doctest/doctest.h>
+#include <nccl.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -9,15 +15,10 @@
 #include <thread>
 #include <vector>
 
-#include <cuda_runtime_api.h>
-#include <doctest/doctest.h>
-#include <nccl.h>
-
 #include "hmc/collective/collective.hpp"
 #include "hmc/error.hpp"
 #include "hmc/resources/cuda_check.hpp"
 #include "hmc/resources/cuda_device.hpp"
-#include "hmc/resources/cuda_workspace.hpp"
 #include "hmc/resources/device_registry.hpp"
 #include "hmc/resources/nccl_runtime.hpp"
 #include "support/cuda_skip.hpp"
@@ -99,7 +100,8 @@ TEST_SUITE("cuda") {
       CHECK(attributes.type == cudaMemoryTypeDevice);
       CHECK(attributes.device == 0);
       std::vector<std::uint8_t> host(4 * kMiB, 0xff);
-      HMC_CUDA_CHECK(cudaMemcpy(host.data(), workspace.data(), host.size(), cudaMemcpyDeviceToHost));
+      HMC_CUDA_CHECK(
+          cudaMemcpy(host.data(), workspace.data(), host.size(), cudaMemcpyDeviceToHost));
       CHECK(host.front() == 0);
       CHECK(host.back() == 0);
 

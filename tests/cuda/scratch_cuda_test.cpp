@@ -3,12 +3,14 @@
 // no CUDA (see support/cuda_skip.hpp).
 
 #define DOCTEST_CONFIG_IMPLEMENT
+// clang-format off: torch first, then doctest (support/torch_doctest.hpp says why).
+#include "support/torch_doctest.hpp"
+// clang-format on
+
 #include <chrono>
 #include <memory>
 #include <string>
 #include <thread>
-
-#include "support/torch_doctest.hpp"
 
 #include "hmc/error.hpp"
 #include "hmc/resources/cuda_device.hpp"
@@ -64,7 +66,8 @@ std::string skipReason() {
 }  // namespace
 
 TEST_SUITE("cuda_scratch") {
-  TEST_CASE("a scratch module bound to a CUDA tensor computes x @ weight through a CUDA workspace") {
+  TEST_CASE(
+      "a scratch module bound to a CUDA tensor computes x @ weight through a CUDA workspace") {
     RankEnv env;
     auto module = env.linear(16, 64 * 1024);
     const auto x = torch::randn({8, 16}, torch::TensorOptions().device(torch::kCUDA, 0));
@@ -107,8 +110,7 @@ TEST_SUITE("cuda_scratch") {
     auto module = env.linear(64, 256);
     const auto x = torch::randn({32, 64}, torch::TensorOptions().device(torch::kCUDA, 0));
     const auto weight = module->named_parameters()["weight"];
-    CHECK(torch::allclose(module->forward(x).cpu(), x.cpu().matmul(weight.detach()), 1e-4,
-                          1e-5));
+    CHECK(torch::allclose(module->forward(x).cpu(), x.cpu().matmul(weight.detach()), 1e-4, 1e-5));
     env.manager->shutdown();
     CHECK(env.resources->accounting().deviceBytesHeld() == 0);
   }

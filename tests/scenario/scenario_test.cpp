@@ -13,6 +13,7 @@
 #include <optional>
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include "hmc/error.hpp"
 
@@ -338,13 +339,58 @@ TEST_SUITE("scenario") {
 
   TEST_CASE("an unknown top-level key is named, with the known keys and a likely typo") {
     const std::string known =
-        "expected one of format, name, description, world_size, device, dtype, timeout_s, steps";
+        "expected one of format, name, description, world_size, device, dtype, timeout_s, steps, "
+        "reference_differs";
     CHECK(failureOf(scenarioWith(json::array(), {{"wrld_size", 2}})) ==
           at("/wrld_size", "unknown key 'wrld_size'; " + known + "; did you mean 'world_size'?"));
     CHECK(failureOf(scenarioWith(json::array(), {{"colour", "red"}})) ==
           at("/colour", "unknown key 'colour'; " + known));
     CHECK(failureOf(scenarioWith(json::array(), {{"a/b~c", 1}})) ==
           at("/a~1b~0c", "unknown key 'a/b~c'; " + known));
+  }
+
+  TEST_CASE("reference_differs is hmc's extension: why and distinct top-level step indices") {
+    const json steps = json::array({json{{"op", "barrier"}}, json{{"op", "barrier"}},
+                                    json{{"op", "barrier"}}});
+    CHECK_FALSE(parseScenario(scenarioWith(steps), kFile).referenceDiffers.has_value());
+    const Scenario scenario = parseScenario(
+        scenarioWith(steps, {{"reference_differs", {{"why", "named mismatch"}, {"steps", {2, 0}}}}}),
+        kFile);
+    REQUIRE(scenario.referenceDiffers.has_value());
+    CHECK(scenario.referenceDiffers->why == "named mismatch");
+    CHECK(scenario.referenceDiffers->steps == std::vector<int>{0, 2});
+    const Scenario whyOnly =
+        parseScenario(scenarioWith(steps, {{"reference_differs", {{"why", "w"}}}}), kFile);
+    CHECK(whyOnly.referenceDiffers->steps.empty());
+
+    auto with = [&](const json& value) {
+      return failureOf(scenarioWith(steps, {{"reference_differs", value}}));
+    };
+    CHECK(with(json::array()) ==
+          at("/reference_differs",
+             "expected an object {\"why\": ..., \"steps\": [...]}, got an empty array"));
+    CHECK(with(json{{"steps", {1}}}) ==
+          at("/reference_differs",
+             "missing required key 'why' (why the reference runner differs)"));
+    CHECK(with(json{{"why", ""}}) ==
+          at("/reference_differs/why", "expected a non-empty string, got an empty string"));
+    CHECK(with(json{{"why", "w"}, {"step", {1}}}) ==
+          at("/reference_differs/step",
+             "unknown key 'step' in reference_differs; expected one of why, steps; did you mean "
+             "'steps'?"));
+    CHECK(with(json{{"why", "w"}, {"steps", 1}}) ==
+          at("/reference_differs/steps", "expected an array of top-level step indices, got 1"));
+    CHECK(with(json{{"why", "w"}, {"steps", {"1"}}}) ==
+          at("/reference_differs/steps/0", "expected an integer, got a string \"1\""));
+    CHECK(with(json{{"why", "w"}, {"steps", {0, 3}}}) ==
+          at("/reference_differs/steps/1", "step 3 does not exist: top-level steps are 0..2"));
+    CHECK(with(json{{"why", "w"}, {"steps", {-1}}}) ==
+          at("/reference_differs/steps/0", "step -1 does not exist: top-level steps are 0..2"));
+    CHECK(with(json{{"why", "w"}, {"steps", {1, 1}}}) ==
+          at("/reference_differs/steps/1", "step 1 is listed more than once"));
+    CHECK(failureOf(scenarioWith(json::array(),
+                                 {{"reference_differs", {{"why", "w"}, {"steps", {0}}}}})) ==
+          at("/reference_differs/steps/0", "step 0 does not exist: the scenario has no steps"));
   }
 
   TEST_CASE("format is required and must be hmc-scenario/1") {

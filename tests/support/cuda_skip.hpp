@@ -8,11 +8,11 @@
 // A file that uses it defines DOCTEST_CONFIG_IMPLEMENT before including doctest and ends with
 //   int main(int argc, char** argv) { return hmc::testing::runCudaSuite(argc, argv, reason); }
 
+#include <doctest/doctest.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <string>
-
-#include <doctest/doctest.h>
 
 namespace hmc::testing {
 

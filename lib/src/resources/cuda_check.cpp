@@ -1,10 +1,10 @@
 #include "hmc/resources/cuda_check.hpp"
 
-#include <cstring>
-#include <memory>
-
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
+
+#include <cstring>
+#include <memory>
 
 #include "hmc/error.hpp"
 
@@ -60,8 +60,8 @@ namespace detail {
 
 std::string cudaFailureMessage(cudaError_t status, const char* call, const char* file, int line,
                                int rank) {
-  return fmt::format("{}{} failed: {} ({}) [{}:{}]", prefix(rank), call,
-                     cudaGetErrorString(status), cudaGetErrorName(status), baseName(file), line);
+  return fmt::format("{}{} failed: {} ({}) [{}:{}]", prefix(rank), call, cudaGetErrorString(status),
+                     cudaGetErrorName(status), baseName(file), line);
 }
 
 std::string ncclFailureMessage(ncclResult_t status, const char* call, const char* file, int line,
@@ -74,14 +74,12 @@ std::string ncclFailureMessage(ncclResult_t status, const char* call, const char
   return message + fmt::format(" [{}:{}]", baseName(file), line);
 }
 
-void throwCudaFailure(cudaError_t status, const char* call, const char* file, int line,
-                      int rank) {
+void throwCudaFailure(cudaError_t status, const char* call, const char* file, int line, int rank) {
   (void)cudaGetLastError();
   throw BackendError(cudaFailureMessage(status, call, file, line, rank));
 }
 
-void throwNcclFailure(ncclResult_t status, const char* call, const char* file, int line,
-                      int rank) {
+void throwNcclFailure(ncclResult_t status, const char* call, const char* file, int line, int rank) {
   throw BackendError(ncclFailureMessage(status, call, file, line, rank));
 }
 

@@ -1,7 +1,6 @@
 // cuda_device.hpp in a build without CUDA (hmc_core, HMC_HAVE_CUDA 0).
-#include "hmc/resources/cuda_device.hpp"
-
 #include "hmc/error.hpp"
+#include "hmc/resources/cuda_device.hpp"
 
 namespace hmc::resources {
 

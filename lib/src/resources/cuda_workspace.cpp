@@ -1,11 +1,11 @@
 #include "hmc/resources/cuda_workspace.hpp"
 
-#include <algorithm>
-#include <thread>
-
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <thread>
 
 #include "cuda_device_guard.hpp"
 #include "hmc/error.hpp"
@@ -46,16 +46,16 @@ CudaWorkspace::CudaWorkspace(CudaWorkspaceOptions options, std::shared_ptr<RankR
     if (options_.nbytes > 0) {
       const auto bytes = static_cast<std::size_t>(options_.nbytes);
       HMC_CUDA_CHECK(cudaMalloc(&data_, bytes));
-      dataId_ = registry.add(DeviceHandleKind::kMemory, options_.device, options_.nbytes,
-                             options_.owner);
+      dataId_ =
+          registry.add(DeviceHandleKind::kMemory, options_.device, options_.nbytes, options_.owner);
       if (accounting) accounting->deviceBytesAllocated += options_.nbytes;
       // First touch, as HostWorkspace's memset: a fresh bind pays for the memory it gets.
       HMC_CUDA_CHECK(cudaMemsetAsync(data_, 0, bytes, stream_));
       HMC_CUDA_CHECK(cudaEventRecord(event_, stream_));
       if (!waitIdle(Clock::now() + options_.closeTimeout)) {
-        throw TimeoutError(fmt::format(
-            "CUDA workspace on cuda:{}: clearing {} bytes did not finish within {} ms",
-            options_.device, options_.nbytes, options_.closeTimeout.count()));
+        throw TimeoutError(
+            fmt::format("CUDA workspace on cuda:{}: clearing {} bytes did not finish within {} ms",
+                        options_.device, options_.nbytes, options_.closeTimeout.count()));
       }
     }
   } catch (...) {

@@ -24,9 +24,9 @@ nlohmann::json DeviceRegistrySnapshot::toJson() const {
                        {"bytes", record.bytes},
                        {"owner", record.owner}});
   }
-  return {{"live_bytes", liveBytes},   {"allocations", allocations},
-          {"streams", streams},        {"events", events},
-          {"communicators", communicators}, {"live", std::move(handles)}};
+  return {
+      {"live_bytes", liveBytes}, {"allocations", allocations},     {"streams", streams},
+      {"events", events},        {"communicators", communicators}, {"live", std::move(handles)}};
 }
 
 DeviceRegistry& DeviceRegistry::instance() {
@@ -34,8 +34,8 @@ DeviceRegistry& DeviceRegistry::instance() {
   return registry;
 }
 
-DeviceRegistry::HandleId DeviceRegistry::add(DeviceHandleKind kind, int device,
-                                             std::int64_t bytes, std::string owner) {
+DeviceRegistry::HandleId DeviceRegistry::add(DeviceHandleKind kind, int device, std::int64_t bytes,
+                                             std::string owner) {
   std::lock_guard<std::mutex> lock(mutex_);
   const HandleId id = next_++;
   live_.emplace(id, DeviceHandleRecord{kind, device, bytes, std::move(owner)});

@@ -1,19 +1,18 @@
 #include "hmc/resources/nccl_runtime.hpp"
 
+#include <cuda_runtime_api.h>
 #include <dlfcn.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <link.h>
+#include <nccl.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
-
-#include <cuda_runtime_api.h>
-#include <fmt/format.h>
-#include <fmt/ranges.h>
-#include <nccl.h>
-#include <spdlog/spdlog.h>
 
 #include "cuda_device_guard.hpp"
 #include "hmc/error.hpp"
@@ -145,9 +144,8 @@ nlohmann::json NcclReleaseReport::toJson() const {
 
 void NcclReleaseReport::throwIfFailed() const {
   if (ok()) return;
-  std::string message =
-      fmt::format("NCCL communicator release: ranks {} never finalized",
-                  collective::formatRankList(neverFinalized));
+  std::string message = fmt::format("NCCL communicator release: ranks {} never finalized",
+                                    collective::formatRankList(neverFinalized));
   if (!error.empty()) message += fmt::format(" (rank {}: {})", rank, error);
   if (!peersKnown) message += fmt::format("; the other ranks' outcome is unknown: {}", peersError);
   if (timedOut || !timedOutRanks.empty()) throw TimeoutError(message);
@@ -199,8 +197,8 @@ NcclRuntime::NcclRuntime(std::shared_ptr<collective::Collective> collective,
   const ncclResult_t started = ncclCommInitRankConfig(&comm, worldSize_, id, rank_, &config);
   if (started != ncclSuccess && started != ncclInProgress) {
     const std::string message = detail::ncclFailureMessage(
-        started, "ncclCommInitRankConfig(&comm, worldSize, id, rank, &config)", __FILE__,
-        __LINE__, rank_);
+        started, "ncclCommInitRankConfig(&comm, worldSize, id, rank, &config)", __FILE__, __LINE__,
+        rank_);
     if (comm != nullptr) HMC_NCCL_CHECK_ASYNC_NOTHROW(ncclCommAbort(comm));
     throw BackendError(message);
   }
@@ -215,13 +213,12 @@ NcclRuntime::NcclRuntime(std::shared_ptr<collective::Collective> collective,
     const std::string reason = describe(state, comm);
     HMC_NCCL_CHECK_ASYNC_NOTHROW(ncclCommAbort(comm));
     if (state == ncclInProgress) {
-      throw TimeoutError(fmt::format(
-          "rank {}: the NCCL communicator over {} ranks was not ready within {} ms "
-          "(ncclCommInitRankConfig); it was aborted",
-          rank_, worldSize_, options_.initTimeout.count()));
+      throw TimeoutError(
+          fmt::format("rank {}: the NCCL communicator over {} ranks was not ready within {} ms "
+                      "(ncclCommInitRankConfig); it was aborted",
+                      rank_, worldSize_, options_.initTimeout.count()));
     }
-    throw BackendError(
-        fmt::format("rank {}: ncclCommInitRankConfig failed: {}", rank_, reason));
+    throw BackendError(fmt::format("rank {}: ncclCommInitRankConfig failed: {}", rank_, reason));
   }
   comm_ = comm;
   commId_ = DeviceRegistry::instance().add(

@@ -305,6 +305,11 @@ StepStatus stepStatusFromString(std::string_view text) {
 
 void limitTorchThreads(int threads) { at::set_num_threads(std::max(1, threads)); }
 
+std::string resolvedDeviceName(Device device) {
+  if (device == Device::kAuto) return torch::cuda::is_available() ? "cuda" : "cpu";
+  return std::string(toString(device));
+}
+
 std::string torchVersion() { return TORCH_VERSION; }
 
 bool expectationMet(const Step& step, const StepResult& result) {

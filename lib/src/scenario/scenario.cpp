@@ -114,7 +114,9 @@ constexpr auto kPipeReadTimeout = std::chrono::seconds(10);
 
 const Names kDtypes = {"float32", "float64", "float16", "bfloat16"};
 const Names kTopLevelKeys = {"format", "name",  "description", "world_size",
-                             "device", "dtype", "timeout_s",   "steps"};
+                             "device", "dtype", "timeout_s",   "steps",
+                             "reference_differs"};
+const Names kReferenceDiffersKeys = {"why", "steps"};
 const Names kCommonStepKeys = {"op", "ranks", "expect", "expect_error", "repeat", "label"};
 
 struct OpInfo {
@@ -321,6 +323,9 @@ class Parser {
     }
     const json& steps = required(document, "", "steps");
     scenario.steps = readSteps(steps, "/steps", 0, false);
+    if (const json* value = find(document, "reference_differs")) {
+      scenario.referenceDiffers = readReferenceDiffers(*value, scenario.steps.size());
+    }
     return scenario;
   }
 
@@ -481,6 +486,47 @@ class Parser {
       ranks.push_back(static_cast<int>(rank));
     }
     return ranks;
+  }
+
+  // hmc's extension: {"why": non-empty string, "steps": [distinct top-level step indices]}.
+  ReferenceDiffers readReferenceDiffers(const json& value, std::size_t stepCount) const {
+    const std::string path = "/reference_differs";
+    if (!value.is_object()) {
+      fail(path, "expected an object {\"why\": ..., \"steps\": [...]}, got " + describe(value));
+    }
+    checkKeys(value, path, kReferenceDiffersKeys, " in reference_differs");
+    ReferenceDiffers out;
+    out.why = readString(required(value, path, "why", " (why the reference runner differs)"),
+                         childPath(path, "why"), true);
+    if (const json* steps = find(value, "steps")) {
+      const std::string at = childPath(path, "steps");
+      if (!steps->is_array()) {
+        fail(at, "expected an array of top-level step indices, got " + describe(*steps));
+      }
+      for (std::size_t i = 0; i < steps->size(); ++i) {
+        const json& element = (*steps)[i];
+        const std::string elementPath = childPath(at, i);
+        if (!element.is_number_integer()) {
+          fail(elementPath, "expected an integer, got " + describe(element));
+        }
+        if (stepCount == 0 ||
+            !intFits(element, 0, static_cast<std::int64_t>(stepCount) - 1)) {
+          fail(elementPath,
+               stepCount == 0
+                   ? fmt::format("step {} does not exist: the scenario has no steps",
+                                 describe(element))
+                   : fmt::format("step {} does not exist: top-level steps are 0..{}",
+                                 describe(element), stepCount - 1));
+        }
+        const int index = static_cast<int>(element.get<std::int64_t>());
+        if (std::find(out.steps.begin(), out.steps.end(), index) != out.steps.end()) {
+          fail(elementPath, fmt::format("step {} is listed more than once", index));
+        }
+        out.steps.push_back(index);
+      }
+      std::sort(out.steps.begin(), out.steps.end());
+    }
+    return out;
   }
 
   // `compat` is any JSON, but copying it recurses: bound its nesting.

@@ -1,9 +1,9 @@
 #include "hmc/torch/scratch_modules.hpp"
 
-#include <algorithm>
-
 #include <torch/autograd.h>
 #include <torch/nn/init.h>
+
+#include <algorithm>
 
 #include "hmc/config.hpp"
 #include "hmc/error.hpp"

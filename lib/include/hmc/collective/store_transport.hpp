@@ -25,6 +25,10 @@
 // crashed is seen the same way (its key never comes). The store server gone (its host rank
 // died) raises RankFailure naming host:port.
 //
+// Destruction: the hosting rank's store server dies with it, so its destructor waits (up to
+// the timeout) until every other rank has left ("<prefix>/bye/<rank>", set by every
+// destructor); with a dead peer it therefore blocks for the timeout. Never throws.
+//
 // Thread safety: like every Collective, one thread at a time. keyValueStore() returns a
 // separate connection that another thread (a watchdog) may use while an exchange blocks.
 

@@ -18,10 +18,10 @@
 // A failed CUDA call's error is also cleared from the runtime's last-error slot
 // (cudaGetLastError), so that LibTorch's own checks do not blame their next kernel for it.
 
-#include <string>
-
 #include <cuda_runtime_api.h>
 #include <nccl.h>
+
+#include <string>
 
 namespace hmc::resources {
 
@@ -47,8 +47,8 @@ std::string cudaFailureMessage(cudaError_t status, const char* call, const char*
                                int rank);
 std::string ncclFailureMessage(ncclResult_t status, const char* call, const char* file, int line,
                                int rank);
-[[noreturn]] void throwCudaFailure(cudaError_t status, const char* call, const char* file,
-                                   int line, int rank);
+[[noreturn]] void throwCudaFailure(cudaError_t status, const char* call, const char* file, int line,
+                                   int rank);
 [[noreturn]] void throwNcclFailure(ncclResult_t status, const char* call, const char* file,
                                    int line, int rank);
 // True for cudaSuccess; logs otherwise.

@@ -23,9 +23,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "hmc/lifecycle/resource.hpp"
 #include "hmc/resources/device_registry.hpp"
@@ -37,10 +36,10 @@ struct CUevent_st;
 namespace hmc::resources {
 
 struct CudaWorkspaceOptions {
-  std::string kind;        // the module type ("scratch_linear"): part of the signature
+  std::string kind;         // the module type ("scratch_linear"): part of the signature
   std::int64_t nbytes = 0;  // workspace_bytes, >= 0
-  std::string dtype;       // "float32": part of the signature
-  int device = 0;          // CUDA device index
+  std::string dtype;        // "float32": part of the signature
+  int device = 0;           // CUDA device index
   // Bound of close()'s (and the destructor's) wait for work still in flight.
   std::chrono::milliseconds closeTimeout{std::chrono::seconds(30)};
   // Who holds it, for the registry ("rank 0 scratch_linear cuda:0"); "" means kind + device.

@@ -28,10 +28,9 @@
 
 #include <chrono>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "hmc/collective/collective.hpp"
 #include "hmc/resources/device_registry.hpp"

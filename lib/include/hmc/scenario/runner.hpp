@@ -113,6 +113,8 @@ RankResult runRank(const Scenario& scenario, RankEnvironment& env);
 
 // Limits LibTorch's intra-op threads (thread ranks each run their own small matmuls).
 void limitTorchThreads(int threads);
+// The device a scenario's inputs land on: "cuda" or "cpu" ("auto" resolved).
+std::string resolvedDeviceName(Device device);
 // The LibTorch version this build runs against ("1.13.1").
 std::string torchVersion();
 

@@ -80,6 +80,15 @@ struct Step {
   std::vector<Step> steps;
 };
 
+// hmc's extension `reference_differs` (docs/scenario-extensions.md): the top-level steps
+// whose results differ from the reference runner's by design, and why. The differential
+// test compares every other step with the reference and checks these against the
+// scenario's own expectations instead.
+struct ReferenceDiffers {
+  std::string why;         // non-empty
+  std::vector<int> steps;  // distinct top-level step indices, ascending; may be empty
+};
+
 struct Scenario {
   std::string file;  // where it was read from ("" when parsed from memory)
   std::string name;
@@ -89,6 +98,7 @@ struct Scenario {
   std::string dtype = "float32";
   double timeoutS = 30;
   std::vector<Step> steps;
+  std::optional<ReferenceDiffers> referenceDiffers;  // hmc extension; nullopt when absent
 };
 
 struct ParseOptions {

@@ -1,0 +1,123 @@
+#include "rank_process.hpp"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <thread>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "hmc/collective/store_transport.hpp"
+#include "hmc/config.hpp"
+#include "hmc/error.hpp"
+#if HMC_HAVE_GLOO
+#include "hmc/collective/gloo_transport.hpp"
+#endif
+
+namespace hmc::app {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr int kCrashStatus = 17;
+
+std::chrono::milliseconds timeoutOf(const scenario::Scenario& scenario) {
+  return std::chrono::milliseconds(
+      std::max<std::int64_t>(1, static_cast<std::int64_t>(scenario.timeoutS * 1000.0)));
+}
+
+// Polls for `keys` until all exist or `deadline` passes.
+bool waitForKeys(collective::KeyValueStore& kv, const std::vector<std::string>& keys,
+                 Clock::time_point deadline) {
+  while (true) {
+    if (kv.check(keys)) return true;
+    if (Clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+std::vector<std::string> rankKeys(const std::string& stem, int worldSize) {
+  std::vector<std::string> keys;
+  for (int rank = 0; rank < worldSize; ++rank) keys.push_back(fmt::format("{}/{}", stem, rank));
+  return keys;
+}
+
+}  // namespace
+
+RankProcessOutcome runRankProcess(const scenario::Scenario& scenario,
+                                  const RankProcessOptions& options, bool gatherOnRankZero) {
+  const auto timeout = timeoutOf(scenario);
+  collective::StoreTransportOptions storeOptions;
+  storeOptions.host = options.masterAddr;
+  storeOptions.port = options.masterPort;
+  storeOptions.rank = options.rank;
+  storeOptions.worldSize = options.worldSize;
+  storeOptions.timeout = timeout;
+  storeOptions.prefix = "hmc";
+  if (options.agentHostsStore) storeOptions.isServer = false;
+  // The control store: out-of-band votes and results, and the `store` transport itself.
+  auto control = std::make_shared<collective::StoreTransport>(storeOptions);
+  std::shared_ptr<collective::KeyValueStore> kv = control->keyValueStore();
+
+  std::shared_ptr<collective::Collective> transport = control;
+  if (options.transport == "gloo") {
+#if HMC_HAVE_GLOO
+    collective::GlooTransportOptions gloo;
+    gloo.store = storeOptions;
+    gloo.store.port = options.glooPort != 0 ? options.glooPort : options.masterPort + 1;
+    gloo.store.prefix = "hmc-gloo";
+    gloo.deviceHost = options.masterAddr == "localhost" ? "127.0.0.1" : options.masterAddr;
+    transport = std::make_shared<collective::GlooTransport>(gloo);
+#else
+    throw BackendError(
+        "--transport gloo: this hmc-run was built without Gloo (HMC_WITH_GLOO=OFF or "
+        "ProcessGroupGloo.hpp missing); use --transport store");
+#endif
+  }
+
+  scenario::RankEnvironment env;
+  env.collective = transport;
+  env.flightCapacity = options.flightCapacity;
+  env.crash = [] { _exit(kCrashStatus); };
+  env.agreeOnShutdown = [&](bool clean) {
+    kv->set(fmt::format("vote/{}", options.rank), clean ? "1" : "0");
+    const auto keys = rankKeys("vote", options.worldSize);
+    if (!waitForKeys(*kv, keys, Clock::now() + timeout)) return false;
+    for (const auto& key : keys) {
+      if (kv->get(key, timeout) != "1") return false;
+    }
+    return true;
+  };
+
+  RankProcessOutcome outcome;
+  outcome.result = scenario::runRank(scenario, env);
+  // The hosting rank's transport waits (bounded) in its destructor until every rank left.
+  if (!gatherOnRankZero) return outcome;
+
+  kv->set(fmt::format("result/{}", options.rank), outcome.result.toJson().dump());
+  if (options.rank != 0) {
+    // Wait (bounded) until rank 0 has read every result before the store may go away.
+    waitForKeys(*kv, {"results-read"}, Clock::now() + timeout);
+    return outcome;
+  }
+  std::vector<scenario::RankResult> merged(options.worldSize);
+  const auto deadline = Clock::now() + timeout;
+  for (int rank = 0; rank < options.worldSize; ++rank) {
+    const std::string key = fmt::format("result/{}", rank);
+    if (waitForKeys(*kv, {key}, deadline)) {
+      merged[rank] = scenario::RankResult::fromJson(nlohmann::json::parse(kv->get(key, timeout)));
+    } else {
+      merged[rank].rank = rank;
+      merged[rank].crashed = true;
+      merged[rank].crashReason = fmt::format(
+          "no result from rank {} within {} s: it died or never finished its steps", rank,
+          scenario.timeoutS);
+      merged[rank].leaks.reason = "no result from this rank: not checked";
+    }
+  }
+  kv->set("results-read", "1");
+  outcome.merged = std::move(merged);
+  return outcome;
+}
+
+}  // namespace hmc::app

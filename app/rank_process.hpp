@@ -1,0 +1,39 @@
+#pragma once
+// One rank as a process: builds the rank's transport (store or gloo) from a launcher's
+// variables or hmc-run's own local launch, runs the scenario's steps, agrees on the
+// end-of-run shutdown out of band through the store, and hands its results on.
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "hmc/scenario/runner.hpp"
+#include "hmc/scenario/scenario.hpp"
+
+namespace hmc::app {
+
+struct RankProcessOptions {
+  std::string transport = "store";  // "store" or "gloo"
+  int rank = 0;
+  int worldSize = 1;
+  std::string masterAddr = "127.0.0.1";
+  int masterPort = 0;
+  int glooPort = 0;             // the gloo transport's own store; 0: masterPort + 1
+  bool agentHostsStore = false;  // torchrun's agent hosts the store: rank 0 is a client too
+  std::size_t flightCapacity = 64;
+};
+
+// What a rank process produced; `merged` is set on rank 0 of an external launch, which
+// gathers every rank's result through the store.
+struct RankProcessOutcome {
+  scenario::RankResult result;
+  std::optional<std::vector<scenario::RankResult>> merged;
+};
+
+// Runs one rank. `gatherOnRankZero`: rank 0 collects every rank's result through the store
+// (external launchers); otherwise each rank just returns its own (the local launcher reads
+// result files). The `crash` fault ends the process at once with status 17.
+RankProcessOutcome runRankProcess(const scenario::Scenario& scenario,
+                                  const RankProcessOptions& options, bool gatherOnRankZero);
+
+}  // namespace hmc::app
