@@ -68,7 +68,7 @@ class RankState {
     json out = json::array();
     for (const auto& group : manager_->groups()) {
       if (!group->resources) continue;
-      const auto* workspace = dynamic_cast<const resources::HostWorkspace*>(group->resources.get());
+      const auto* workspace = dynamic_cast<const resources::Workspace*>(group->resources.get());
       std::string owner;
       for (const auto& [name, module] : modules_) {
         if (module->resourceGroup() == group) owner = name;
@@ -232,7 +232,7 @@ class RankState {
       case FaultKind::kBusy: {
         auto& module = live(step.module);
         auto* workspace =
-            dynamic_cast<resources::HostWorkspace*>(module->resourceGroup()->resources.get());
+            dynamic_cast<resources::Workspace*>(module->resourceGroup()->resources.get());
         if (workspace == nullptr) {
           throw RuntimeError(fmt::format(
               "module '{}' on rank {} has no bound workspace to mark busy: run a forward first",
@@ -330,7 +330,10 @@ RankResult runRank(const Scenario& scenario, RankEnvironment& env) {
   const int rank = env.collective->rank();
   RankResult result;
   result.rank = rank;
-  diagnostics::FlightRecorder recorder(env.flightCapacity, env.epoch);
+  const auto recorderPtr = env.recorder ? env.recorder
+                                        : std::make_shared<diagnostics::FlightRecorder>(
+                                              env.flightCapacity, env.epoch);
+  diagnostics::FlightRecorder& recorder = *recorderPtr;
   env.collective->setObserver(&recorder);
   struct Detach {
     collective::Collective& c;

@@ -27,6 +27,7 @@
 #include <string>
 
 #include "hmc/lifecycle/resource.hpp"
+#include "hmc/resources/workspace.hpp"
 #include "hmc/resources/device_registry.hpp"
 #include "hmc/resources/host_resources.hpp"
 
@@ -46,7 +47,7 @@ struct CudaWorkspaceOptions {
   std::string owner;
 };
 
-class CudaWorkspace final : public lifecycle::Resource {
+class CudaWorkspace final : public Workspace {
  public:
   // Allocates on options.device (the caller's current device is restored). Throws
   // ValueError for a negative size, BackendError when an allocation fails (nothing is left
@@ -69,12 +70,12 @@ class CudaWorkspace final : public lifecycle::Resource {
   // BackendError when CUDA fails. Safe to call again.
   void close() override;
 
-  void addPending() noexcept { ++pending_; }
-  void removePending() noexcept { --pending_; }
-  int pending() const noexcept { return pending_.load(); }
-  void setBusy(bool busy) noexcept { busy_ = busy; }
+  void addPending() noexcept override { ++pending_; }
+  void removePending() noexcept override { --pending_; }
+  int pending() const noexcept override { return pending_.load(); }
+  void setBusy(bool busy) noexcept override { busy_ = busy; }
   bool closed() const noexcept { return closed_; }
-  std::int64_t nbytes() const noexcept { return options_.nbytes; }
+  std::int64_t nbytes() const noexcept override { return options_.nbytes; }
   int device() const noexcept { return options_.device; }
   // Device memory of nbytes(); null after close and for a workspace of 0 bytes.
   void* data() const noexcept { return data_; }

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "hmc/lifecycle/resource.hpp"
+#include "hmc/resources/workspace.hpp"
 
 namespace hmc::resources {
 
@@ -89,7 +90,7 @@ class Runtime {
 
 // A workspace of host memory (the reference runner's Workspace): `kind`, `nbytes` and dtype
 // form its lifecycle signature; pending backward passes and a `busy` fault keep it open.
-class HostWorkspace : public lifecycle::Resource {
+class HostWorkspace final : public Workspace {
  public:
   HostWorkspace(std::string kind, std::int64_t nbytes, std::string dtype,
                 std::shared_ptr<RankResources> owner);
@@ -101,12 +102,12 @@ class HostWorkspace : public lifecycle::Resource {
   // the buffer otherwise. Safe to call again.
   void close() override;
 
-  void addPending() noexcept { ++pending_; }
-  void removePending() noexcept { --pending_; }
-  int pending() const noexcept { return pending_.load(); }
-  void setBusy(bool busy) noexcept { busy_ = busy; }
+  void addPending() noexcept override { ++pending_; }
+  void removePending() noexcept override { --pending_; }
+  int pending() const noexcept override { return pending_.load(); }
+  void setBusy(bool busy) noexcept override { busy_ = busy; }
   bool closed() const noexcept { return closed_; }
-  std::int64_t nbytes() const noexcept { return nbytes_; }
+  std::int64_t nbytes() const noexcept override { return nbytes_; }
   // The buffer, for the module's forward to touch; null after close.
   std::uint8_t* data() noexcept { return buffer_.get(); }
 
