@@ -405,6 +405,57 @@ TEST_SUITE("lifecycle") {
     }
   }
 
+  TEST_CASE("a manifest mismatch is diagnosed with every rank's manifest and ranks stay in step") {
+    for (int world : kWorlds) {
+      CAPTURE(world);
+      std::vector<json> diagnoses(world);
+      auto outcomes = runThreadRanks(world, [&](int rank, auto collective) {
+        Rank r(collective);
+        auto a = r.create("k");
+        r.bind(a, "ScratchLinear", kCpuF32, rank == 1 ? 128 : 64);
+        CHECK_THROWS_WITH_AS(r.manager->closeGroups(),
+                             "multicore resource manifests differ across ranks",
+                             hmc::RuntimeError);
+        REQUIRE(r.manager->lastMismatch());
+        diagnoses[rank] = *r.manager->lastMismatch();
+        // The diagnosis exchange kept every rank at the same sequence number: a later
+        // collective still meets.
+        r.manager->clearLastMismatch();
+        CHECK_FALSE(r.manager->lastMismatch());
+        collective->barrier();
+      });
+      for (const auto& outcome : outcomes) CHECK(outcome.ok());
+      for (const json& diagnosis : diagnoses) {
+        CHECK(diagnosis == diagnoses[0]);
+        CHECK(diagnosis["stage"] == "close validation");
+        CHECK(diagnosis["ranks"].size() == static_cast<std::size_t>(world));
+        CHECK(diagnosis["first_difference"]["rank"] == 1);
+        CHECK(diagnosis["first_difference"]["index"] == 0);
+        CHECK(diagnosis["first_difference"]["rank0"][1][1] == 64);
+        CHECK(diagnosis["first_difference"]["this_rank"][1][1] == 128);
+      }
+    }
+  }
+
+  TEST_CASE("the recycle payload stays small however many groups are bound") {
+    struct Sizes : hmc::collective::CollectiveObserver {
+      std::vector<std::size_t> bytes;
+      void onEnter(const hmc::collective::CollectiveRecord& r) override { bytes.push_back(r.payloadBytes); }
+      void onExit(const hmc::collective::CollectiveRecord&) override {}
+    } sizes;
+    auto collective = std::make_shared<hmc::collective::LocalCollective>();
+    collective->setObserver(&sizes);
+    Rank r(collective);
+    std::vector<Rank::Module> live;
+    for (int i = 0; i < 64; ++i) {
+      live.push_back(r.create("k" + std::to_string(i)));
+      r.bind(live.back());
+    }
+    // 12 bytes of digest and count, then 2 bits per bound group.
+    CHECK(sizes.bytes.back() == 12 + 2 * ((63 + 7) / 8));
+    collective->setObserver(nullptr);
+  }
+
   TEST_CASE("ranks in different stages raise collective_mismatch everywhere, no side effect") {
     for (int world : kWorlds) {
       auto outcomes = runThreadRanks(world, [&](int rank, auto collective) {

@@ -1,10 +1,77 @@
 #include "hmc/lifecycle/resource_manager.hpp"
 
 #include <algorithm>
+#include <cstring>
+#include <initializer_list>
 
 #include "hmc/error.hpp"
 
 namespace hmc::lifecycle {
+namespace detail {
+
+constexpr std::uint64_t kDigestSeed = 1469598103934665603ULL;  // FNV-1a offset basis
+
+std::uint64_t mixBytes(std::uint64_t digest, const void* data, std::size_t size) {
+  const auto* bytes = static_cast<const unsigned char*>(data);
+  for (std::size_t i = 0; i < size; ++i) {
+    digest ^= bytes[i];
+    digest *= 1099511628211ULL;  // FNV-1a prime
+  }
+  return digest;
+}
+
+std::uint64_t mix(std::uint64_t digest, std::uint64_t value) {
+  return mixBytes(digest, &value, sizeof value);
+}
+
+std::uint64_t digestOf(const nlohmann::json& value) {
+  const std::string text = value.dump();
+  return mixBytes(kDigestSeed, text.data(), text.size());
+}
+
+// u64 digest | u32 count | for each bit vector: count bits, packed.
+collective::Bytes encodeStates(std::uint64_t digest,
+                               std::initializer_list<const std::vector<bool>*> bits) {
+  const std::uint32_t count = static_cast<std::uint32_t>((*bits.begin())->size());
+  collective::Bytes out(12, '\0');
+  std::memcpy(out.data(), &digest, 8);
+  std::memcpy(out.data() + 8, &count, 4);
+  for (const std::vector<bool>* vector : bits) {
+    std::string packed((count + 7) / 8, '\0');
+    for (std::uint32_t i = 0; i < count; ++i) {
+      if ((*vector)[i]) packed[i / 8] = static_cast<char>(packed[i / 8] | (1 << (i % 8)));
+    }
+    out += packed;
+  }
+  return out;
+}
+
+// ANDs a peer's bits into `bits`; false when the peer's digest (or size) differs.
+bool andStates(const collective::Bytes& peer, std::uint64_t digest,
+               std::initializer_list<std::vector<bool>*> bits) {
+  std::uint64_t peerDigest = 0;
+  std::uint32_t count = 0;
+  if (peer.size() < 12) return false;
+  std::memcpy(&peerDigest, peer.data(), 8);
+  std::memcpy(&count, peer.data() + 8, 4);
+  const std::size_t stride = (count + 7) / 8;
+  if (peerDigest != digest || count != (*bits.begin())->size() ||
+      peer.size() != 12 + stride * bits.size()) {
+    return false;
+  }
+  std::size_t offset = 12;
+  for (std::vector<bool>* vector : bits) {
+    for (std::uint32_t i = 0; i < count; ++i) {
+      const bool bit = (peer[offset + i / 8] >> (i % 8)) & 1;
+      (*vector)[i] = (*vector)[i] && bit;
+    }
+    offset += stride;
+  }
+  return true;
+}
+
+}  // namespace detail
+
 namespace {
 
 using nlohmann::json;
@@ -121,37 +188,44 @@ void ResourceManager::retire(GroupId groupId, MemberToken memberToken) {
 void ResourceManager::recycle(ResourceGroup& target, const Binding& binding,
                               const json& signature) {
   const std::vector<GroupPtr> bound = boundGroups(groups());
-  const json manifest = manifestOf(bound);
-  json states = json::array();
   const auto targetKey = std::tie(target.compatibilityKey, target.scopeKey, target.shared,
                                   target.moduleType);
-  for (const GroupPtr& group : bound) {
-    const bool idle = group->members.empty() && !group->closing && group->resources->canClose();
-    const bool compatible =
+  std::vector<bool> idle(bound.size());
+  std::vector<bool> compatible(bound.size());
+  for (std::size_t i = 0; i < bound.size(); ++i) {
+    const GroupPtr& group = bound[i];
+    idle[i] = group->members.empty() && !group->closing && group->resources->canClose();
+    compatible[i] =
         std::tie(group->compatibilityKey, group->scopeKey, group->shared, group->moduleType) ==
             targetKey &&
         group->binding == binding;
-    states.push_back(json::array({idle, compatible}));
   }
-  const json mine = json::array({manifest, signature, states});
-  const std::vector<json> peers =
-      decodeAll(collective_->exchange(kRecycleStage, encode(mine)));
-  for (const json& peer : peers) {
-    if (peer.at(0) != manifest || peer.at(1) != signature) {
-      lastMismatch_ = describeMismatch(kRecycleStage, peers, true);
-      throw RuntimeError("multicore resource binding order or specifications differ across ranks");
+  // Fast path (DESIGN.md, Scale): agree on a digest of (manifest, signature) and the state
+  // bits; the full manifests travel only when the digests differ, to diagnose the mismatch.
+  const std::uint64_t digest = detail::mix(manifestDigest(bound), detail::digestOf(signature));
+  const std::vector<collective::Bytes> peers =
+      collective_->exchange(kRecycleStage, detail::encodeStates(digest, {&idle, &compatible}));
+  std::vector<bool> idleEverywhere = idle;
+  std::vector<bool> compatibleEverywhere = compatible;
+  bool agreed = true;
+  for (const auto& peer : peers) {
+    agreed = agreed && detail::andStates(peer, digest, {&idleEverywhere, &compatibleEverywhere});
+  }
+  if (!agreed) {
+    json states = json::array();
+    for (std::size_t i = 0; i < bound.size(); ++i) {
+      states.push_back(json::array({static_cast<bool>(idle[i]), static_cast<bool>(compatible[i])}));
     }
+    const json mine = json::array({manifestOf(bound), signature, std::move(states)});
+    const std::vector<json> all =
+        decodeAll(collective_->exchange(kRecycleDiagnosisStage, encode(mine)));
+    lastMismatch_ = describeMismatch(kRecycleStage, all, true);
+    throw RuntimeError("multicore resource binding order or specifications differ across ranks");
   }
   GroupPtr reusable;
   for (std::size_t index = 0; index < bound.size(); ++index) {
-    const bool idleEverywhere = std::all_of(peers.begin(), peers.end(), [&](const json& peer) {
-      return peer.at(2).at(index).at(0).get<bool>();
-    });
-    if (!idleEverywhere) continue;
-    const bool compatibleEverywhere =
-        std::all_of(peers.begin(), peers.end(),
-                    [&](const json& peer) { return peer.at(2).at(index).at(1).get<bool>(); });
-    if (!reusable && compatibleEverywhere) {
+    if (!idleEverywhere[index]) continue;
+    if (!reusable && compatibleEverywhere[index]) {
       reusable = bound[index];
     } else {
       closeGroupCollectively(bound[index]);
@@ -207,23 +281,39 @@ std::vector<GroupPtr> ResourceManager::boundGroups(const std::vector<GroupPtr>& 
 }
 
 void ResourceManager::validateCollectiveClose(const std::vector<GroupPtr>& bound) {
-  const json manifest = manifestOf(bound);
   const bool ready = std::all_of(bound.begin(), bound.end(),
                                  [](const GroupPtr& group) { return group->resources->canClose(); });
-  const std::vector<json> peers = decodeAll(
-      collective_->exchange(kCloseValidationStage, encode(json::array({manifest, ready}))));
-  for (const json& peer : peers) {
-    if (peer.at(0) != manifest) {
-      lastMismatch_ = describeMismatch(kCloseValidationStage, peers, false);
-      throw RuntimeError("multicore resource manifests differ across ranks");
-    }
+  const std::uint64_t digest = manifestDigest(bound);
+  std::vector<bool> readyBits{ready};
+  const std::vector<collective::Bytes> peers =
+      collective_->exchange(kCloseValidationStage, detail::encodeStates(digest, {&readyBits}));
+  std::vector<bool> readyEverywhere = readyBits;
+  bool agreed = true;
+  for (const auto& peer : peers) {
+    agreed = agreed && detail::andStates(peer, digest, {&readyEverywhere});
   }
-  for (const json& peer : peers) {
-    if (!peer.at(1).get<bool>()) {
-      throw RuntimeError(
-          "multicore cleanup requires idle workspaces and no pending backward graphs");
-    }
+  if (!agreed) {
+    const std::vector<json> all = decodeAll(collective_->exchange(
+        kCloseDiagnosisStage, encode(json::array({manifestOf(bound), ready}))));
+    lastMismatch_ = describeMismatch(kCloseValidationStage, all, false);
+    throw RuntimeError("multicore resource manifests differ across ranks");
   }
+  if (!readyEverywhere[0]) {
+    throw RuntimeError("multicore cleanup requires idle workspaces and no pending backward graphs");
+  }
+}
+
+std::uint64_t ResourceManager::manifestDigest(const std::vector<GroupPtr>& bound) {
+  std::uint64_t digest = detail::kDigestSeed;
+  for (const GroupPtr& group : bound) {
+    if (group->digestOf != group->resources.get()) {
+      group->signatureDigest = detail::digestOf(group->resources->lifecycleSignature());
+      group->digestOf = group->resources.get();
+    }
+    digest = detail::mix(detail::mix(digest, static_cast<std::uint64_t>(*group->bindingId)),
+                         group->signatureDigest);
+  }
+  return detail::mix(digest, bound.size());
 }
 
 void ResourceManager::closeGroupCollectively(const GroupPtr& group) {

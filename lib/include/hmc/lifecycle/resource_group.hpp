@@ -32,6 +32,11 @@ struct ResourceGroup {
   bool closing = false;
   bool closed = false;
   std::optional<std::string> moduleType;  // the concrete module type that bound it
+
+  // The manager's cache of the lifecycle signature's digest for `resources` (recomputed when
+  // the resources change; the group's reference keeps the pointer from being reused).
+  const Resource* digestOf = nullptr;
+  std::uint64_t signatureDigest = 0;
 };
 
 using GroupPtr = std::shared_ptr<ResourceGroup>;

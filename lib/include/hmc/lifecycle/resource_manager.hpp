@@ -26,6 +26,10 @@ namespace hmc::lifecycle {
 
 // Stage tags of the manager's collectives.
 inline constexpr std::string_view kRecycleStage = "recycle";
+// Entered by every rank only after the digests of 'recycle' (or 'close validation') differed:
+// the full manifests, for the mismatch diagnosis.
+inline constexpr std::string_view kRecycleDiagnosisStage = "recycle diagnosis";
+inline constexpr std::string_view kCloseDiagnosisStage = "close validation diagnosis";
 inline constexpr std::string_view kCloseValidationStage = "close validation";
 inline constexpr std::string_view kResourceCloseStage = "multicore resource close";
 inline constexpr std::string_view kRuntimeReleaseStage = "multicore Runtime release";
@@ -107,6 +111,7 @@ class ResourceManager {
 
  private:
   static std::vector<GroupPtr> boundGroups(const std::vector<GroupPtr>& groups);
+  static std::uint64_t manifestDigest(const std::vector<GroupPtr>& bound);
   void validateCollectiveClose(const std::vector<GroupPtr>& bound);
   void closeGroupCollectively(const GroupPtr& group);
   void releaseRuntime(const std::function<void()>& release);
