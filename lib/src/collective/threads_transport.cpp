@@ -52,8 +52,9 @@ std::vector<Bytes> ThreadWorld::gather(int rank, std::uint64_t sequence, std::st
   Slot& slot = slots_[sequence];
   if (slot.payloads.empty()) slot.payloads.resize(worldSize_);
   slot.payloads[rank] = envelope;
-  ++slot.arrived;
-  changed_.notify_all();
+  // Waiters need waking only when the slot completes (or is abandoned, or a rank fails):
+  // waking all of them on every arrival costs O(ranks^2) wake-ups per collective.
+  if (++slot.arrived == worldSize_) changed_.notify_all();
 
   auto missing = [&] {
     std::vector<int> ranks;
