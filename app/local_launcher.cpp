@@ -8,9 +8,14 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <sstream>
 #include <thread>
@@ -19,7 +24,10 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "hmc/collective/store_transport.hpp"
+#include "hmc/diagnostics/watchdog.hpp"
 #include "hmc/error.hpp"
+#include "rank_process.hpp"
 
 namespace hmc::app {
 namespace {
@@ -83,6 +91,19 @@ std::string describeStatus(int status) {
   return fmt::format("ended with wait status {}", status);
 }
 
+// Whether something listens on 127.0.0.1:port now.
+bool acceptsConnections(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<std::uint16_t>(port));
+  const bool ok = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+  close(fd);
+  return ok;
+}
+
 pid_t spawn(const std::vector<std::string>& args) {
   std::vector<char*> argv;
   for (const auto& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
@@ -96,6 +117,124 @@ pid_t spawn(const std::vector<std::string>& args) {
     _exit(127);
   }
   return pid;
+}
+
+// The launcher's own connection to the store that rank 0 hosts. It announces dead ranks
+// ("dead/<rank>", so the survivors raise rank_failure instead of waiting for the deadline) and
+// keeps copies of the flight records ranks publish (the store dies with rank 0, before the
+// launcher reads the results). A thread of its own: connecting must wait for rank 0's server
+// (bounded by `connectFor`), and the reap loop must never block on the store.
+class StoreLiaison {
+ public:
+  StoreLiaison(int port, std::string prefix, int worldSize, std::chrono::milliseconds connectFor)
+      : worldSize_(worldSize), connectUntil_(Clock::now() + connectFor) {
+    options_.host = "127.0.0.1";
+    options_.port = port;
+    options_.worldSize = worldSize;
+    options_.prefix = std::move(prefix);
+    thread_ = std::thread([this] { run(); });
+  }
+  ~StoreLiaison() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+
+  void announceDeath(int rank, std::string why) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      deaths_.emplace_back(rank, std::move(why));
+    }
+    wake_.notify_all();
+  }
+  // Rank 0 exited: its store server is gone.
+  void storeGone() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      gone_ = true;
+    }
+    wake_.notify_all();
+  }
+  std::map<int, diagnostics::PublishedFlight> flights() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return flights_;
+  }
+
+ private:
+  bool stopping() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return stop_ || gone_;
+  }
+
+  void run() {
+    std::shared_ptr<collective::KeyValueStore> kv;
+    // Probe the port with a plain connect first: c10d logs every failed attempt.
+    while (!kv && !stopping() && Clock::now() < connectUntil_) {
+      if (!acceptsConnections(options_.port)) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        continue;
+      }
+      collective::StoreTransportOptions attempt = options_;
+      attempt.timeout = std::chrono::seconds(2);
+      try {
+        kv = collective::connectKeyValueStore(attempt);
+      } catch (const Error& error) {
+        spdlog::debug("launcher: cannot join the store at 127.0.0.1:{}: {}", options_.port,
+                      error.what());
+        return;
+      }
+    }
+    if (!kv) return;
+    std::int64_t seen = 0;
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+      wake_.wait_for(lock, std::chrono::milliseconds(100),
+                     [&] { return stop_ || gone_ || !deaths_.empty(); });
+      if (gone_) return;
+      auto deaths = std::move(deaths_);
+      deaths_.clear();
+      const bool last = stop_;
+      lock.unlock();
+      try {
+        for (const auto& [rank, why] : deaths) collective::announceDeadRank(*kv, rank, why);
+        const std::int64_t count = kv->add(collective::kFlightPublishedKey, 0);
+        if (count != seen) {
+          seen = count;
+          auto read = diagnostics::readPublishedFlights(*kv, worldSize_);
+          std::lock_guard<std::mutex> guard(mutex_);
+          for (auto& [rank, flight] : read) flights_[rank] = std::move(flight);
+        }
+      } catch (const std::exception& error) {
+        spdlog::debug("launcher: the store at 127.0.0.1:{} failed: {}", options_.port,
+                      error.what());
+        return;
+      }
+      if (last) return;
+      lock.lock();
+    }
+  }
+
+  collective::StoreTransportOptions options_;
+  int worldSize_;
+  Clock::time_point connectUntil_;
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stop_ = false;
+  bool gone_ = false;
+  std::deque<std::pair<int, std::string>> deaths_;
+  std::map<int, diagnostics::PublishedFlight> flights_;
+  std::thread thread_;
+};
+
+// HMC_LAUNCH_PID_FILE (a test hook): the rank processes' pids, one a line, in rank order.
+void writePidFile(const std::vector<pid_t>& pids) {
+  const char* path = std::getenv("HMC_LAUNCH_PID_FILE");
+  if (path == nullptr || *path == '\0') return;
+  std::ofstream out(path, std::ios::trunc);
+  for (pid_t pid : pids) out << pid << '\n';
 }
 
 }  // namespace
@@ -139,6 +278,25 @@ LocalLaunchResult launchLocalRanks(const scenario::Scenario& scenario,
     args.insert(args.end(), options.passThrough.begin(), options.passThrough.end());
     children[rank].pid = spawn(args);
   }
+  {
+    std::vector<pid_t> pids;
+    for (const auto& child : children) pids.push_back(child.pid);
+    writePidFile(pids);
+  }
+  // Rank 0 starts its server once LibTorch is loaded; every rank gives up on the store after
+  // the timeout, so the launcher does not try longer than that plus a margin.
+  // One liaison per store of the run: rank_process.cpp's control store (prefix "hmc"), and
+  // for gloo the process group's own store (GlooTransport's prefix "hmc-gloo/gloo"), whose
+  // rendezvous and leaving also skip ranks announced dead.
+  std::optional<StoreLiaison> liaison;
+  std::optional<StoreLiaison> glooLiaison;
+  if (world > 1) {
+    const auto connectFor =
+        std::chrono::milliseconds(static_cast<std::int64_t>(scenario.timeoutS * 1000)) +
+        std::chrono::seconds(10);
+    liaison.emplace(port, "hmc", world, connectFor);
+    if (options.transport == "gloo") glooLiaison.emplace(glooPort, "hmc-gloo/gloo", world, connectFor);
+  }
 
   // Reap; after the first failure the survivors get two collective deadlines (the one that
   // notices the dead rank, then the bounded end-of-run agreement) plus a margin to finish,
@@ -158,6 +316,14 @@ LocalLaunchResult launchLocalRanks(const scenario::Scenario& scenario,
         child.status = status;
         --alive;
         const bool clean = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+        const int rank = static_cast<int>(&child - children.data());
+        for (auto* store : {&liaison, &glooLiaison}) {
+          if (!*store) continue;
+          if (rank == 0) (*store)->storeGone();
+          if (!clean && !result.interrupted) {
+            (*store)->announceDeath(rank, fmt::format("rank {} {}", rank, describeStatus(status)));
+          }
+        }
         if (!clean && !stopAt) stopAt = Clock::now() + grace;
       }
     }
@@ -182,6 +348,10 @@ LocalLaunchResult launchLocalRanks(const scenario::Scenario& scenario,
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
 
+  const auto flights =
+      liaison ? liaison->flights() : std::map<int, diagnostics::PublishedFlight>{};
+  liaison.reset();
+  glooLiaison.reset();
   result.ranks.resize(world);
   for (int rank = 0; rank < world; ++rank) {
     const fs::path file = dir / fmt::format("rank{}.json", rank);
@@ -201,6 +371,11 @@ LocalLaunchResult launchLocalRanks(const scenario::Scenario& scenario,
       result.ranks[rank].crashed = true;
       result.ranks[rank].crashReason = describeStatus(*children[rank].status);
       result.ranks[rank].leaks.reason = "the rank process died without a result: not checked";
+      // Where it was, if its watchdog published its flight record before it died.
+      if (auto it = flights.find(rank); it != flights.end()) {
+        result.ranks[rank].flight = it->second.entries;
+        *result.ranks[rank].crashReason += lastSeen(it->second);
+      }
     } else if (result.ranks[rank].crashed) {
       result.ranks[rank].crashReason = describeStatus(*children[rank].status);
     }

@@ -22,6 +22,7 @@
 #include "hmc/collective/launch_env.hpp"
 #include "hmc/config.hpp"
 #include "hmc/error.hpp"
+#include "hmc/resources/cuda_device.hpp"
 #include "hmc/scenario/report.hpp"
 #include "hmc/scenario/reporters.hpp"
 #include "hmc/scenario/runner.hpp"
@@ -178,6 +179,22 @@ int runScenarios(const RunOptions& options, const std::vector<std::string>& comm
   } else if (transport == "auto") {
     transport = "threads";
   }
+  std::optional<hmc::resources::DeviceProbe> ncclDevices;
+  if (transport == "nccl") {
+    if (!HMC_HAVE_CUDA) {
+      fmt::print(stderr,
+                 "hmc-run: --transport nccl: this hmc-run was built without CUDA "
+                 "(HMC_WITH_CUDA=OFF, or the CUDA toolkit or NCCL was not found); use "
+                 "--transport store or gloo\n");
+      return kExitUsage;
+    }
+    ncclDevices = hmc::resources::cudaDeviceUsable();
+    if (!*ncclDevices) {
+      fmt::print(stderr, "hmc-run: --transport nccl: {}; use --transport store or gloo\n",
+                 ncclDevices->reason);
+      return kExitUsage;
+    }
+  }
   bool anyDirectory = false;
   std::vector<std::string> files;
   try {
@@ -226,6 +243,35 @@ int runScenarios(const RunOptions& options, const std::vector<std::string>& comm
     }
     if (options.device) scenario.device = deviceFromName(*options.device);
     if (options.timeoutS) scenario.timeoutS = *options.timeoutS;
+    // What this machine cannot run is bad usage (exit 2), not a failed expectation: a GPU
+    // scenario without a usable GPU, an NCCL world with more ranks than GPUs.
+    std::string unrunnable;
+    std::string unrunnablePath = "/device";
+    if (hmc::scenario::usesCuda(scenario)) {
+      const std::string reason = hmc::scenario::cudaUnusableReason();
+      if (!reason.empty()) {
+        unrunnable = fmt::format(
+            "the scenario puts its inputs on CUDA, but {}; run it on a GPU machine "
+            "(scripts/device-check) or pass --device cpu",
+            reason);
+      }
+    }
+    if (unrunnable.empty() && ncclDevices && !launch &&
+        scenario.worldSize > ncclDevices->deviceCount) {
+      unrunnablePath = "/world_size";
+      unrunnable = fmt::format(
+          "--transport nccl needs one GPU per rank: {} ranks, {} GPU(s); run it with "
+          "--world-size {} or fewer, or use --transport store or gloo (the ranks then share the "
+          "GPU for workspaces)",
+          scenario.worldSize, ncclDevices->deviceCount, ncclDevices->deviceCount);
+    }
+    if (!unrunnable.empty()) {
+      const hmc::ScenarioError error(file, unrunnablePath, unrunnable);
+      const auto report = hmc::scenario::invalidReport(file, scenario.name, error);
+      for (auto& reporter : reporters) reporter->scenarioInvalid(file, report);
+      worsen(kExitUsage);
+      continue;
+    }
 
     const std::size_t flightCapacity = options.tracePath ? (1u << 16) : 64u;
     const auto start = std::chrono::steady_clock::now();
@@ -407,11 +453,15 @@ int main(int argc, char** argv) {
   app.add_option("--transport", options.transport,
                  "How ranks talk. threads: every rank a thread of this process (fast, "
                  "deterministic, up to 4096 ranks). store: rank processes meeting in a c10d "
-                 "TCPStore. gloo: rank processes over c10d ProcessGroupGloo. auto: threads, or "
-                 "store when torchrun/srun/mpirun started this process. With store or gloo and "
-                 "no launcher, hmc-run starts world_size local rank processes itself (like "
+                 "TCPStore. gloo: rank processes over c10d ProcessGroupGloo. nccl: rank "
+                 "processes exchanging by NCCL all-gathers, one GPU per rank (rank r on GPU r % "
+                 "GPUs; the store stays the bootstrap and out-of-band channel); one GPU holds "
+                 "one NCCL rank, so runs with more ranks than GPUs share a GPU for workspaces "
+                 "and use store or gloo for control. auto: threads, or store when "
+                 "torchrun/srun/mpirun started this process. With store, gloo or nccl and no "
+                 "launcher, hmc-run starts world_size local rank processes itself (like "
                  "torchrun --standalone).")
-      ->check(CLI::IsMember({"auto", "threads", "store", "gloo"}))
+      ->check(CLI::IsMember({"auto", "threads", "store", "gloo", "nccl"}))
       ->capture_default_str();
   app.add_option("--device", options.device,
                  "Replace the scenario's device: auto (cuda when usable), cpu or cuda")

@@ -2,7 +2,10 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <map>
+#include <optional>
 #include <thread>
 
 #include <fmt/format.h>
@@ -10,9 +13,13 @@
 
 #include "hmc/collective/store_transport.hpp"
 #include "hmc/config.hpp"
+#include "hmc/diagnostics/watchdog.hpp"
 #include "hmc/error.hpp"
 #if HMC_HAVE_GLOO
 #include "hmc/collective/gloo_transport.hpp"
+#endif
+#if HMC_HAVE_CUDA
+#include "hmc/collective/nccl_transport.hpp"
 #endif
 
 namespace hmc::app {
@@ -36,6 +43,25 @@ bool waitForKeys(collective::KeyValueStore& kv, const std::vector<std::string>& 
   }
 }
 
+std::vector<std::string> rankKeys(const std::string& stem, int worldSize);
+
+// Polls for every rank's "<stem>/<rank>" until all exist, a rank whose key is missing is
+// announced dead ("dead/<rank>", set by hmc-run's launcher), or `deadline` passes.
+bool waitForRanks(collective::KeyValueStore& kv, const std::string& stem, int worldSize,
+                  Clock::time_point deadline) {
+  const auto keys = rankKeys(stem, worldSize);
+  for (int round = 0;; ++round) {
+    if (kv.check(keys)) return true;
+    if (round % 10 == 9 && kv.check({collective::kAnyDeadKey})) {  // every ~50 ms
+      for (int rank = 0; rank < worldSize; ++rank) {
+        if (!kv.check({keys[rank]}) && kv.check({collective::deadRankKey(rank)})) return false;
+      }
+    }
+    if (Clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
 std::vector<std::string> rankKeys(const std::string& stem, int worldSize) {
   std::vector<std::string> keys;
   for (int rank = 0; rank < worldSize; ++rank) keys.push_back(fmt::format("{}/{}", stem, rank));
@@ -43,6 +69,11 @@ std::vector<std::string> rankKeys(const std::string& stem, int worldSize) {
 }
 
 }  // namespace
+
+std::string lastSeen(const diagnostics::PublishedFlight& flight) {
+  return flight.step < 0 ? std::string("; last seen after its steps")
+                         : fmt::format("; last seen in step {}", flight.step);
+}
 
 RankProcessOutcome runRankProcess(const scenario::Scenario& scenario,
                                   const RankProcessOptions& options, bool gatherOnRankZero) {
@@ -73,24 +104,48 @@ RankProcessOutcome runRankProcess(const scenario::Scenario& scenario,
         "--transport gloo: this hmc-run was built without Gloo (HMC_WITH_GLOO=OFF or "
         "ProcessGroupGloo.hpp missing); use --transport store");
 #endif
+  } else if (options.transport == "nccl") {
+#if HMC_HAVE_CUDA
+    // NCCL all-gathers between GPUs (rank r on device r % deviceCount); the store stays the
+    // bootstrap (the unique id) and the out-of-band channel, and names the ranks that did
+    // not arrive when an exchange times out.
+    collective::NcclTransportOptions nccl;
+    nccl.bootstrap = control;
+    nccl.timeout = timeout;
+    nccl.arrivals = control->keyValueStore();
+    transport = std::make_shared<collective::NcclTransport>(nccl);
+#else
+    throw BackendError(
+        "--transport nccl: this hmc-run was built without CUDA (HMC_WITH_CUDA=OFF, or the "
+        "CUDA toolkit or NCCL was not found); use --transport store or gloo");
+#endif
   }
 
   scenario::RankEnvironment env;
   env.collective = transport;
   env.flightCapacity = options.flightCapacity;
+  env.recorder = std::make_shared<diagnostics::FlightRecorder>(options.flightCapacity, env.epoch);
   env.crash = [] { _exit(kCrashStatus); };
   env.agreeOnShutdown = [&](bool clean) {
     kv->set(fmt::format("vote/{}", options.rank), clean ? "1" : "0");
-    const auto keys = rankKeys("vote", options.worldSize);
-    if (!waitForKeys(*kv, keys, Clock::now() + timeout)) return false;
-    for (const auto& key : keys) {
+    // A dead rank never votes: stop waiting for it (it cannot shut down cleanly anyway).
+    if (!waitForRanks(*kv, "vote", options.worldSize, Clock::now() + timeout)) return false;
+    for (const auto& key : rankKeys("vote", options.worldSize)) {
       if (kv->get(key, timeout) != "1") return false;
     }
     return true;
   };
 
   RankProcessOutcome outcome;
-  outcome.result = scenario::runRank(scenario, env);
+  {
+    // Publishes this rank's flight record out of band when a collective passes its deadline
+    // (diagnostics/watchdog.hpp); its own store connection.
+    diagnostics::WatchdogOptions watch;
+    watch.rank = options.rank;
+    watch.deadline = timeout;
+    diagnostics::Watchdog watchdog(env.recorder, control->keyValueStore(), watch);
+    outcome.result = scenario::runRank(scenario, env);
+  }
   // The hosting rank's transport waits (bounded) in its destructor until every rank left.
   if (!gatherOnRankZero) return outcome;
 
@@ -102,6 +157,7 @@ RankProcessOutcome runRankProcess(const scenario::Scenario& scenario,
   }
   std::vector<scenario::RankResult> merged(options.worldSize);
   const auto deadline = Clock::now() + timeout;
+  std::optional<std::map<int, diagnostics::PublishedFlight>> published;
   for (int rank = 0; rank < options.worldSize; ++rank) {
     const std::string key = fmt::format("result/{}", rank);
     if (waitForKeys(*kv, {key}, deadline)) {
@@ -113,6 +169,12 @@ RankProcessOutcome runRankProcess(const scenario::Scenario& scenario,
           "no result from rank {} within {} s: it died or never finished its steps", rank,
           scenario.timeoutS);
       merged[rank].leaks.reason = "no result from this rank: not checked";
+      // Where it was, if its watchdog published its flight record.
+      if (!published) published = diagnostics::readPublishedFlights(*kv, options.worldSize);
+      if (auto it = published->find(rank); it != published->end()) {
+        merged[rank].flight = it->second.entries;
+        *merged[rank].crashReason += lastSeen(it->second);
+      }
     }
   }
   kv->set("results-read", "1");

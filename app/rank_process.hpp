@@ -1,19 +1,22 @@
 #pragma once
-// One rank as a process: builds the rank's transport (store or gloo) from a launcher's
-// variables or hmc-run's own local launch, runs the scenario's steps, agrees on the
-// end-of-run shutdown out of band through the store, and hands its results on.
+// One rank as a process: builds the rank's transport (store, gloo or nccl) from a launcher's
+// variables or hmc-run's own local launch, runs the scenario's steps with a watchdog that
+// publishes its flight record out of band when a collective passes its deadline, agrees on
+// the end-of-run shutdown out of band through the store (not waiting for ranks announced
+// dead), and hands its results on.
 
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "hmc/diagnostics/watchdog.hpp"
 #include "hmc/scenario/runner.hpp"
 #include "hmc/scenario/scenario.hpp"
 
 namespace hmc::app {
 
 struct RankProcessOptions {
-  std::string transport = "store";  // "store" or "gloo"
+  std::string transport = "store";  // "store", "gloo" or "nccl"
   int rank = 0;
   int worldSize = 1;
   std::string masterAddr = "127.0.0.1";
@@ -29,6 +32,10 @@ struct RankProcessOutcome {
   scenario::RankResult result;
   std::optional<std::vector<scenario::RankResult>> merged;
 };
+
+// "; last seen in step S" from a rank's published flight record, for the crash reason of a
+// rank that left no result.
+std::string lastSeen(const diagnostics::PublishedFlight& flight);
 
 // Runs one rank. `gatherOnRankZero`: rank 0 collects every rank's result through the store
 // (external launchers); otherwise each rank just returns its own (the local launcher reads

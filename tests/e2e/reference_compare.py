@@ -184,7 +184,7 @@ def run_reference(oracle, scenario_path, report_path, python="/usr/bin/python3",
 
 
 def compare_file(path, hmc_run, oracle, work_dir=None, max_repeat=DEFAULT_MAX_REPEAT,
-                 python="/usr/bin/python3"):
+                 python="/usr/bin/python3", hmc_args=()):
     """Runs one scenario through both runners; returns the list of problems (empty: agree)."""
     with open(path) as fh:
         scenario = json.load(fh)
@@ -198,7 +198,7 @@ def compare_file(path, hmc_run, oracle, work_dir=None, max_repeat=DEFAULT_MAX_RE
         with open(scenario_path, "w") as fh:
             json.dump(reduced, fh, indent=1)
     hmc_code, hmc_report, hmc_out = run_hmc(hmc_run, scenario_path,
-                                            os.path.join(work_dir, base + ".hmc.json"))
+                                            os.path.join(work_dir, base + ".hmc.json"), hmc_args)
     ref_code, ref_report, ref_out = run_reference(oracle, scenario_path,
                                                   os.path.join(work_dir, base + ".ref.json"),
                                                   python)
@@ -230,6 +230,7 @@ def main(argv):
     parser.add_argument("--max-repeat", type=int, default=DEFAULT_MAX_REPEAT,
                         help="cap repeat counts for both runners (default %(default)s)")
     parser.add_argument("--keep", metavar="DIR", help="keep both reports in DIR")
+    parser.add_argument("--transport", help="hmc-run's --transport (default: hmc-run's own)")
     args = parser.parse_args(argv)
     reason = reference_unavailable(args.oracle)
     if reason:
@@ -243,7 +244,9 @@ def main(argv):
     for path in args.scenarios:
         if args.keep:
             os.makedirs(args.keep, exist_ok=True)
-        problems = compare_file(path, args.hmc_run, args.oracle, args.keep, args.max_repeat)
+        extra = ("--transport", args.transport) if args.transport else ()
+        problems = compare_file(path, args.hmc_run, args.oracle, args.keep, args.max_repeat,
+                                hmc_args=extra)
         print(f"{'agree' if not problems else 'DIFFER'}  {path}")
         for line in problems:
             print(f"    {line}")

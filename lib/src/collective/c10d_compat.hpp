@@ -6,6 +6,7 @@
 //  - Reading a key known to exist: 1.13's get() is two round trips (a wait, then the read).
 //    compareSet with an expected value no envelope can equal returns the current value in one
 //    round trip; 2.1+ has multiGet (one wait plus one read for all keys).
+//  - Connect timeouts: 1.13's SocketOptions holds whole seconds (tcpStoreOptions rounds up).
 //  - Errors: 1.13 throws c10::Error with "Socket Timeout"/"Wait timeout"; 2.x throws
 //    c10::DistNetworkError / DistStoreError (subclasses of c10::Error) with other texts.
 //  - The gloo work type is c10d::ProcessGroup::Work in 1.13 and c10d::Work in 2.x.
@@ -34,7 +35,9 @@ inline c10d::TCPStoreOptions tcpStoreOptions(int port, bool isServer, int worldS
   options.isServer = isServer;
   options.numWorkers = waitWorkers ? c10::optional<std::size_t>(worldSize) : c10::nullopt;
   options.waitWorkers = waitWorkers;
-  options.timeout = timeout;
+  // 1.13 keeps the connect timeout in whole seconds (truncating: 500 ms fails at once) and
+  // retries a refused connection only while more than a second is left: round up.
+  options.timeout = std::chrono::ceil<std::chrono::seconds>(timeout);
   options.multiTenant = false;
 #if HMC_TORCH_AT_LEAST(2, 2)
   options.useLibUV = false;  // the libuv server's latency differs; keep one implementation

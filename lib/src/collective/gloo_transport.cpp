@@ -47,6 +47,13 @@ struct GlooTransportState {
                                   [&](int peer) { return probe->check({arrivalKey(sequence, peer)}); }),
                    absent.end());
       if (absent.empty() || collective::Clock::now() >= end) return absent;
+      // Ranks a launcher announced dead will not arrive: stop waiting for them.
+      if (probe->check({options.store.prefix + "/kv/" + collective::kAnyDeadKey}) &&
+          std::all_of(absent.begin(), absent.end(), [&](int peer) {
+            return probe->check({deadKeyOf(options.store.prefix, peer)});
+          })) {
+        return absent;
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
   }
@@ -189,6 +196,8 @@ std::vector<Bytes> GlooTransport::gather(std::uint64_t sequence, std::string_vie
     throw;
   } catch (const std::exception& error) {
     const std::string reason = compat::messageOf(error);
+    // Before the grace below, which may itself run past the deadline.
+    const bool pastDeadline = Clock::now() >= deadline;
     s.broken = fmt::format("'{}' #{}: {}", stage, sequence, reason);
     std::vector<int> absent;
     try {
@@ -199,7 +208,7 @@ std::vector<Bytes> GlooTransport::gather(std::uint64_t sequence, std::string_vie
                                     "hosting it); gloo: {}",
                                     context(), s.endpoint(), reason));
     }
-    if (compat::isTimeout(reason) || Clock::now() >= deadline) {
+    if (compat::isTimeout(reason) || (pastDeadline && !compat::isConnectionLost(reason))) {
       throw TimeoutError(fmt::format(
           "'{}' #{} timed out on rank {} after {}: ranks {} did not arrive (gloo: {})", stage,
           sequence, self, formatSeconds(timeout()), formatRankList(absent), reason));

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <mutex>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -167,16 +168,39 @@ void KeyJanitor::run() {
 void leaveStore(c10d::Store& store, bool hostsServer, const StoreTransportOptions& options) noexcept {
   try {
     store.set(fmt::format("{}/bye/{}", options.prefix, options.rank), {1});
-    if (hostsServer && options.worldSize > 1) {
+    if (!hostsServer || options.worldSize == 1) return;
+    std::vector<int> waiting;
+    for (int peer = 0; peer < options.worldSize; ++peer) {
+      if (peer != options.rank) waiting.push_back(peer);
+    }
+    // Polls (one request for every key) rather than one wait, so that a peer announced dead
+    // is not waited for.
+    const auto byeKey = [&](int peer) { return fmt::format("{}/bye/{}", options.prefix, peer); };
+    const std::string anyDead = options.prefix + "/kv/" + collective::kAnyDeadKey;
+    const auto deadline = collective::Clock::now() + options.timeout;
+    for (;;) {
       std::vector<std::string> keys;
-      for (int peer = 0; peer < options.worldSize; ++peer) {
-        if (peer != options.rank) keys.push_back(fmt::format("{}/bye/{}", options.prefix, peer));
+      for (int peer : waiting) keys.push_back(byeKey(peer));
+      if (store.check(keys)) return;
+      if (store.check({anyDead})) {
+        waiting.erase(std::remove_if(waiting.begin(), waiting.end(),
+                                     [&](int peer) {
+                                       return store.check({byeKey(peer)}) ||
+                                              store.check({deadKeyOf(options.prefix, peer)});
+                                     }),
+                      waiting.end());
+        if (waiting.empty()) return;
       }
-      store.wait(keys, options.timeout);
+      if (collective::Clock::now() >= deadline) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
   } catch (const std::exception&) {
     // A peer that died or timed out: nothing more to wait for.
   }
+}
+
+std::string deadKeyOf(const std::string& prefix, int rank) {
+  return prefix + "/kv/" + collective::deadRankKey(rank);
 }
 
 std::string StoreTransportState::exchangeKey(std::uint64_t sequence, int rank) const {
@@ -225,6 +249,15 @@ StoreTransport::~StoreTransport() {
 int StoreTransport::port() const noexcept { return state_->port; }
 const std::string& StoreTransport::host() const noexcept { return state_->options.host; }
 
+std::shared_ptr<KeyValueStore> connectKeyValueStore(const StoreTransportOptions& options) {
+  StoreTransportOptions client = options;
+  client.isServer = false;
+  client.validate();
+  return std::make_shared<StoreKeyValue>(
+      hmc::detail::connectTcpStore(client, false, false, client.port), client.prefix + "/kv/",
+      fmt::format("{}:{}", client.host, client.port));
+}
+
 std::shared_ptr<KeyValueStore> StoreTransport::keyValueStore() {
   auto& s = *state_;
   return std::make_shared<StoreKeyValue>(hmc::detail::connectTcpStore(s.options, false, false, s.port),
@@ -236,12 +269,21 @@ std::vector<Bytes> StoreTransport::gather(std::uint64_t sequence, std::string_vi
   auto& s = *state_;
   const int self = rank();
   const int world = worldSize();
+  std::vector<int> peers;
   std::vector<std::string> peerKeys;
+  peers.reserve(world - 1);
   peerKeys.reserve(world - 1);
   for (int peer = 0; peer < world; ++peer) {
-    if (peer != self) peerKeys.push_back(s.exchangeKey(sequence, peer));
+    if (peer == self) continue;
+    peers.push_back(peer);
+    peerKeys.push_back(s.exchangeKey(sequence, peer));
   }
   const auto context = [&] { return fmt::format("'{}' #{} on rank {}", stage, sequence, self); };
+  const auto timedOutError = [&](const std::vector<int>& missing) {
+    return TimeoutError(fmt::format("'{}' #{} timed out on rank {} after {}: ranks {} did not arrive",
+                                    stage, sequence, self, formatSeconds(timeout()),
+                                    formatRankList(missing)));
+  };
 
   bool waiting = false;
   try {
@@ -249,13 +291,47 @@ std::vector<Bytes> StoreTransport::gather(std::uint64_t sequence, std::string_vi
     std::vector<Bytes> out(world);
     out[self] = envelope;
     if (world > 1) {
+      // The common case: one blocking wait. A wait that times out leaves its connection owing
+      // an answer, so the polls after it use a fresh one.
       waiting = true;
-      s.client->wait(peerKeys, remainingUntil(deadline));
+      const auto first = std::min(remainingUntil(deadline), kFirstWait);
+      bool arrived = false;
+      try {
+        s.client->wait(peerKeys, first);
+        arrived = true;
+      } catch (const std::exception& error) {
+        if (!compat::isTimeout(error)) throw;
+        s.reconnect(context());
+      }
+      // Then poll, two requests a round whatever the world size: all keys there? anyone
+      // announced dead? Only then look rank by rank.
+      const std::string anyDead = s.options.prefix + "/kv/" + collective::kAnyDeadKey;
+      const auto missingPeers = [&] {
+        std::vector<int> missing;
+        for (int peer : peers) {
+          if (!s.client->check({s.exchangeKey(sequence, peer)})) missing.push_back(peer);
+        }
+        return missing;
+      };
+      while (!arrived && !s.client->check(peerKeys)) {
+        if (s.client->check({anyDead})) {
+          const std::vector<int> missing = missingPeers();
+          for (int peer : missing) {
+            const std::string dead = hmc::detail::deadKeyOf(s.options.prefix, peer);
+            if (s.client->check({dead})) {
+              const std::string why =
+                  compat::toBytes(compat::getExisting(*s.client, {dead}).front());
+              throw RankFailure(fmt::format("{}: {}; ranks {} did not arrive", context(), why,
+                                            formatRankList(missing)));
+            }
+          }
+        }
+        if (Clock::now() >= deadline) throw timedOutError(missingPeers());
+        std::this_thread::sleep_for(std::min(remainingUntil(deadline), kPollInterval));
+      }
       waiting = false;
       auto values = compat::getExisting(*s.client, peerKeys);
-      for (int peer = 0, i = 0; peer < world; ++peer) {
-        if (peer != self) out[peer] = compat::toBytes(values[i++]);
-      }
+      for (std::size_t i = 0; i < peers.size(); ++i) out[peers[i]] = compat::toBytes(values[i]);
     }
     // Every rank has entered this exchange, so every rank has finished reading the previous
     // one: our key of it can go.
@@ -276,12 +352,10 @@ std::vector<Bytes> StoreTransport::gather(std::uint64_t sequence, std::string_vi
       throw BackendError(fmt::format("{}: c10d store {} failed: {}", context(), s.endpoint(), reason));
     }
     std::vector<int> missing;
-    for (int peer = 0; peer < world; ++peer) {
-      if (peer != self && !s.client->check({s.exchangeKey(sequence, peer)})) missing.push_back(peer);
+    for (int peer : peers) {
+      if (!s.client->check({s.exchangeKey(sequence, peer)})) missing.push_back(peer);
     }
-    throw TimeoutError(fmt::format("'{}' #{} timed out on rank {} after {}: ranks {} did not arrive",
-                                   stage, sequence, self, formatSeconds(timeout()),
-                                   formatRankList(missing)));
+    throw timedOutError(missing);
   }
 }
 

@@ -25,9 +25,13 @@ using collective::StoreTransportOptions;
 c10::intrusive_ptr<c10d::TCPStore> connectTcpStore(const StoreTransportOptions& options,
                                                    bool asServer, bool waitWorkers, int port);
 
+// "<prefix>/kv/dead/<rank>": the key a launcher sets when that rank's process died.
+std::string deadKeyOf(const std::string& prefix, int rank);
+
 // Leaving: every rank sets "<prefix>/bye/<rank>"; the hosting rank (whose store, server
 // included, dies with it) waits up to the timeout for every other rank's, so that no rank
-// loses the server while still reading the last exchange. Never throws.
+// loses the server while still reading the last exchange; ranks announced dead are not
+// waited for. Never throws.
 void leaveStore(c10d::Store& store, bool hostsServer, const StoreTransportOptions& options) noexcept;
 
 // Deletes keys on its own connection and thread, off the exchange's critical path (a delete

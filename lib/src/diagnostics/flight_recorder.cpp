@@ -40,6 +40,11 @@ void FlightRecorder::setStep(int step) {
   step_ = step;
 }
 
+int FlightRecorder::step() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return step_;
+}
+
 double FlightRecorder::sinceEpoch(collective::Clock::time_point t) const {
   return std::chrono::duration<double>(t - epoch_).count();
 }

@@ -38,7 +38,7 @@ DeviceRegistry::HandleId DeviceRegistry::add(DeviceHandleKind kind, int device, 
                                              std::string owner) {
   std::lock_guard<std::mutex> lock(mutex_);
   const HandleId id = next_++;
-  live_.emplace(id, DeviceHandleRecord{kind, device, bytes, std::move(owner)});
+  live_.emplace(id, DeviceHandleRecord{kind, device, bytes, std::move(owner), id});
   return id;
 }
 
@@ -68,6 +68,7 @@ DeviceRegistrySnapshot DeviceRegistry::snapshot() const {
         break;
     }
     result.live.push_back(record);
+    result.live.back().id = id;
   }
   return result;
 }

@@ -238,6 +238,51 @@ NcclRuntime::~NcclRuntime() {
   DeviceRegistry::instance().remove(commId_);
 }
 
+void NcclRuntime::abort(const std::string& reason) noexcept {
+  if (released_ || comm_ == nullptr) return;
+  ScopedCheckRank checkRank(rank_);
+  {
+    detail::DeviceGuardNoThrow guard(options_.device);
+    HMC_NCCL_CHECK_ASYNC_NOTHROW(ncclCommAbort(comm_));
+  }
+  comm_ = nullptr;
+  DeviceRegistry::instance().remove(commId_);
+  released_ = true;
+  try {
+    report_ = NcclReleaseReport{};
+    report_.rank = rank_;
+    report_.aborted = true;
+    report_.error = reason;
+    report_.neverFinalized = {rank_};
+    report_.peersError = "the communicator was aborted before its release";
+  } catch (...) {
+  }
+}
+
+void NcclRuntime::allReduceBytes(void* buffer, std::size_t bytes, CUstream_st* stream) {
+  ScopedCheckRank checkRank(rank_);
+  if (comm_ == nullptr) {
+    throw BackendError(fmt::format(
+        "rank {}: the NCCL communicator was already released or aborted", rank_));
+  }
+  if (bytes == 0) return;
+  detail::DeviceGuard guard(options_.device);
+  HMC_NCCL_CHECK_ASYNC(
+      ncclAllReduce(buffer, buffer, bytes, ncclUint8, ncclSum, comm_, stream));
+  const ncclResult_t state = pollAsyncState(comm_, Clock::now() + options_.operationTimeout);
+  if (state == ncclSuccess) return;
+  const std::string reason =
+      state == ncclInProgress
+          ? fmt::format("ncclAllReduce of {} bytes was not enqueued within {} ms", bytes,
+                        options_.operationTimeout.count())
+          : "ncclAllReduce failed: " + describe(state, comm_);
+  abort(reason);
+  if (state == ncclInProgress) {
+    throw TimeoutError(fmt::format("rank {}: {}; the communicator was aborted", rank_, reason));
+  }
+  throw BackendError(fmt::format("rank {}: {}; the communicator was aborted", rank_, reason));
+}
+
 NcclReleaseReport NcclRuntime::release() {
   if (released_) return report_;
   ScopedCheckRank checkRank(rank_);

@@ -23,6 +23,53 @@ json stepToJson(const StepResult& step) {
   return out;
 }
 
+json optionalBytes(const std::optional<std::int64_t>& bytes) {
+  return bytes ? json(*bytes) : json();
+}
+
+// leaks.device: {"device", "free_bytes_before", "free_bytes_after", "free_bytes_delta",
+// "total_bytes", "memory_info_error", "bytes_allocated", "bytes_held", "streams_held",
+// "events_held", "communicators_held", "live", "leaked"}.
+json deviceLeaksToJson(const DeviceLeakCheck& device) {
+  json delta;
+  if (device.freeBytesBefore && device.freeBytesAfter) {
+    delta = *device.freeBytesBefore - *device.freeBytesAfter;
+  }
+  return {{"device", device.device},
+          {"free_bytes_before", optionalBytes(device.freeBytesBefore)},
+          {"free_bytes_after", optionalBytes(device.freeBytesAfter)},
+          {"free_bytes_delta", std::move(delta)},
+          {"total_bytes", device.totalBytes},
+          {"memory_info_error", device.memoryInfoError},
+          {"bytes_allocated", device.bytesAllocated},
+          {"bytes_held", device.bytesHeld},
+          {"streams_held", device.streamsHeld},
+          {"events_held", device.eventsHeld},
+          {"communicators_held", device.communicatorsHeld},
+          {"live", device.live},
+          {"leaked", device.leaked()}};
+}
+
+DeviceLeakCheck deviceLeaksFromJson(const json& value) {
+  DeviceLeakCheck device;
+  device.device = value.value("device", 0);
+  if (value.contains("free_bytes_before") && !value["free_bytes_before"].is_null()) {
+    device.freeBytesBefore = value["free_bytes_before"].get<std::int64_t>();
+  }
+  if (value.contains("free_bytes_after") && !value["free_bytes_after"].is_null()) {
+    device.freeBytesAfter = value["free_bytes_after"].get<std::int64_t>();
+  }
+  device.totalBytes = value.value("total_bytes", std::int64_t{0});
+  device.memoryInfoError = value.value("memory_info_error", "");
+  device.bytesAllocated = value.value("bytes_allocated", std::int64_t{0});
+  device.bytesHeld = value.value("bytes_held", std::int64_t{0});
+  device.streamsHeld = value.value("streams_held", std::int64_t{0});
+  device.eventsHeld = value.value("events_held", std::int64_t{0});
+  device.communicatorsHeld = value.value("communicators_held", std::int64_t{0});
+  device.live = value.value("live", json::array());
+  return device;
+}
+
 StepResult stepFromJson(const json& value) {
   StepResult step;
   step.index = value.at("index").get<int>();
@@ -74,6 +121,7 @@ json RankResult::toJson() const {
                   {"workspaces_created", leaks.workspacesCreated},
                   {"held_by", leaks.heldBy},
                   {"leaked", leaks.leaked()}};
+  if (leaks.device) out["leaks"]["device"] = deviceLeaksToJson(*leaks.device);
   out["timing_samples"] = {{"fresh_bind", timings.freshBind},
                            {"reused_bind", timings.reusedBind},
                            {"close", timings.close},
@@ -109,6 +157,9 @@ RankResult RankResult::fromJson(const json& value) {
     result.leaks.bytesAllocated = leaks.value("bytes_allocated", 0);
     result.leaks.workspacesCreated = leaks.value("workspaces_created", 0);
     result.leaks.heldBy = leaks.value("held_by", json::array());
+    if (leaks.contains("device") && leaks["device"].is_object()) {
+      result.leaks.device = deviceLeaksFromJson(leaks["device"]);
+    }
   }
   if (value.contains("timing_samples")) {
     const json& t = value["timing_samples"];

@@ -129,7 +129,13 @@ json buildReport(const Scenario& scenario, const std::vector<RankResult>& ranks,
   bool anyLeak = false;
   for (const auto& rank : ranks) {
     json full = rank.toJson();
-    json entry = {{"rank", rank.rank}, {"steps", full["steps"]}, {"final", full["final"]}};
+    json entry = {{"rank", rank.rank}};
+    // A rank process that died left no result: like the reference, no steps and no final
+    // state (zeros would read as a clean rank). Thread ranks that crashed keep theirs.
+    if (!(rank.crashed && rank.steps.empty())) {
+      entry["steps"] = full["steps"];
+      entry["final"] = full["final"];
+    }
     if (rank.crashed) {
       entry["crashed"] = true;
       entry["crash_reason"] = full["crash_reason"];

@@ -207,6 +207,14 @@ class ConsoleReporter final : public Reporter {
           leak["groups"].get<std::int64_t>(), leak["bound_groups"].get<std::int64_t>(),
           leak["bytes_held"].get<std::int64_t>(), leak["workspaces_held"].get<std::int64_t>(),
           leak["runtime_live"].get<bool>() ? "live" : "released");
+      if (leak.contains("device") && leak["device"].value("leaked", false)) {
+        const auto& device = leak["device"];
+        text += fmt::format(
+            "; on cuda:{}: {} bytes, {} streams, {} events, {} communicators",
+            device["device"].get<int>(), device["bytes_held"].get<std::int64_t>(),
+            device["streams_held"].get<std::int64_t>(), device["events_held"].get<std::int64_t>(),
+            device["communicators_held"].get<std::int64_t>());
+      }
       if (!leak["shutdown_error"].is_null()) {
         text += "; shutdown failed: " + leak["shutdown_error"].get<std::string>();
       }

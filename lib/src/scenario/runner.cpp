@@ -10,11 +10,20 @@
 #include <torch/torch.h>
 #include <torch/version.h>
 
+#include "hmc/config.hpp"
 #include "hmc/error.hpp"
 #include "hmc/lifecycle/resource_manager.hpp"
+#include "hmc/resources/cuda_device.hpp"
+#include "hmc/resources/device_registry.hpp"
 #include "hmc/resources/host_resources.hpp"
 #include "hmc/torch/dtype.hpp"
 #include "hmc/torch/scratch_modules.hpp"
+#if HMC_HAVE_CUDA
+#include <spdlog/spdlog.h>
+
+#include "hmc/resources/cuda_workspace.hpp"
+#include "hmc/resources/nccl_runtime.hpp"
+#endif
 
 namespace hmc::scenario {
 namespace {
@@ -28,6 +37,48 @@ double secondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
+bool stepsUseCuda(const std::vector<Step>& steps) {
+  return std::any_of(steps.begin(), steps.end(), [](const Step& step) {
+    return step.device == Device::kCuda || stepsUseCuda(step.steps);
+  });
+}
+
+// The CUDA device of `rank`: one GPU per rank while there are enough, shared beyond.
+int cudaDeviceOf(int rank) {
+  const auto count = static_cast<int>(torch::cuda::device_count());
+  return count > 0 ? rank % count : 0;
+}
+
+#if HMC_HAVE_CUDA
+// The rank's NCCL runtime for CUDA bindings (RankResources::setNcclRuntimeFactory): one
+// communicator over the world when every rank has its own GPU; none for one rank, or for
+// more ranks than GPUs (they share the GPU for workspaces and use the collective's own
+// transport for control, as without NCCL).
+resources::NcclRuntimeFactory ncclFactoryFor(std::shared_ptr<collective::Collective> collective) {
+  return [collective](int device) -> std::shared_ptr<resources::NcclRuntime> {
+    const int world = collective->worldSize();
+    if (world < 2) return nullptr;
+    const auto devices = static_cast<int>(torch::cuda::device_count());
+    if (world > devices) {
+      if (collective->rank() == 0) {
+        auto logger = spdlog::get("hmc");
+        (logger ? logger : spdlog::default_logger())
+            ->info("{} ranks on {} GPUs: no NCCL runtime (one GPU holds one NCCL rank); the "
+                   "ranks share the GPUs for workspaces and use the {} transport for control",
+                   world, devices, collective->transportName());
+      }
+      return nullptr;
+    }
+    resources::NcclRuntimeOptions options;
+    options.device = device;
+    options.initTimeout = collective->timeout();
+    options.releaseTimeout = collective->timeout();
+    options.operationTimeout = collective->timeout();
+    return std::make_shared<resources::NcclRuntime>(collective, options);
+  };
+}
+#endif
+
 // One rank's live objects while the steps run.
 class RankState {
  public:
@@ -36,7 +87,12 @@ class RankState {
         env_(env),
         rank_(env.collective->rank()),
         manager_(std::make_shared<lifecycle::ResourceManager>(env.collective)),
-        resources_(std::make_shared<resources::RankResources>()) {}
+        resources_(std::make_shared<resources::RankResources>()) {
+    resources_->setRank(rank_);
+#if HMC_HAVE_CUDA
+    resources_->setNcclRuntimeFactory(ncclFactoryFor(env.collective));
+#endif
+  }
 
   ~RankState() {
     pending_.clear();
@@ -78,6 +134,11 @@ class RankState {
                      {"bytes", workspace ? workspace->nbytes() : 0},
                      {"pending_backward", workspace ? workspace->pending() : 0},
                      {"closing", group->closing}});
+#if HMC_HAVE_CUDA
+      if (const auto* cuda = dynamic_cast<const resources::CudaWorkspace*>(workspace)) {
+        out.back()["device"] = fmt::format("cuda:{}", cuda->device());
+      }
+#endif
     }
     return out;
   }
@@ -105,7 +166,7 @@ class RankState {
           "usable GPU, or a CPU-only LibTorch); use \"device\": \"cpu\" or \"auto\"",
           step.path, rank_));
     }
-    return torch::Device(torch::kCUDA, 0);
+    return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(cudaDeviceOf(rank_)));
   }
 
   void runOnce(const Step& step, StepResult* entry) {
@@ -142,6 +203,7 @@ class RankState {
                               torch::TensorOptions().dtype(*dtype).device(resolveDevice(step)))
                      .requires_grad_(true);
         torch::Tensor y = module->forward(x);
+        waitForDeviceWork(*module, step);
         if (const auto& bind = module->lastBind()) {
           const double seconds = bind->seconds.count();
           (bind->reused ? timings_.reusedBind : timings_.freshBind).push_back(seconds);
@@ -219,6 +281,33 @@ class RankState {
         }
         break;
     }
+  }
+
+  // A forward on CUDA returns with its work queued; the step waits for it (bounded by the
+  // scenario's timeout), as a host forward is done when it returns, so that the next bind
+  // finds the workspace idle and reuse does not depend on GPU timing.
+  void waitForDeviceWork(const nn::ScratchModule& module, const Step& step) const {
+#if HMC_HAVE_CUDA
+    const resources::CudaWorkspace* workspace = module.cudaWorkspace();
+    if (workspace == nullptr) return;
+    const auto deadline =
+        Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                           std::chrono::duration<double>(scenario_.timeoutS));
+    auto pause = std::chrono::microseconds(5);
+    while (workspace->inFlight()) {
+      if (Clock::now() >= deadline) {
+        throw TimeoutError(fmt::format(
+            "{}: the forward's GPU work on rank {} did not finish within {} s (an NCCL "
+            "all-reduce waiting for a rank that does not run this forward?)",
+            step.path, rank_, scenario_.timeoutS));
+      }
+      std::this_thread::sleep_for(pause);
+      pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::milliseconds(1));
+    }
+#else
+    (void)module;
+    (void)step;
+#endif
   }
 
   void runFault(const Step& step) {
@@ -310,6 +399,21 @@ std::string resolvedDeviceName(Device device) {
   return std::string(toString(device));
 }
 
+bool usesCuda(const Scenario& scenario) {
+  if (scenario.device == Device::kCuda || stepsUseCuda(scenario.steps)) return true;
+  return scenario.device == Device::kAuto && torch::cuda::is_available();
+}
+
+std::string cudaUnusableReason() {
+  if (torch::cuda::is_available()) return "";
+  const resources::DeviceProbe probe = resources::cudaDeviceUsable();
+  if (!probe) return probe.reason;
+  return fmt::format(
+      "no usable CUDA device: the CUDA runtime sees {} device(s), but LibTorch {} has no CUDA "
+      "(a CPU-only build)",
+      probe.deviceCount, TORCH_VERSION);
+}
+
 std::string torchVersion() { return TORCH_VERSION; }
 
 bool expectationMet(const Step& step, const StepResult& result) {
@@ -341,6 +445,24 @@ RankResult runRank(const Scenario& scenario, RankEnvironment& env) {
   } detach{*env.collective};
 
   RankState state(scenario, env);
+  // Device leak accounting: the free device memory before, and the registry's handles that
+  // exist already (a transport's own), which the run does not answer for.
+  std::optional<DeviceLeakCheck> device;
+  std::vector<std::uint64_t> handlesBefore;
+  if (usesCuda(scenario) && torch::cuda::is_available()) {
+    device.emplace();
+    device->device = cudaDeviceOf(rank);
+    try {
+      const resources::DeviceMemoryInfo info = resources::deviceMemoryInfo(device->device);
+      device->freeBytesBefore = info.freeBytes;
+      device->totalBytes = info.totalBytes;
+    } catch (const std::exception& error) {
+      device->memoryInfoError = error.what();
+    }
+    for (const auto& record : resources::DeviceRegistry::instance().snapshot().live) {
+      handlesBefore.push_back(record.id);
+    }
+  }
   for (int index = 0; index < static_cast<int>(scenario.steps.size()); ++index) {
     const Step& step = scenario.steps[index];
     StepResult entry;
@@ -406,6 +528,31 @@ RankResult runRank(const Scenario& scenario, RankEnvironment& env) {
   leaks.workspacesHeld = accounting.workspacesHeld();
   leaks.bytesAllocated = accounting.bytesAllocated;
   leaks.workspacesCreated = accounting.workspacesCreated;
+  if (device) {
+    try {
+      device->freeBytesAfter = resources::deviceMemoryInfo(device->device).freeBytes;
+    } catch (const std::exception& error) {
+      device->memoryInfoError = error.what();
+    }
+    device->bytesAllocated = accounting.deviceBytesAllocated;
+    device->bytesHeld = accounting.deviceBytesHeld();
+    device->streamsHeld = accounting.streamsHeld();
+    device->eventsHeld = accounting.eventsHeld();
+    const std::string prefix = fmt::format("rank {} ", rank);
+    for (const auto& record : resources::DeviceRegistry::instance().snapshot().live) {
+      if (record.owner.rfind(prefix, 0) != 0 ||
+          std::find(handlesBefore.begin(), handlesBefore.end(), record.id) !=
+              handlesBefore.end()) {
+        continue;
+      }
+      if (record.kind == resources::DeviceHandleKind::kCommunicator) ++device->communicatorsHeld;
+      device->live.push_back({{"kind", resources::toString(record.kind)},
+                              {"device", record.device},
+                              {"bytes", record.bytes},
+                              {"owner", record.owner}});
+    }
+    leaks.device = std::move(device);
+  }
 
   result.timings = state.timings();
   for (const auto& [stage, seconds] : recorder.durations()) {

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 
+#include <fmt/format.h>
+
 #include "hmc/config.hpp"
 #include "hmc/error.hpp"
 #include "hmc/resources/cuda_device.hpp"
@@ -12,6 +14,7 @@
 #if HMC_HAVE_CUDA
 #include "cuda_stream_compat.hpp"
 #include "hmc/resources/cuda_workspace.hpp"
+#include "hmc/resources/nccl_runtime.hpp"
 #endif
 
 namespace hmc::nn {
@@ -62,8 +65,11 @@ template <class Workspace>
 struct ScratchFn : public torch::autograd::Function<ScratchFn<Workspace>> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& weight, std::shared_ptr<Workspace> workspace) {
-    torch::Tensor result = scratchMatmul(*workspace, x, weight);
+    // Counted before the product, as the reference runner's ScratchFn does: a forward that
+    // raises (float16 matmul on CPU in LibTorch 1.13) leaves its pending count behind, and
+    // the workspace can no longer close, exactly as there.
     workspace->addPending();
+    torch::Tensor result = scratchMatmul(*workspace, x, weight);
     ctx->saved_data["workspace"] = c10::IValue::make_capsule(
         c10::make_intrusive<WorkspaceHolder<Workspace>>(std::move(workspace)));
     ctx->save_for_backward({x, weight});
@@ -119,7 +125,18 @@ torch::Tensor ScratchModule::forward(const torch::Tensor& x) {
   const torch::Tensor weight = weight_.to(x.device(), x.scalar_type());
 #if HMC_HAVE_CUDA
   if (auto cuda = std::dynamic_pointer_cast<resources::CudaWorkspace>(bound)) {
-    return ScratchFn<resources::CudaWorkspace>::apply(x, weight, std::move(cuda));
+    torch::Tensor result = ScratchFn<resources::CudaWorkspace>::apply(x, weight, cuda);
+    // With more than one GPU: an NCCL all-reduce over the workspace, queued on its stream
+    // after the product, so canClose() stays false until it has run on every rank.
+    const std::shared_ptr<resources::NcclRuntime>& nccl = resources_->ncclRuntime();
+    if (nccl && !nccl->released() && nccl->worldSize() > 1 && nccl->device() == cuda->device() &&
+        cuda->nbytes() > 0) {
+      cuda->trackWorkOn(detail::currentCudaStream(x.device()));
+      nccl->allReduceBytes(cuda->data(), static_cast<std::size_t>(cuda->nbytes()),
+                           cuda->stream());
+      cuda->recordWork();
+    }
+    return result;
   }
 #endif
   auto host = std::static_pointer_cast<resources::HostWorkspace>(std::move(bound));
@@ -148,6 +165,9 @@ std::shared_ptr<lifecycle::Resource> ScratchModule::createExecutionResources(
     options.nbytes = workspaceBytes_;
     options.dtype = dtypeName(tensor.scalar_type());
     options.device = tensor.device().index();
+    if (resources_->rank() >= 0) {
+      options.owner = fmt::format("rank {} {} cuda:{}", resources_->rank(), kind_, options.device);
+    }
     return std::make_shared<resources::CudaWorkspace>(std::move(options), resources_);
 #else
     throw BackendError(resources::kBuiltWithoutCuda);
@@ -159,7 +179,42 @@ std::shared_ptr<lifecycle::Resource> ScratchModule::createExecutionResources(
 
 void ScratchModule::registerRuntimeRelease(lifecycle::ResourceManager& manager,
                                            lifecycle::Resource& resources) {
+#if HMC_HAVE_CUDA
+  // The process runtime on GPU: an NCCL communicator over the world, made (collectively)
+  // before the host runtime so that a failure leaves nothing registered.
+  std::shared_ptr<resources::NcclRuntime> nccl;
+  auto* cuda = dynamic_cast<resources::CudaWorkspace*>(&resources);
+  if (cuda != nullptr && resources_->ncclRuntimeFactory()) {
+    nccl = resources_->ncclRuntimeFactory()(cuda->device());
+  }
+  std::function<void()> hostRelease = resources_->createRuntime();
+  if (!nccl) {
+    manager.setRuntimeRelease(std::move(hostRelease));
+    return;
+  }
+  resources_->setNcclRuntime(nccl);
+  // The manager calls this once per rank inside 'multicore Runtime release' and again on a
+  // rank whose call threw, on the retry. The NCCL release runs first and once: it is
+  // collective (every rank reaches it on the first try, before a `release_error` fault can
+  // stop a rank), and a failed one has already aborted the communicator and is reported
+  // once; the retry then only releases the host runtime.
+  auto ncclDone = std::make_shared<bool>(false);
+  std::weak_ptr<resources::RankResources> owner = resources_;
+  manager.setRuntimeRelease([hostRelease = std::move(hostRelease), nccl, ncclDone, owner] {
+    if (!*ncclDone) {
+      *ncclDone = true;
+      const resources::NcclReleaseReport report = nccl->release();
+      if (auto rank = owner.lock(); rank && rank->ncclRuntime() == nccl) {
+        rank->setNcclRuntime(nullptr);
+      }
+      report.throwIfFailed();
+    }
+    hostRelease();
+  });
+#else
+  (void)resources;
   manager.setRuntimeRelease(resources_->createRuntime());
+#endif
 }
 
 ScratchLinear::ScratchLinear(ScratchOptions options)

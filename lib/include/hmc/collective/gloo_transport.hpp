@@ -18,8 +18,10 @@
 //
 // Errors: a timeout raises TimeoutError naming the stage and the ranks that had not entered
 // the collective: after a failure each rank leaves a key in the store and looks for the
-// others' for up to min(timeout, 2 s) (nothing is written on the fast path). A peer that
-// closed its connection (crashed) raises RankFailure naming the ranks that left no key.
+// others' for up to min(timeout, 2 s) (nothing is written on the fast path), less when every
+// missing rank was announced dead ("<prefix>/gloo/kv/dead/<rank>" in this transport's store,
+// as hmc-run's local launcher does). A peer that closed its connection (crashed) raises
+// RankFailure naming the ranks that left no key, even when that grace ran past the deadline.
 //
 // Thread safety: one thread at a time, like every Collective.
 

@@ -14,20 +14,28 @@
 // and prefix.
 //
 // An exchange writes this rank's envelope under "<prefix>/x/<sequence>/<rank>", waits for the
-// others' keys (one store wait bounded by the collective's deadline) and reads them. Keys are
+// others' keys (bounded by the collective's deadline, see Waiting) and reads them. Keys are
 // namespaced by sequence number only, not by stage: ranks that entered different stages find
 // each other's envelopes and raise CollectiveMismatch instead of timing out. A rank deletes
 // its own key of sequence n-2 once it completed sequence n-1 (every rank has read it by then),
 // so the store holds at most two generations of keys however long the run.
 //
+// Waiting: the first ~100 ms are one blocking store wait (the common case costs nothing more);
+// after that the rank polls every 50 ms with two requests whatever the world size (all
+// exchange keys there? "<prefix>/kv/dead/any" set?), and only once a death was announced
+// reads the missing ranks' "<prefix>/kv/dead/<rank>" keys (key_value_store.hpp), which
+// hmc-run's local launcher sets when a rank process exits abnormally.
+//
 // Errors: a deadline that passes raises TimeoutError naming the ranks whose keys are missing
-// ("'recycle' #6 timed out on rank 0 after 10 s: ranks [1] did not arrive"). A rank that
-// crashed is seen the same way (its key never comes). The store server gone (its host rank
-// died) raises RankFailure naming host:port.
+// ("'recycle' #6 timed out on rank 0 after 10 s: ranks [1] did not arrive"). A missing rank
+// announced dead raises RankFailure at once with the launcher's words ("'close validation' #1
+// on rank 0: rank 1 exited with status 17 (fault crash)"); without a launcher that announces
+// deaths (torchrun, srun, mpirun) a crashed rank is seen only at the deadline, as a timeout.
+// The store server gone (its host rank died) raises RankFailure naming host:port.
 //
 // Destruction: the hosting rank's store server dies with it, so its destructor waits (up to
 // the timeout) until every other rank has left ("<prefix>/bye/<rank>", set by every
-// destructor); with a dead peer it therefore blocks for the timeout. Never throws.
+// destructor) or been announced dead. Never throws.
 //
 // Thread safety: like every Collective, one thread at a time. keyValueStore() returns a
 // separate connection that another thread (a watchdog) may use while an exchange blocks.
@@ -40,6 +48,7 @@
 #include <vector>
 
 #include "hmc/collective/collective.hpp"
+#include "hmc/collective/key_value_store.hpp"
 
 namespace hmc::detail {
 struct StoreTransportState;
@@ -66,19 +75,13 @@ struct StoreTransportOptions {
   void validate() const;
 };
 
-// A small key-value view of the store for out-of-band use (flight records, diagnosis).
-// Its own connection; thread-safe. Every call is bounded by the store timeout.
-class KeyValueStore {
- public:
-  virtual ~KeyValueStore() = default;
-  virtual void set(const std::string& key, const Bytes& value) = 0;
-  // Waits for the key up to `timeout`; throws TimeoutError when it does not appear.
-  virtual Bytes get(const std::string& key, std::chrono::milliseconds timeout) = 0;
-  // Whether all keys exist now (no wait).
-  virtual bool check(const std::vector<std::string>& keys) = 0;
-  virtual bool deleteKey(const std::string& key) = 0;
-  virtual std::int64_t add(const std::string& key, std::int64_t delta) = 0;
-};
+// A client connection to the store of `options` (host, port, prefix, timeout) that is not a
+// rank: for launchers and tools. Keys under "<prefix>/kv/", like StoreTransport's
+// keyValueStore(). c10d retries a refused connection (the hosting rank may not listen yet)
+// about once a second until options.timeout (rounded up to whole seconds), then this throws
+// TimeoutError; BackendError for other failures. c10d logs each failed connect to stderr, so
+// callers that poll for a server probe the port first.
+std::shared_ptr<KeyValueStore> connectKeyValueStore(const StoreTransportOptions& options);
 
 class StoreTransport final : public Collective {
  public:
@@ -92,6 +95,9 @@ class StoreTransport final : public Collective {
   // A new connection to the same store, keys under "<prefix>/kv/". Safe to use from
   // another thread while this transport blocks in an exchange.
   std::shared_ptr<KeyValueStore> keyValueStore();
+  // Time spent waiting in the first, blocking slice of an exchange before polling starts.
+  static constexpr std::chrono::milliseconds kFirstWait{100};
+  static constexpr std::chrono::milliseconds kPollInterval{50};
 
  protected:
   std::vector<Bytes> gather(std::uint64_t sequence, std::string_view stage, const Bytes& envelope,

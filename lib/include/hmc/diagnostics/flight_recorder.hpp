@@ -38,6 +38,8 @@ class FlightRecorder final : public collective::CollectiveObserver {
 
   // The scenario step that runs next (-1 for none).
   void setStep(int step);
+  // The step set last (-1 for none): where the rank is now.
+  int step() const;
   void onEnter(const collective::CollectiveRecord& record) override;
   void onExit(const collective::CollectiveRecord& record) override;
 

@@ -27,6 +27,7 @@ struct DeviceHandleRecord {
   int device = 0;
   std::int64_t bytes = 0;  // memory only
   std::string owner;       // who holds it: "rank 0 scratch_linear cuda:0"
+  std::uint64_t id = 0;    // the handle's id (DeviceRegistry::HandleId); not in toJson
 };
 
 // What was live at one moment.

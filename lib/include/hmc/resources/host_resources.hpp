@@ -48,6 +48,13 @@ struct Accounting {
 };
 
 class Runtime;
+class NcclRuntime;  // nccl_runtime.hpp (hmc_cuda)
+
+// Makes the rank's NCCL runtime for a first binding on CUDA device `device`: collective over
+// the rank's world (every rank binds at the same point, after the manager's 'recycle'), or
+// null when this rank gets none (one rank, more ranks than GPUs). Set by whoever knows the
+// rank's collective (the scenario runner); hmc_core never calls NCCL itself.
+using NcclRuntimeFactory = std::function<std::shared_ptr<NcclRuntime>(int device)>;
 
 // Everything one rank's resources share: its faults, its runtime, its accounting. The
 // reference keeps these per process; with thread ranks each rank has its own.
@@ -67,11 +74,27 @@ class RankResources {
   // Creates the live runtime; returns its release function for the manager.
   std::function<void()> createRuntime();
 
+  // The rank these resources belong to, for the owners in the device registry; -1: unknown.
+  int rank() const noexcept { return rank_; }
+  void setRank(int rank) noexcept { rank_ = rank; }
+
+  // The process runtime on GPU. Without a factory (the default, and every CPU run) CUDA
+  // bindings get no NCCL runtime and nothing changes on the host path.
+  const NcclRuntimeFactory& ncclRuntimeFactory() const noexcept { return ncclFactory_; }
+  void setNcclRuntimeFactory(NcclRuntimeFactory factory) { ncclFactory_ = std::move(factory); }
+  // The live NCCL runtime (made with the live runtime by a CUDA binding, dropped by its
+  // release), or null.
+  const std::shared_ptr<NcclRuntime>& ncclRuntime() const noexcept { return nccl_; }
+  void setNcclRuntime(std::shared_ptr<NcclRuntime> runtime) { nccl_ = std::move(runtime); }
+
  private:
   friend class Runtime;
   FaultCounters faults_;
   Accounting accounting_;
   std::shared_ptr<Runtime> live_;
+  int rank_ = -1;
+  NcclRuntimeFactory ncclFactory_;
+  std::shared_ptr<NcclRuntime> nccl_;
 };
 
 // The process runtime shared by all workspaces of a rank (on GPU: the communicator and

@@ -27,6 +27,7 @@
 // Thread safety: one rank thread. The collective must outlive the runtime.
 
 #include <chrono>
+#include <cstddef>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -36,6 +37,7 @@
 #include "hmc/resources/device_registry.hpp"
 
 struct ncclComm;
+struct CUstream_st;
 
 namespace hmc::resources {
 
@@ -48,6 +50,8 @@ struct NcclRuntimeOptions {
   // All-gather the release outcomes (see the file comment). Off: release() is local and the
   // report names this rank only.
   bool shareReleaseOutcome = true;
+  // Bound of enqueueing one operation (allReduceBytes) on the non-blocking communicator.
+  std::chrono::milliseconds operationTimeout{std::chrono::seconds(30)};
 };
 
 // How release() went on this rank.
@@ -88,6 +92,18 @@ class NcclRuntime {
   // communicator is gone either way. A second call returns the first report.
   NcclReleaseReport release();
   bool released() const noexcept { return released_; }
+  // Aborts the communicator now (ncclCommAbort, local, never waits for peers) and marks the
+  // runtime released with an `aborted` report carrying `reason`; what a caller does when an
+  // operation on the communicator passed its deadline. Does nothing after release.
+  void abort(const std::string& reason) noexcept;
+
+  // Sums `bytes` bytes at `buffer` (device memory on device()) as uint8 across the ranks, in
+  // place, enqueued on `stream` (nullptr: the legacy default stream); returns once enqueued,
+  // not once done. Collective over NCCL: every rank must call it with the same size, in the
+  // same order as its other NCCL operations. Throws BackendError after release or when NCCL
+  // fails, TimeoutError when enqueueing passes options.operationTimeout (the communicator is
+  // then aborted).
+  void allReduceBytes(void* buffer, std::size_t bytes, CUstream_st* stream);
 
   // The communicator (ncclComm_t); null after release.
   ncclComm* comm() const noexcept { return comm_; }

@@ -44,6 +44,30 @@ struct FinalState {
   bool runtimeLive = false;
 };
 
+// What a run on a CUDA device left behind on one rank (LeakCheck::device). hmc's own figures
+// (the rank's accounting and the device registry) decide `leaked`; cudaMemGetInfo's before
+// and after are informative: they also see LibTorch's caching allocator, the CUDA context and
+// other ranks or processes on the same GPU.
+struct DeviceLeakCheck {
+  int device = 0;  // the rank's CUDA device index
+  std::optional<std::int64_t> freeBytesBefore;  // cudaMemGetInfo before the first step
+  std::optional<std::int64_t> freeBytesAfter;   // ... after the automatic shutdown
+  std::int64_t totalBytes = 0;
+  std::string memoryInfoError;         // why a cudaMemGetInfo figure is missing, or ""
+  std::int64_t bytesAllocated = 0;     // device bytes hmc allocated for this rank's workspaces
+  std::int64_t bytesHeld = 0;          // ... still allocated after the shutdown
+  std::int64_t streamsHeld = 0;        // workspace streams not destroyed
+  std::int64_t eventsHeld = 0;         // workspace events not destroyed
+  std::int64_t communicatorsHeld = 0;  // NCCL communicators of the rank's runtime still live
+  // Device registry records of this rank created during the run and still live:
+  // [{kind, device, bytes, owner}] (the owner names rank, module type and device).
+  nlohmann::json live = nlohmann::json::array();
+
+  bool leaked() const noexcept {
+    return bytesHeld > 0 || streamsHeld > 0 || eventsHeld > 0 || communicatorsHeld > 0;
+  }
+};
+
 // What an automatic shutdown after the last step left behind on one rank.
 struct LeakCheck {
   bool checked = false;
@@ -56,10 +80,14 @@ struct LeakCheck {
   std::int64_t workspacesHeld = 0;
   std::int64_t bytesAllocated = 0;
   std::int64_t workspacesCreated = 0;
-  nlohmann::json heldBy = nlohmann::json::array();  // [{module, binding_id, bytes}]
+  // [{module, binding_id, bytes, ...}]; CUDA workspaces add "device": "cuda:N".
+  nlohmann::json heldBy = nlohmann::json::array();
+  // Set when the rank's inputs were on a CUDA device; absent on CPU runs.
+  std::optional<DeviceLeakCheck> device;
 
   bool leaked() const noexcept {
-    return groups > 0 || boundGroups > 0 || runtimeLive || bytesHeld > 0 || workspacesHeld > 0;
+    return groups > 0 || boundGroups > 0 || runtimeLive || bytesHeld > 0 || workspacesHeld > 0 ||
+           (device && device->leaked());
   }
 };
 
@@ -103,6 +131,9 @@ struct RankEnvironment {
   std::function<bool(bool clean)> agreeOnShutdown;
   collective::Clock::time_point epoch = collective::Clock::now();
   std::size_t flightCapacity = 64;
+  // The rank's flight recorder, for a watchdog that reads it from another thread; null:
+  // runRank makes its own (flightCapacity, epoch).
+  std::shared_ptr<diagnostics::FlightRecorder> recorder;
   // Called after every top-level step (progress, watchdog).
   std::function<void(const StepResult&)> onStep;
 };
@@ -115,6 +146,12 @@ RankResult runRank(const Scenario& scenario, RankEnvironment& env);
 void limitTorchThreads(int threads);
 // The device a scenario's inputs land on: "cuda" or "cpu" ("auto" resolved).
 std::string resolvedDeviceName(Device device);
+// Whether `scenario` puts inputs on CUDA: its device is "cuda" (or "auto" where CUDA is
+// usable), or a step asks for "cuda".
+bool usesCuda(const Scenario& scenario);
+// Why this process cannot put inputs on a CUDA device ("no usable CUDA device: ..."), or ""
+// when it can.
+std::string cudaUnusableReason();
 // The LibTorch version this build runs against ("1.13.1").
 std::string torchVersion();
 

@@ -1,0 +1,51 @@
+#pragma once
+// A small key-value view of a rank's store for out-of-band use: launchers that announce a
+// dead rank, watchdogs that publish flight records, the end-of-run vote. It never travels
+// through a transport that may be stuck: StoreTransport::keyValueStore() and
+// connectKeyValueStore() (store_transport.hpp) give it its own connection.
+//
+// Well-known keys (relative to the view's namespace, "<prefix>/kv/" of a StoreTransport):
+//   dead/<rank>        set by the launcher that saw the rank process die; the value says how
+//                      ("rank 1 exited with status 17 (fault crash)"). Ranks waiting for that
+//                      rank raise RankFailure with this text instead of waiting for the deadline.
+//   dead/any           set (after dead/<rank>) with every announcement: waiters poll this one
+//                      key and look at dead/<rank> only once it exists (announceDeadRank()).
+//   flight/<rank>      the rank's flight record, published by its watchdog once a collective
+//                      passed its deadline (diagnostics/watchdog.hpp has the JSON).
+//   flight/published   a counter bumped by every publication, so that readers poll one key.
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "hmc/collective/collective.hpp"
+
+namespace hmc::collective {
+
+// Thread-safe; every call is bounded by the store timeout (or the one given). Calls throw
+// TimeoutError when that passes and BackendError when the store is unreachable.
+class KeyValueStore {
+ public:
+  virtual ~KeyValueStore() = default;
+  virtual void set(const std::string& key, const Bytes& value) = 0;
+  // Waits for the key up to `timeout`; throws TimeoutError when it does not appear.
+  virtual Bytes get(const std::string& key, std::chrono::milliseconds timeout) = 0;
+  // Whether all keys exist now (no wait).
+  virtual bool check(const std::vector<std::string>& keys) = 0;
+  virtual bool deleteKey(const std::string& key) = 0;
+  virtual std::int64_t add(const std::string& key, std::int64_t delta) = 0;
+};
+
+inline std::string deadRankKey(int rank) { return "dead/" + std::to_string(rank); }
+inline std::string flightKey(int rank) { return "flight/" + std::to_string(rank); }
+inline constexpr const char* kAnyDeadKey = "dead/any";
+inline constexpr const char* kFlightPublishedKey = "flight/published";
+
+// What a launcher does when rank `rank` died: dead/<rank> = why, then dead/any.
+inline void announceDeadRank(KeyValueStore& store, int rank, const std::string& why) {
+  store.set(deadRankKey(rank), why);
+  store.set(kAnyDeadKey, "1");
+}
+
+}  // namespace hmc::collective

@@ -1,0 +1,97 @@
+#pragma once
+// The watchdog of a rank process: publishes the rank's flight record out of band, through a
+// KeyValueStore connection of its own (never through the transport, which may be stuck), so
+// that the hang diagnosis can still say where a rank was when that rank is later killed
+// (SIGKILL after the launcher's grace period) or never writes a result.
+//
+// A thread looks at the rank's FlightRecorder every `period` and publishes
+//   - when the last collective is still in flight past the deadline, or ended with
+//     "timeout" or "rank_failure" (once per collective and status);
+//   - when another rank published (the counter "flight/published" grew, polled every
+//     `peerPeriod`) and this rank's position changed since its own last publication, so a
+//     rank stuck outside any collective (a long step) is located too.
+// A publication sets "flight/<rank>" (JSON of PublishedFlight: the last `entries` flight
+// entries and the current step) and adds 1 to "flight/published". Readers: the local launcher
+// (for ranks without a result file) and rank 0 under an external launcher (for ranks whose
+// result never came), through readPublishedFlights().
+//
+// Bounded: at most one publication per collective status change or peer publication; every
+// store call is bounded by the store's timeout; a store that fails stops the publications
+// (logged at debug level). Thread safety: the public methods may be called from any thread.
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "hmc/collective/key_value_store.hpp"
+#include "hmc/diagnostics/flight_recorder.hpp"
+
+namespace hmc::diagnostics {
+
+// What a rank published: {"rank", "step", "reason", "entries": [FlightEntry JSON, ...]}.
+struct PublishedFlight {
+  int rank = 0;
+  int step = -1;  // the step the rank was in (-1: outside the steps)
+  std::string reason;
+  std::vector<FlightEntry> entries;
+
+  nlohmann::json toJson() const;
+  static PublishedFlight fromJson(const nlohmann::json& value);
+};
+
+struct WatchdogOptions {
+  int rank = 0;
+  std::chrono::milliseconds deadline{30000};  // the collective deadline (timeout_s)
+  std::chrono::milliseconds period{100};
+  std::chrono::milliseconds peerPeriod{500};
+  std::size_t entries = 16;  // flight entries per publication
+};
+
+class Watchdog {
+ public:
+  Watchdog(std::shared_ptr<const FlightRecorder> recorder,
+           std::shared_ptr<collective::KeyValueStore> store, WatchdogOptions options);
+  // Stops the thread and joins it (within one store call). Never throws.
+  ~Watchdog();
+  Watchdog(const Watchdog&) = delete;
+  Watchdog& operator=(const Watchdog&) = delete;
+
+  // Publishes now with `reason`. Never throws; returns whether it reached the store.
+  bool publish(const std::string& reason) noexcept;
+  // Publications that reached the store so far.
+  std::size_t publications() const;
+
+ private:
+  using Position = std::tuple<std::uint64_t, std::string, int>;  // sequence, status, step
+  void run();
+  Position position() const;
+
+  std::shared_ptr<const FlightRecorder> recorder_;
+  std::shared_ptr<collective::KeyValueStore> store_;
+  WatchdogOptions options_;
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stop_ = false;
+  bool storeFailed_ = false;
+  std::size_t publications_ = 0;
+  std::int64_t seenPublished_ = 0;
+  std::optional<Position> published_;
+  std::thread thread_;
+};
+
+// Every rank's published record that is present now (ranks 0..worldSize-1). Never throws:
+// a store that fails yields what was read so far.
+std::map<int, PublishedFlight> readPublishedFlights(collective::KeyValueStore& store,
+                                                    int worldSize);
+
+}  // namespace hmc::diagnostics

@@ -1,0 +1,398 @@
+#!/usr/bin/python3
+"""End-to-end tests of the hmc-run binary (CTest label e2e). Standard library only.
+
+usage: test_hmc_run.py HMC_RUN [REPO_ROOT]
+
+Runs hmc-run on every scenario of scenarios/ (outcome pass, exit 0), on the directory, on
+failing, invalid and hanging inputs (exit 1, 2, 3), and checks the --report JSON (every
+conformance field of hmc-report/1 and hmc's sections), the --trace JSON (one process per
+rank, flow events), the validate and list subcommands and --help.
+Prints one line per check and a closing "N passed, N failed"; exits 1 on any failure.
+"""
+import concurrent.futures
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+HMC_RUN = os.path.abspath(sys.argv[1]) if len(sys.argv) > 1 else None
+REPO = os.path.abspath(sys.argv[2]) if len(sys.argv) > 2 else os.path.normpath(
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+SCENARIOS = os.path.join(REPO, "scenarios")
+DATA = os.path.join(REPO, "tests", "e2e", "data")
+WORK = tempfile.mkdtemp(prefix="hmc-e2e-")
+
+RESULTS = {"passed": 0, "failed": 0}
+
+
+class Failure(Exception):
+    pass
+
+
+def check(condition, message):
+    if not condition:
+        raise Failure(message)
+
+
+def run(*args, timeout=120):
+    """Runs hmc-run on CPU (so that the results do not depend on a GPU); returns the process."""
+    return subprocess.run([HMC_RUN, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def run_cpu(*args, timeout=120):
+    return run(*args, "--device", "cpu", timeout=timeout)
+
+
+def output(proc):
+    return f"exit {proc.returncode}\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-2000:]}"
+
+
+def test(function):
+    """Runs one check function; records and prints its result."""
+    name = function.__name__
+    start = time.monotonic()
+    try:
+        function()
+    except Failure as failure:
+        RESULTS["failed"] += 1
+        print(f"FAIL  {name}: {failure}", flush=True)
+        return
+    except Exception:  # noqa: BLE001
+        RESULTS["failed"] += 1
+        print(f"FAIL  {name}: {traceback.format_exc()}", flush=True)
+        return
+    RESULTS["passed"] += 1
+    print(f"ok    {name} ({time.monotonic() - start:.1f} s)", flush=True)
+
+
+def library():
+    """The CPU scenarios of scenarios/. GPU scenarios (device "cuda", scenarios/gpu-*.json) are
+    left out: these tests run everything with --device cpu, and scripts/device-check runs them
+    on a GPU."""
+    files = []
+    for path in sorted(glob.glob(os.path.join(SCENARIOS, "*.json"))):
+        if load(path).get("device") == "cuda":
+            print(f"skip  {os.path.basename(path)}: device 'cuda' (scripts/device-check runs it)")
+            continue
+        files.append(path)
+    check(len(files) >= 17, f"expected at least 17 scenarios in {SCENARIOS}, found {len(files)}")
+    return files
+
+
+def library_directory():
+    """A directory holding exactly library()'s files (links), for the directory runs."""
+    directory = os.path.join(WORK, "library")
+    if not os.path.isdir(directory):
+        os.makedirs(directory)
+        for path in library():
+            os.symlink(path, os.path.join(directory, os.path.basename(path)))
+    return directory
+
+
+def load(path):
+    with open(path) as fh:
+        return json.load(fh)
+
+
+# ---- report shape ---------------------------------------------------------------------------
+
+STEP_STATUSES = {"ok", "error", "hang", "skipped", "not_run"}
+ERROR_KINDS = {"runtime_error", "value_error", "type_error", "timeout", "check_failed",
+               "collective_mismatch", "rank_failure"}
+TIMING_KEYS = ("fresh_bind", "reused_bind", "close", "exchange")
+
+
+def check_report(report, scenario, where):
+    """Every conformance field of hmc-report/1 and hmc's sections, against the scenario."""
+    check(report.get("format") == "hmc-report/1", f"{where}: format {report.get('format')!r}")
+    check(report.get("scenario") == scenario["name"], f"{where}: scenario {report.get('scenario')!r}")
+    world = scenario.get("world_size", 1)
+    check(report.get("world_size") == world, f"{where}: world_size {report.get('world_size')!r}")
+    check(report.get("outcome") in ("pass", "fail", "hang"), f"{where}: outcome {report.get('outcome')!r}")
+    ranks = report.get("ranks")
+    check(isinstance(ranks, list) and [r.get("rank") for r in ranks] == list(range(world)),
+          f"{where}: ranks {[r.get('rank') for r in ranks or []]}")
+    for rank in ranks:
+        steps = rank.get("steps")
+        if rank.get("crashed") and steps is None:
+            # A crashed rank process (store, gloo) cannot report its steps or final state, as
+            # in the reference: the entry has neither.
+            check("final" not in rank, f"{where}: rank {rank['rank']} crashed without a result has a final")
+            check(isinstance(rank.get("crash_reason"), str), f"{where}: rank {rank['rank']} crash_reason")
+            continue
+        check(isinstance(steps, list) and len(steps) == len(scenario["steps"]),
+              f"{where}: rank {rank['rank']} has {len(steps or [])} steps, the scenario {len(scenario['steps'])}")
+        for index, (step, spec) in enumerate(zip(steps, scenario["steps"])):
+            at = f"{where}: rank {rank['rank']} step {index}"
+            check(step.get("index") == index, f"{at}: index {step.get('index')!r}")
+            check(step.get("op") == spec["op"], f"{at}: op {step.get('op')!r}")
+            if "module" in spec:
+                check(step.get("module") == spec["module"], f"{at}: module {step.get('module')!r}")
+            check(step.get("status") in STEP_STATUSES, f"{at}: status {step.get('status')!r}")
+            check(isinstance(step.get("expected"), bool), f"{at}: expected {step.get('expected')!r}")
+            check(isinstance(step.get("seconds"), (int, float)) and step["seconds"] >= 0,
+                  f"{at}: seconds {step.get('seconds')!r}")
+            check(isinstance(step.get("start_s"), (int, float)), f"{at}: start_s missing")
+            if step["status"] in ("error", "hang"):
+                error = step.get("error")
+                check(isinstance(error, dict) and error.get("kind") in ERROR_KINDS
+                      and isinstance(error.get("message"), str) and error["message"],
+                      f"{at}: error {error!r}")
+            else:
+                check("error" not in step, f"{at}: error on a {step['status']} step")
+            if "bind" in step:
+                bind = step["bind"]
+                check(spec["op"] == "forward", f"{at}: bind on a {spec['op']} step")
+                check(isinstance(bind.get("binding_id"), int) and isinstance(bind.get("reused"), bool)
+                      and isinstance(bind.get("seconds"), (int, float)), f"{at}: bind {bind!r}")
+            if "label" in spec:
+                check(step.get("label") == spec["label"], f"{at}: label {step.get('label')!r}")
+        final = rank.get("final")
+        check(isinstance(final, dict) and isinstance(final.get("groups"), int)
+              and isinstance(final.get("bound_groups"), int)
+              and isinstance(final.get("runtime_live"), bool), f"{where}: rank {rank['rank']} final {final!r}")
+    check(isinstance(report.get("mismatches"), list), f"{where}: mismatches missing")
+    for entry in report["mismatches"]:
+        check({"step", "rank", "message", "diagnosis"} <= set(entry), f"{where}: mismatch entry {entry}")
+    leaks = report.get("leaks")
+    check(isinstance(leaks, dict) and isinstance(leaks.get("leaked"), bool)
+          and len(leaks.get("ranks", [])) == world, f"{where}: leaks {leaks!r}")
+    for entry in leaks["ranks"]:
+        for key in ("rank", "checked", "groups", "bound_groups", "runtime_live", "bytes_held",
+                    "workspaces_held", "held_by", "leaked"):
+            check(key in entry, f"{where}: leaks rank entry lacks {key}")
+    timings = report.get("timings")
+    check(isinstance(timings, dict), f"{where}: timings missing")
+    for key in TIMING_KEYS:
+        check({"count", "p50", "p95", "max"} <= set(timings.get(key, {})), f"{where}: timings.{key}")
+    check("hang" in report, f"{where}: hang missing")
+    env = report.get("environment")
+    check(isinstance(env, dict), f"{where}: environment missing")
+    for key in ("hmc_version", "torch_version", "host", "transport", "world_size", "device",
+                "timeout_s", "wall_seconds"):
+        check(key in env, f"{where}: environment lacks {key}")
+
+
+# ---- the checks -----------------------------------------------------------------------------
+
+def run_library_file(path):
+    name = os.path.splitext(os.path.basename(path))[0]
+    report_path = os.path.join(WORK, name + ".report.json")
+    proc = run_cpu(path, "--report", report_path)
+    return path, proc, report_path
+
+
+def test_every_library_scenario_passes_with_exit_0():
+    files = library()
+    problems = []
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        for path, proc, report_path in pool.map(run_library_file, files):
+            name = os.path.basename(path)
+            if proc.returncode != 0:
+                problems.append(f"{name}: {output(proc)}")
+                continue
+            try:
+                report = load(report_path)
+                check(report.get("outcome") == "pass", f"outcome {report.get('outcome')!r}")
+                check_report(report, load(path), name)
+            except (Failure, OSError, ValueError) as error:
+                problems.append(f"{name}: {error}")
+    check(not problems, "\n  ".join(problems))
+
+
+def test_library_scenarios_are_described_and_small():
+    names = set()
+    for path in library():
+        scenario = load(path)
+        name = os.path.basename(path)
+        check(scenario.get("description", "").strip(), f"{name}: no description")
+        check(2 <= scenario.get("world_size", 1) <= 4, f"{name}: world_size {scenario.get('world_size')}")
+        check(scenario.get("device", "auto") in ("auto", "cpu"), f"{name}: device {scenario.get('device')}")
+        check(scenario["name"] not in names, f"{name}: duplicate name {scenario['name']}")
+        names.add(scenario["name"])
+        if any(s.get("expect") == "hang" for s in scenario["steps"]):
+            check(scenario.get("timeout_s", 30) <= 5, f"{name}: a hang case with timeout_s {scenario.get('timeout_s')}")
+    for required in ("quickstart", "reuse-churn", "fresh-churn"):
+        check(os.path.exists(os.path.join(SCENARIOS, required + ".json")), f"{required}.json missing")
+
+
+def test_directory_runs_every_scenario_into_a_report_set():
+    report_path = os.path.join(WORK, "set.json")
+    proc = run_cpu(library_directory(), "--report", report_path, timeout=300)
+    check(proc.returncode == 0, output(proc))
+    document = load(report_path)
+    check(document.get("format") == "hmc-report-set/1", f"format {document.get('format')!r}")
+    names = [load(p)["name"] for p in library()]
+    check([r.get("scenario") for r in document["reports"]] == names,
+          f"reports {[r.get('scenario') for r in document['reports']]}")
+    check(all(r.get("outcome") == "pass" for r in document["reports"]), "a report did not pass")
+    check("OK" in proc.stdout.splitlines()[-1], f"last line {proc.stdout.splitlines()[-1]!r}")
+
+
+def test_failed_expectation_exits_1():
+    for path in sorted(glob.glob(os.path.join(DATA, "fail", "*.json"))):
+        report_path = os.path.join(WORK, "fail.json")
+        proc = run_cpu(path, "--report", report_path)
+        check(proc.returncode == 1, f"{os.path.basename(path)}: {output(proc)}")
+        report = load(report_path)
+        check(report["outcome"] == "fail", f"{os.path.basename(path)}: outcome {report['outcome']}")
+        check(any(not s["expected"] for r in report["ranks"] for s in r["steps"]),
+              f"{os.path.basename(path)}: no step marked expected false")
+        check_report(report, load(path), os.path.basename(path))
+    proc = run_cpu(os.path.join(DATA, "fail"))
+    check(proc.returncode == 1, f"the fail directory: {output(proc)}")
+    check("FAILED" in proc.stdout.splitlines()[-1], f"last line {proc.stdout.splitlines()[-1]!r}")
+
+
+def test_invalid_input_exits_2():
+    invalid = os.path.join(DATA, "invalid", "unknown-key.json")
+    report_path = os.path.join(WORK, "invalid.json")
+    proc = run_cpu(invalid, "--report", report_path)
+    check(proc.returncode == 2, f"invalid scenario: {output(proc)}")
+    check("/steps/0/featres" in proc.stdout + proc.stderr, f"no JSON path in: {output(proc)}")
+    report = load(report_path)
+    check(report.get("outcome") == "invalid" and report.get("ranks") == [], f"report {report}")
+    proc = run_cpu(os.path.join(SCENARIOS, "quickstart.json"), "--no-such-flag")
+    check(proc.returncode == 2, f"unknown flag: {output(proc)}")
+    proc = run_cpu(os.path.join(WORK, "missing.json"))
+    check(proc.returncode == 2, f"missing file: {output(proc)}")
+    empty = os.path.join(WORK, "empty-dir")
+    os.makedirs(empty, exist_ok=True)
+    proc = run_cpu(empty)
+    check(proc.returncode == 2, f"empty directory: {output(proc)}")
+    proc = run()
+    check(proc.returncode == 2, f"no scenario: {output(proc)}")
+    proc = run_cpu(os.path.join(SCENARIOS, "quickstart.json"), "--world-size", "0")
+    check(proc.returncode == 2, f"--world-size 0: {output(proc)}")
+
+
+def test_unexpected_hang_exits_3_with_a_diagnosis():
+    path = os.path.join(DATA, "hang", "unexpected-hang.json")
+    report_path = os.path.join(WORK, "hang.json")
+    proc = run_cpu(path, "--report", report_path)
+    check(proc.returncode == 3, output(proc))
+    report = load(report_path)
+    check(report["outcome"] == "hang", f"outcome {report['outcome']}")
+    check(isinstance(report.get("hang"), dict) and "rank 1" in report["hang"].get("diagnosis", ""),
+          f"hang {report.get('hang')}")
+    check(report["ranks"][0]["steps"][2]["status"] == "hang", "rank 0 step 2 is not a hang")
+    check_report(report, load(path), "unexpected-hang.json")
+
+
+def test_collective_mismatch_is_named_in_the_report():
+    path = os.path.join(SCENARIOS, "ranks-in-different-stages.json")
+    report = load(os.path.join(WORK, "ranks-in-different-stages.report.json"))
+    kinds = [s.get("error", {}).get("kind") for r in report["ranks"] for s in r["steps"]
+             if s["index"] in (3, 4) and s["status"] == "error"]
+    check(kinds == ["collective_mismatch", "collective_mismatch"], f"kinds {kinds} ({path})")
+    report = load(os.path.join(WORK, "divergent-manifest.report.json"))
+    check(report["mismatches"] and report["mismatches"][0]["diagnosis"].get("first_difference"),
+          f"mismatches {report['mismatches']}")
+
+
+def test_trace_has_a_process_per_rank_and_flow_events():
+    path = os.path.join(SCENARIOS, "first-compatible-reused.json")
+    trace_path = os.path.join(WORK, "trace.json")
+    proc = run_cpu(path, "--trace", trace_path, "--quiet")
+    check(proc.returncode == 0, output(proc))
+    trace = load(trace_path)
+    events = trace.get("traceEvents")
+    check(isinstance(events, list) and events, "no traceEvents")
+    world = load(path)["world_size"]
+    processes = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
+    check(len(processes) == world, f"{len(processes)} process tracks for {world} ranks")
+    slice_pids = {e["pid"] for e in events if e.get("ph") == "X"}
+    check(slice_pids == processes, f"slices on pids {slice_pids}, processes {processes}")
+    starts = [e for e in events if e.get("ph") == "s"]
+    finishes = [e for e in events if e.get("ph") == "f"]
+    check(starts and len(starts) == len(finishes), f"{len(starts)} flow starts, {len(finishes)} ends")
+    check({e["id"] for e in starts} == {e["id"] for e in finishes}, "flow ids do not pair up")
+    for event in events:
+        check("ph" in event and "pid" in event, f"event without ph/pid: {event}")
+        if event["ph"] in ("X", "s", "f", "i"):
+            check(isinstance(event.get("ts"), (int, float)), f"event without ts: {event}")
+
+
+def test_validate_subcommand():
+    files = library()
+    proc = run("validate", *files)
+    check(proc.returncode == 0, output(proc))
+    check(proc.stdout.count("ok ") >= len(files) and "OK" in proc.stdout.splitlines()[-1], output(proc))
+    proc = run("validate", files[0], os.path.join(DATA, "invalid", "unknown-key.json"))
+    check(proc.returncode == 2, f"validate with an invalid file: {output(proc)}")
+    check("featres" in proc.stdout, output(proc))
+    with_extension = os.path.join(WORK, "bad-extension.json")
+    scenario = load(os.path.join(SCENARIOS, "quickstart.json"))
+    scenario["reference_differs"] = {"why": "test", "steps": [99]}
+    with open(with_extension, "w") as fh:
+        json.dump(scenario, fh)
+    proc = run("validate", with_extension)
+    check(proc.returncode == 2 and "/reference_differs/steps/0" in proc.stdout, output(proc))
+
+
+def test_list_subcommand():
+    proc = run("list", SCENARIOS)
+    check(proc.returncode == 0, output(proc))
+    for path in library():
+        scenario = load(path)
+        check(scenario["name"] in proc.stdout, f"list lacks {scenario['name']}")
+    proc = run("list", os.path.join(WORK, "no-such-dir"))
+    check(proc.returncode == 2, f"list of a missing directory: {output(proc)}")
+
+
+def test_process_transports_run_crash_and_hang_scenarios():
+    """The library's crash and hang cases with ranks as real processes (store and gloo)."""
+    names = ("quickstart", "crashed-rank", "skipped-close-hang")
+    for transport in ("store", "gloo"):
+        for name in names:
+            path = os.path.join(SCENARIOS, name + ".json")
+            report_path = os.path.join(WORK, f"{name}.{transport}.json")
+            proc = run_cpu(path, "--transport", transport, "--report", report_path)
+            check(proc.returncode == 0, f"{name} on {transport}: {output(proc)}")
+            report = load(report_path)
+            check(report["outcome"] == "pass", f"{name} on {transport}: outcome {report['outcome']}")
+            check(report["environment"]["transport"] == transport,
+                  f"{name}: transport {report['environment']['transport']!r}")
+            check_report(report, load(path), f"{name} on {transport}")
+
+
+def test_help_mentions_every_flag():
+    proc = run("--help")
+    check(proc.returncode == 0, output(proc))
+    for flag in ("--world-size", "--transport", "--device", "--timeout", "--report", "--trace",
+                 "--log-level", "--quiet", "validate", "list", "Exit codes", "Example"):
+        check(flag in proc.stdout, f"--help does not mention {flag}")
+
+
+def main():
+    if not HMC_RUN or not os.access(HMC_RUN, os.X_OK):
+        print(f"usage: {sys.argv[0]} PATH/TO/hmc-run [REPO_ROOT] (got {HMC_RUN!r})")
+        print("0 passed, 1 failed")
+        return 1
+    start = time.monotonic()
+    for function in (test_every_library_scenario_passes_with_exit_0,
+                     test_library_scenarios_are_described_and_small,
+                     test_directory_runs_every_scenario_into_a_report_set,
+                     test_failed_expectation_exits_1,
+                     test_invalid_input_exits_2,
+                     test_unexpected_hang_exits_3_with_a_diagnosis,
+                     test_collective_mismatch_is_named_in_the_report,
+                     test_trace_has_a_process_per_rank_and_flow_events,
+                     test_process_transports_run_crash_and_hang_scenarios,
+                     test_validate_subcommand,
+                     test_list_subcommand,
+                     test_help_mentions_every_flag):
+        test(function)
+    shutil.rmtree(WORK, ignore_errors=True)
+    print(f"# {time.monotonic() - start:.1f} s")
+    print(f"{RESULTS['passed']} passed, {RESULTS['failed']} failed")
+    return 1 if RESULTS["failed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,343 @@
+#!/usr/bin/python3
+"""hmc-run with ranks as real processes on 127.0.0.1 (CTest label multirank).
+
+Usage: test_multi_process.py HMC_RUN SOURCE_DIR [-k NAME] [--no-gloo]
+
+Covers the local launcher with the store and gloo transports (2 and 4 ranks), a crashed rank
+(rank_failure within the deadline), a skipped close (hang diagnosis), launches under
+simulated torchrun / srun / mpirun variables, and that no rank process outlives a run or a
+Ctrl-C. Every wait is bounded; a hmc-run still running at its bound is killed with its whole
+process group. Python 3 standard library only. Prints "N passed, N failed" last.
+"""
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+HMC_RUN = sys.argv[1] if len(sys.argv) > 1 else "build/app/hmc-run"
+SOURCE_DIR = sys.argv[2] if len(sys.argv) > 2 else "."
+ONLY = sys.argv[sys.argv.index("-k") + 1] if "-k" in sys.argv else None
+GLOO = "--no-gloo" not in sys.argv  # hmc-run built without Gloo (HMC_WITH_GLOO=OFF)
+TMP = tempfile.mkdtemp(prefix="hmc-multi-process-")
+
+# Variables of a real launcher around this test must not leak into the ranks it starts.
+LAUNCH_VARS = re.compile(r"^(RANK|WORLD_SIZE|LOCAL_RANK|LOCAL_WORLD_SIZE|MASTER_ADDR|MASTER_PORT|"
+                         r"GROUP_RANK|TORCHELASTIC_.*|SLURM_.*|OMPI_.*|PMI_.*|PMIX_.*|HMC_.*)$")
+
+
+def clean_env(extra=None):
+    env = {k: v for k, v in os.environ.items() if not LAUNCH_VARS.match(k)}
+    env.update(extra or {})
+    return env
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def scenario(name, steps, world_size=2, timeout_s=5):
+    path = os.path.join(TMP, name + ".json")
+    with open(path, "w") as f:
+        json.dump({"format": "hmc-scenario/1", "name": name, "world_size": world_size,
+                   "device": "cpu", "timeout_s": timeout_s, "steps": steps}, f)
+    return path
+
+
+def alive(pid):
+    """Whether pid is a live (not zombie) process that is still an hmc-run rank."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = f.read()
+    except OSError:
+        return False
+    return state != "Z" and b"_rank" in cmdline
+
+
+def read_pids(path):
+    try:
+        with open(path) as f:
+            return [int(x) for x in f.read().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def children_of(pid):
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == pid:
+            out.append(int(entry))
+    return out
+
+
+class Run:
+    def __init__(self, returncode, stdout, stderr, seconds, report, pids):
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
+        self.seconds, self.report, self.pids = seconds, report, pids
+
+    def __repr__(self):
+        return (f"exit {self.returncode} after {self.seconds:.1f} s\n--- stdout\n{self.stdout}"
+                f"\n--- stderr\n{self.stderr[-3000:]}")
+
+
+def kill_tree(proc, pid_file):
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:
+        pass
+    for pid in read_pids(pid_file):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def start(args, env=None, pid_file=None):
+    env = clean_env(env)
+    if pid_file:
+        env["HMC_LAUNCH_PID_FILE"] = pid_file
+    return subprocess.Popen([HMC_RUN] + args, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def hmc(args, bound=60, env=None, report=True):
+    """Runs hmc-run to completion (killed at `bound`); returns a Run with the JSON report."""
+    pid_file = os.path.join(TMP, f"pids-{time.monotonic_ns()}")
+    report_path = os.path.join(TMP, f"report-{time.monotonic_ns()}.json")
+    if report:
+        args = args + ["--report", report_path]
+    began = time.monotonic()
+    proc = start(args, env, pid_file)
+    try:
+        stdout, stderr = proc.communicate(timeout=bound)
+    except subprocess.TimeoutExpired:
+        kill_tree(proc, pid_file)
+        stdout, stderr = proc.communicate()
+        raise AssertionError(f"hmc-run {' '.join(args)} still running after {bound} s:\n"
+                             f"{stdout}\n{stderr[-3000:]}")
+    seconds = time.monotonic() - began
+    data = None
+    if report and os.path.exists(report_path):
+        with open(report_path) as f:
+            data = json.load(f)
+    return Run(proc.returncode, stdout, stderr, seconds, data, read_pids(pid_file))
+
+
+def assert_no_rank_left(run, within=5.0):
+    end = time.monotonic() + within
+    while True:
+        left = [pid for pid in run.pids if alive(pid)]
+        if not left:
+            return
+        assert time.monotonic() < end, f"rank processes {left} outlived hmc-run"
+        time.sleep(0.05)
+
+
+def step(report, rank, index):
+    return report["ranks"][rank]["steps"][index]
+
+
+TESTS = []
+
+
+def test(fn):
+    TESTS.append(fn)
+    return fn
+
+
+# (a) the local launcher: both transports, 2 and 4 ranks.
+@test
+def store_and_gloo_pass_at_2_and_4_ranks():
+    quickstart = os.path.join(SOURCE_DIR, "scenarios", "quickstart.json")
+    for transport in ("store", "gloo") if GLOO else ("store",):
+        for world in (2, 4):
+            run = hmc([quickstart, "--transport", transport, "--world-size", str(world)])
+            where = f"{transport} at {world} ranks: {run}"
+            assert run.returncode == 0, where
+            assert run.report["outcome"] == "pass", where
+            assert run.report["environment"]["transport"] == transport, where
+            assert len(run.report["ranks"]) == world, where
+            assert len(run.pids) == world, where
+            assert_no_rank_left(run)
+
+
+# (b) a crashed rank: the survivor's collective fails with rank_failure within the deadline.
+CRASH_STEPS = [
+    {"op": "create", "module": "a"},
+    {"op": "forward", "module": "a"},
+    {"op": "fault", "kind": "crash", "ranks": [1]},
+    {"op": "close_all", "ranks": [0], "expect": "hang"},
+]
+
+
+@test
+def store_crash_is_rank_failure_within_the_deadline():
+    deadline = 5
+    run = hmc([scenario("crash", CRASH_STEPS, timeout_s=deadline), "--transport", "store"])
+    assert run.returncode == 0, run
+    close = step(run.report, 0, 3)
+    assert close["status"] == "hang", run.report["ranks"][0]
+    assert close["error"]["kind"] == "rank_failure", close
+    assert "rank 1 exited with status 17 (fault crash)" in close["error"]["message"], close
+    assert close["seconds"] < 1.5, f"rank_failure took {close['seconds']} s: {close}"
+    assert run.report["ranks"][1]["crashed"], run.report["ranks"][1]
+    assert run.seconds < deadline + 4, f"the run took {run.seconds:.1f} s: {run}"
+    assert "rank 1 crashed" in run.report["hang"]["diagnosis"], run.report["hang"]
+    assert_no_rank_left(run)
+
+
+@test
+def gloo_crash_is_rank_failure_and_ends_in_time():
+    if not GLOO:
+        print("# skipped: hmc-run was built without Gloo")
+        return
+    deadline = 5
+    run = hmc([scenario("crash-gloo", CRASH_STEPS, timeout_s=deadline), "--transport", "gloo"])
+    assert run.returncode == 0, run
+    close = step(run.report, 0, 3)
+    assert close["status"] == "hang", run.report["ranks"][0]
+    assert close["error"]["kind"] == "rank_failure", close
+    assert run.seconds < deadline + 5, f"the run took {run.seconds:.1f} s: {run}"
+    assert_no_rank_left(run)
+
+
+# (c) a skipped close: the diagnosis names where each rank is.
+@test
+def skipped_close_is_diagnosed():
+    steps = [{"op": "create", "module": "a"}, {"op": "forward", "module": "a"},
+             {"op": "close_all", "ranks": [0], "expect": "hang"}]
+    run = hmc([scenario("skipped-close", steps, timeout_s=2), "--transport", "store"])
+    assert run.returncode == 0, run
+    diagnosis = run.report["hang"]["diagnosis"]
+    pattern = (r"^rank 0 waits in 'close validation' #\d+ \(step 2\); rank 1 never arrived: "
+               r"last completed '[a-z ]+' #\d+ \(step 1\), finished its steps$")
+    assert re.match(pattern, diagnosis), diagnosis
+    assert step(run.report, 0, 2)["error"]["kind"] == "timeout", run.report["ranks"][0]
+    assert_no_rank_left(run)
+
+
+# (d) each process a rank of an external launcher (its variables simulated here).
+def launch_pair(env_of, args=(), bound=60):
+    quickstart = os.path.join(SOURCE_DIR, "scenarios", "quickstart.json")
+    procs = [start([quickstart] + list(args), env_of(rank)) for rank in (0, 1)]
+    outs = []
+    end = time.monotonic() + bound
+    for proc in procs:
+        try:
+            outs.append(proc.communicate(timeout=max(1, end - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                kill_tree(p, "")
+            raise AssertionError("a rank of the simulated launch did not finish in time")
+    return [(p.returncode, o, e) for p, (o, e) in zip(procs, outs)]
+
+
+def check_pair(results, launcher):
+    (code0, out0, err0), (code1, out1, err1) = results
+    where = f"{launcher}: rank 0 exit {code0}\n{out0}\n{err0[-2000:]}\nrank 1 exit {code1}\n{err1[-2000:]}"
+    assert code0 == 0 and code1 == 0, where
+    assert "# outcome: pass" in out0, where
+    assert "transport store" in out0, where
+    assert "# outcome" not in out1, where
+
+
+@test
+def torchrun_variables_make_each_process_a_rank():
+    port = free_port()
+    check_pair(launch_pair(lambda r: {"RANK": str(r), "WORLD_SIZE": "2",
+                                      "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}),
+               "torchrun")
+
+
+@test
+def srun_variables_make_each_process_a_rank():
+    port = free_port()
+    check_pair(launch_pair(lambda r: {"SLURM_PROCID": str(r), "SLURM_NTASKS": "2"},
+                           ["--master-addr", "127.0.0.1", "--master-port", str(port)]), "srun")
+
+
+@test
+def mpirun_variables_make_each_process_a_rank():
+    port = free_port()
+    check_pair(launch_pair(lambda r: {"OMPI_COMM_WORLD_RANK": str(r), "OMPI_COMM_WORLD_SIZE": "2",
+                                      "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}),
+               "mpirun")
+
+
+@test
+def partial_launcher_variables_are_a_usage_error():
+    quickstart = os.path.join(SOURCE_DIR, "scenarios", "quickstart.json")
+    run = hmc([quickstart], bound=20, env={"RANK": "0"}, report=False)
+    assert run.returncode == 2, run
+    assert "RANK is set but WORLD_SIZE is not" in run.stderr, run
+
+
+# (e) no rank process outlives hmc-run, also after Ctrl-C.
+@test
+def ctrl_c_stops_every_rank_process():
+    steps = [{"op": "create", "module": "a"}, {"op": "sleep", "seconds": 60}]
+    path = scenario("long-sleep", steps, timeout_s=90)
+    pid_file = os.path.join(TMP, "pids-sigint")
+    proc = start([path, "--transport", "store"], pid_file=pid_file)
+    try:
+        end = time.monotonic() + 30
+        # Wait until both ranks run (they have connected to each other and sleep).
+        while not (len(read_pids(pid_file)) == 2 and all(alive(p) for p in read_pids(pid_file))):
+            assert time.monotonic() < end and proc.poll() is None, "the ranks did not start"
+            time.sleep(0.05)
+        time.sleep(1.5)
+        pids = read_pids(pid_file)
+        children = children_of(proc.pid)
+        assert sorted(children) == sorted(pids), (children, pids)
+        sent = time.monotonic()
+        os.kill(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=15)
+        took = time.monotonic() - sent
+    except BaseException:
+        kill_tree(proc, pid_file)
+        proc.communicate()
+        raise
+    assert proc.returncode == 130, f"exit {proc.returncode}\n{out}\n{err[-2000:]}"
+    assert "interrupted" in err, err[-2000:]
+    assert took < 5, f"hmc-run took {took:.1f} s to stop after SIGINT"
+    left = [pid for pid in pids if alive(pid)]
+    assert not left, f"rank processes {left} outlived hmc-run"
+
+
+def main():
+    passed = failed = 0
+    for fn in TESTS:
+        if ONLY and ONLY not in fn.__name__:
+            continue
+        began = time.monotonic()
+        try:
+            fn()
+            passed += 1
+            print(f"PASS {fn.__name__} ({time.monotonic() - began:.1f} s)", flush=True)
+        except Exception:  # noqa: BLE001 - report every failure and go on
+            failed += 1
+            print(f"FAIL {fn.__name__} ({time.monotonic() - began:.1f} s)", flush=True)
+            traceback.print_exc()
+    print(f"{passed} passed, {failed} failed")
+    return 0 if failed == 0 and passed > 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
