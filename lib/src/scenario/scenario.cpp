@@ -463,9 +463,7 @@ class Parser {
 
   std::vector<int> readRanks(const json& value, const std::string& path) const {
     if (!value.is_array()) fail(path, "expected an array of ranks, got " + describe(value));
-    if (value.empty()) {
-      fail(path, "expected a non-empty array of ranks (leave out ranks to run on every rank)");
-    }
+    // An empty list is valid: no rank runs the step (the reference runner skips it on all).
     std::vector<int> ranks;
     for (std::size_t i = 0; i < value.size(); ++i) {
       const std::string at = childPath(path, i);
@@ -615,7 +613,7 @@ class Parser {
         if (!modules.is_array()) {
           fail(at, "expected an array of module names, got " + describe(modules));
         }
-        if (modules.empty()) fail(at, "expected a non-empty array of module names");
+        // An empty list is valid input: sharing it raises the reference's ValueError at run time.
         for (std::size_t i = 0; i < modules.size(); ++i) {
           step.modules.push_back(readModuleRef(modules[i], childPath(at, i)));
         }
@@ -624,7 +622,7 @@ class Parser {
       case Op::kForward:
         step.module = readModuleRef(required(value, path, "module"), childPath(path, "module"));
         if (const json* v = find(value, "batch")) {
-          step.batch = readInt(*v, childPath(path, "batch"), 1, kMaxBatch);
+          step.batch = readInt(*v, childPath(path, "batch"), 0, kMaxBatch);
         }
         if (const json* v = find(value, "dtype"))
           step.dtype = readDtype(*v, childPath(path, "dtype"));
@@ -659,9 +657,7 @@ class Parser {
         if (const json* v = find(value, "runtime_live")) {
           step.runtimeLive = readBool(*v, childPath(path, "runtime_live"));
         }
-        if (!step.groups && !step.boundGroups && !step.runtimeLive) {
-          fail(path, "check needs at least one of groups, bound_groups, runtime_live");
-        }
+        // A check naming none of them checks nothing, as in the reference runner.
         break;
       case Op::kFault:
         readFault(value, path, step);
@@ -676,9 +672,9 @@ class Parser {
           fail(path, fmt::format("repeat steps nest deeper than {} levels", kMaxRepeatDepth));
         }
         step.count = static_cast<int>(
-            readInt(required(value, path, "count"), childPath(path, "count"), 1, kMaxRepeatCount));
+            readInt(required(value, path, "count"), childPath(path, "count"), 0, kMaxRepeatCount));
         step.steps =
-            readSteps(required(value, path, "steps"), childPath(path, "steps"), depth + 1, true);
+            readSteps(required(value, path, "steps"), childPath(path, "steps"), depth + 1, false);
         break;
     }
     return step;
