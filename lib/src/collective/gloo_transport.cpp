@@ -31,8 +31,9 @@ struct GlooTransportState {
   // After a failed allgather: which ranks never entered collective `sequence`. Ranks that
   // entered fail too (within the arrival skew) and leave a key; we look for the others' keys
   // for up to `grace`, on a fresh connection. Throws when the store is gone.
+  // `deadWhy`: set to a launcher's announcement when every absent rank was announced dead.
   std::vector<int> absentRanks(std::uint64_t sequence, int self, int world,
-                               std::chrono::milliseconds grace) {
+                               std::chrono::milliseconds grace, std::string* deadWhy) {
     StoreTransportOptions quick = options.store;
     quick.timeout = std::min(quick.timeout, std::chrono::milliseconds(2000));
     auto probe = connectTcpStore(quick, false, false, port);
@@ -52,6 +53,7 @@ struct GlooTransportState {
           std::all_of(absent.begin(), absent.end(), [&](int peer) {
             return probe->check({deadKeyOf(options.store.prefix, peer)});
           })) {
+        *deadWhy = c10d_compat::toBytes(probe->get(deadKeyOf(options.store.prefix, absent[0])));
         return absent;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -196,19 +198,22 @@ std::vector<Bytes> GlooTransport::gather(std::uint64_t sequence, std::string_vie
     throw;
   } catch (const std::exception& error) {
     const std::string reason = compat::messageOf(error);
-    // Before the grace below, which may itself run past the deadline.
-    const bool pastDeadline = Clock::now() >= deadline;
     s.broken = fmt::format("'{}' #{}: {}", stage, sequence, reason);
     std::vector<int> absent;
+    std::string deadWhy;
     try {
       absent = s.absentRanks(sequence, self, world,
-                             std::min(timeout(), std::chrono::milliseconds(2000)));
+                             std::min(timeout(), std::chrono::milliseconds(2000)), &deadWhy);
     } catch (const std::exception&) {
       throw RankFailure(fmt::format("{}: the c10d store server at {} is gone (so is the rank "
                                     "hosting it); gloo: {}",
                                     context(), s.endpoint(), reason));
     }
-    if (compat::isTimeout(reason) || (pastDeadline && !compat::isConnectionLost(reason))) {
+    if (!deadWhy.empty()) {
+      throw RankFailure(fmt::format("{}: {}; ranks {} had not entered this collective (gloo: {})",
+                                    context(), deadWhy, formatRankList(absent), reason));
+    }
+    if (compat::isTimeout(reason) || Clock::now() >= deadline) {
       throw TimeoutError(fmt::format(
           "'{}' #{} timed out on rank {} after {}: ranks {} did not arrive (gloo: {})", stage,
           sequence, self, formatSeconds(timeout()), formatRankList(absent), reason));

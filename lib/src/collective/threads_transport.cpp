@@ -79,9 +79,14 @@ std::vector<Bytes> ThreadWorld::gather(int rank, std::uint64_t sequence, std::st
       const int by = *slot.abandonedBy;
       const std::vector<int> absent = missing();
       leave();
+      if (absent.empty()) {
+        throw TimeoutError(fmt::format(
+            "'{}' #{} timed out on rank {}: it arrived after rank {} had given up waiting", stage,
+            sequence, rank, by));
+      }
       throw TimeoutError(fmt::format(
-          "'{}' #{} timed out on rank {}: rank {} already gave up waiting for ranks {}", stage,
-          sequence, rank, by, formatRankList(absent)));
+          "'{}' #{} timed out on rank {}: ranks {} did not arrive (rank {} gave up waiting first)",
+          stage, sequence, rank, formatRankList(absent), by));
     }
     if (auto dead = deadPeer()) {
       const std::string why = *failed_[*dead];

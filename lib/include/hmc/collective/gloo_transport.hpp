@@ -20,8 +20,9 @@
 // the collective: after a failure each rank leaves a key in the store and looks for the
 // others' for up to min(timeout, 2 s) (nothing is written on the fast path), less when every
 // missing rank was announced dead ("<prefix>/gloo/kv/dead/<rank>" in this transport's store,
-// as hmc-run's local launcher does). A peer that closed its connection (crashed) raises
-// RankFailure naming the ranks that left no key, even when that grace ran past the deadline.
+// as hmc-run's local launcher does): then it raises RankFailure with the announcement. A peer
+// that closed its connection (crashed) before the deadline raises RankFailure naming the
+// ranks that left no key.
 //
 // Thread safety: one thread at a time, like every Collective.
 
