@@ -15,8 +15,11 @@
 // "no usable CUDA device: ..." (error_occurred in the JSON), never a crash.
 
 #include <arpa/inet.h>
+#include <benchmark/benchmark.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <torch/cuda.h>
+#include <torch/torch.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -26,10 +29,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <torch/cuda.h>
-#include <torch/torch.h>
-#include <benchmark/benchmark.h>
 
 #include "hmc/collective/collective.hpp"
 #include "hmc/collective/nccl_transport.hpp"

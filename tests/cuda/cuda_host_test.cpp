@@ -10,6 +10,7 @@
 #include <sstream>
 #include <string>
 
+#include "hmc/collective/nccl_transport.hpp"
 #include "hmc/error.hpp"
 #include "hmc/resources/cuda_check.hpp"
 #include "hmc/resources/cuda_device.hpp"
@@ -140,5 +141,36 @@ TEST_SUITE("cuda_host") {
     CHECK(snapshot.liveBytes == 0);
     CHECK(snapshot.streams == 0);
     CHECK(snapshot.live.size() == 2);
+  }
+
+  TEST_CASE("the nccl transport needs a bootstrap, and names the missing device") {
+    hmc::collective::NcclTransportOptions options;
+    CHECK_THROWS_AS(hmc::collective::NcclTransport{options}, hmc::ValueError);
+    options.bootstrap = std::make_shared<hmc::collective::LocalCollective>();
+    options.timeout = std::chrono::milliseconds(0);
+    CHECK_THROWS_AS(hmc::collective::NcclTransport{options}, hmc::ValueError);
+    options.timeout = std::chrono::seconds(60);
+    const auto probe = hmc::resources::cudaDeviceUsable();
+    if (!probe.usable) {
+      try {
+        hmc::collective::NcclTransport transport(options);
+        FAIL("constructed without a usable device");
+      } catch (const hmc::BackendError& error) {
+        CHECK(startsWith(error.what(), "--transport nccl: no usable CUDA device: "));
+      }
+      return;
+    }
+    // A world of one on a GPU: the exchange goes through NCCL all the same.
+    hmc::collective::NcclTransport transport(options);
+    CHECK(transport.transportName() == "nccl");
+    CHECK(transport.device() == 0);
+    const auto first = transport.exchange("stage", std::string(1000, 'x'));
+    REQUIRE(first.size() == 1);
+    CHECK(first[0] == std::string(1000, 'x'));
+    const auto second = transport.exchange("stage", "");
+    REQUIRE(second.size() == 1);
+    CHECK(second[0].empty());
+    CHECK(transport.sequence() == 2);
+    CHECK_FALSE(transport.aborted());
   }
 }

@@ -16,12 +16,14 @@
 #include "hmc/resources/cuda_device.hpp"
 #include "hmc/resources/cuda_workspace.hpp"
 #include "hmc/resources/device_registry.hpp"
+#include "hmc/resources/nccl_runtime.hpp"
 #include "hmc/torch/scratch_modules.hpp"
 #include "support/cuda_skip.hpp"
 
 using hmc::lifecycle::ResourceManager;
 using hmc::nn::ScratchLinear;
 using hmc::nn::ScratchOptions;
+using hmc::resources::DeviceRegistry;
 using hmc::resources::RankResources;
 
 namespace {
@@ -113,6 +115,37 @@ TEST_SUITE("cuda_scratch") {
     CHECK(torch::allclose(module->forward(x).cpu(), x.cpu().matmul(weight.detach()), 1e-4, 1e-5));
     env.manager->shutdown();
     CHECK(env.resources->accounting().deviceBytesHeld() == 0);
+  }
+
+  TEST_CASE("a CUDA binding makes the NCCL runtime from the factory and the release finalizes it") {
+    RankEnv env;
+    auto collective = std::make_shared<hmc::collective::LocalCollective>();
+    int made = 0;
+    env.resources->setNcclRuntimeFactory([&](int device) {
+      ++made;
+      hmc::resources::NcclRuntimeOptions options;
+      options.device = device;
+      return std::make_shared<hmc::resources::NcclRuntime>(collective, options);
+    });
+    auto module = env.linear(16, 4096);
+    module->forward(torch::randn({4, 16}, torch::TensorOptions().device(torch::kCUDA, 0)));
+    CHECK(made == 1);
+    REQUIRE(env.resources->ncclRuntime() != nullptr);
+    CHECK(env.resources->liveRuntime() != nullptr);
+    const auto comms = [] { return DeviceRegistry::instance().snapshot().communicators; };
+    CHECK(comms() >= 1);
+    // The release_error fault: the first release throws after the NCCL release, the retry
+    // releases only the host runtime.
+    env.resources->faults().releaseErrors = 1;
+    REQUIRE(waitUntilIdle(*module->cudaWorkspace()));
+    CHECK_THROWS_WITH(module->close(),
+                      doctest::Contains("injected runtime release failure"));
+    CHECK(env.resources->ncclRuntime() == nullptr);
+    CHECK(env.resources->liveRuntime() != nullptr);
+    env.manager->shutdown();
+    CHECK(env.resources->liveRuntime() == nullptr);
+    CHECK(env.resources->accounting().runtimesReleased == 1);
+    CHECK(comms() == 0);
   }
 }
 

@@ -71,7 +71,7 @@ def test(function):
 
 
 def library():
-    """The CPU scenarios of scenarios/. GPU scenarios (device "cuda", scenarios/gpu-*.json) are
+    """The CPU scenarios of scenarios/. GPU scenarios (device "cuda", scenarios/gpu/*.json) are
     left out: these tests run everything with --device cpu, and scripts/device-check runs them
     on a GPU."""
     files = []

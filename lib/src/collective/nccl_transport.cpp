@@ -106,14 +106,14 @@ std::string arrivalKey(std::uint64_t sequence, int rank) {
 void NcclTransportOptions::validate() const {
   if (!bootstrap) throw ValueError("nccl transport: options.bootstrap is required");
   if (timeout.count() <= 0) {
-    throw ValueError(fmt::format("nccl transport: timeout must be positive, got {} ms",
-                                 timeout.count()));
+    throw ValueError(
+        fmt::format("nccl transport: timeout must be positive, got {} ms", timeout.count()));
   }
   if (device < -1) throw ValueError(fmt::format("nccl transport: bad device {}", device));
 }
 
 NcclTransport::NcclTransport(const NcclTransportOptions& options)
-    : Collective(requireBootstrap(options).rank(), options.bootstrap->worldSize(),
+    : Collective(requireBootstrap(options).rank(), requireBootstrap(options).worldSize(),
                  options.timeout),
       state_(std::make_unique<hmc::detail::NcclTransportState>()) {
   state_->device = deviceFor(rank(), options.device);
@@ -208,9 +208,10 @@ std::vector<Bytes> NcclTransport::gather(std::uint64_t sequence, std::string_vie
     s.aborted = true;
     s.abortReason = reason;
     s.runtime->abort(reason);
-    throw TimeoutError(fmt::format("'{}' #{} timed out on rank {} after {:.3g} s in the NCCL {}: "
-                                   "{}; the communicator was aborted",
-                                   stage, sequence, rank(), seconds, what, ranks));
+    throw TimeoutError(
+        fmt::format("'{}' #{} timed out on rank {} after {:.3g} s in the NCCL {}: "
+                    "{}; the communicator was aborted",
+                    stage, sequence, rank(), seconds, what, ranks));
   };
   auto enqueue = [&](ncclResult_t started, const char* what) {
     if (started != ncclSuccess && started != ncclInProgress) {
@@ -218,15 +219,15 @@ std::vector<Bytes> NcclTransport::gather(std::uint64_t sequence, std::string_vie
       s.aborted = true;
       s.abortReason = reason;
       s.runtime->abort(reason);
-      throw BackendError(fmt::format("'{}' #{} on rank {}: {}; the communicator was aborted",
-                                     stage, sequence, rank(), reason));
+      throw BackendError(fmt::format("'{}' #{} on rank {}: {}; the communicator was aborted", stage,
+                                     sequence, rank(), reason));
     }
   };
 
   const int world = worldSize();
   const auto mySize = static_cast<std::int64_t>(envelope.size());
-  HMC_CUDA_CHECK(cudaMemcpyAsync(s.sendSize.data, &mySize, sizeof mySize, cudaMemcpyHostToDevice,
-                                 s.stream));
+  HMC_CUDA_CHECK(
+      cudaMemcpyAsync(s.sendSize.data, &mySize, sizeof mySize, cudaMemcpyHostToDevice, s.stream));
   enqueue(ncclAllGather(s.sendSize.data, s.recvSizes.data, 1, ncclInt64, comm, s.stream),
           "all-gather of sizes");
   std::vector<std::int64_t> sizes(world);
@@ -234,8 +235,8 @@ std::vector<Bytes> NcclTransport::gather(std::uint64_t sequence, std::string_vie
                                  cudaMemcpyDeviceToHost, s.stream));
   wait("all-gather of sizes");
 
-  const std::int64_t padded = std::max<std::int64_t>(
-      1, *std::max_element(sizes.begin(), sizes.end()));
+  const std::int64_t padded =
+      std::max<std::int64_t>(1, *std::max_element(sizes.begin(), sizes.end()));
   const auto chunk = static_cast<std::size_t>(padded);
   s.reserve(s.sendData, chunk);
   s.reserve(s.recvData, chunk * world);
@@ -246,8 +247,8 @@ std::vector<Bytes> NcclTransport::gather(std::uint64_t sequence, std::string_vie
   enqueue(ncclAllGather(s.sendData.data, s.recvData.data, chunk, ncclUint8, comm, s.stream),
           "all-gather of envelopes");
   Bytes all(chunk * world, '\0');
-  HMC_CUDA_CHECK(cudaMemcpyAsync(all.data(), s.recvData.data, all.size(), cudaMemcpyDeviceToHost,
-                                 s.stream));
+  HMC_CUDA_CHECK(
+      cudaMemcpyAsync(all.data(), s.recvData.data, all.size(), cudaMemcpyDeviceToHost, s.stream));
   wait("all-gather of envelopes");
 
   std::vector<Bytes> out;

@@ -262,13 +262,12 @@ void NcclRuntime::abort(const std::string& reason) noexcept {
 void NcclRuntime::allReduceBytes(void* buffer, std::size_t bytes, CUstream_st* stream) {
   ScopedCheckRank checkRank(rank_);
   if (comm_ == nullptr) {
-    throw BackendError(fmt::format(
-        "rank {}: the NCCL communicator was already released or aborted", rank_));
+    throw BackendError(
+        fmt::format("rank {}: the NCCL communicator was already released or aborted", rank_));
   }
   if (bytes == 0) return;
   detail::DeviceGuard guard(options_.device);
-  HMC_NCCL_CHECK_ASYNC(
-      ncclAllReduce(buffer, buffer, bytes, ncclUint8, ncclSum, comm_, stream));
+  HMC_NCCL_CHECK_ASYNC(ncclAllReduce(buffer, buffer, bytes, ncclUint8, ncclSum, comm_, stream));
   const ncclResult_t state = pollAsyncState(comm_, Clock::now() + options_.operationTimeout);
   if (state == ncclSuccess) return;
   const std::string reason =

@@ -82,10 +82,10 @@ class ConsoleReporter final : public Reporter {
   void finish() override {
     if (options_.directory) {
       fmt::print(out_, "#\n# {:<40} {:>5} {:>8} {:>10}\n", "scenario", "ranks", "outcome",
-                 "seconds");
+                 "wall");
       for (const auto& row : summary_) {
-        fmt::print(out_, "  {:<40} {:>5} {:>8} {:>10.3f}\n", row.name, row.world, row.outcome,
-                   row.seconds);
+        fmt::print(out_, "  {:<40} {:>5} {:>8} {:>10}\n", row.name, row.world, row.outcome,
+                   formatSeconds(json(row.seconds)));
       }
     }
     std::map<std::string, int> counts;

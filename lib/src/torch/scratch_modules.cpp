@@ -132,8 +132,7 @@ torch::Tensor ScratchModule::forward(const torch::Tensor& x) {
     if (nccl && !nccl->released() && nccl->worldSize() > 1 && nccl->device() == cuda->device() &&
         cuda->nbytes() > 0) {
       cuda->trackWorkOn(detail::currentCudaStream(x.device()));
-      nccl->allReduceBytes(cuda->data(), static_cast<std::size_t>(cuda->nbytes()),
-                           cuda->stream());
+      nccl->allReduceBytes(cuda->data(), static_cast<std::size_t>(cuda->nbytes()), cuda->stream());
       cuda->recordWork();
     }
     return result;

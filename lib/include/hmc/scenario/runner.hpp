@@ -49,7 +49,7 @@ struct FinalState {
 // and after are informative: they also see LibTorch's caching allocator, the CUDA context and
 // other ranks or processes on the same GPU.
 struct DeviceLeakCheck {
-  int device = 0;  // the rank's CUDA device index
+  int device = 0;                               // the rank's CUDA device index
   std::optional<std::int64_t> freeBytesBefore;  // cudaMemGetInfo before the first step
   std::optional<std::int64_t> freeBytesAfter;   // ... after the automatic shutdown
   std::int64_t totalBytes = 0;
