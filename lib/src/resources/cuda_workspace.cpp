@@ -72,7 +72,7 @@ nlohmann::json CudaWorkspace::lifecycleSignature() const {
   return nlohmann::json::array({options_.kind, options_.nbytes, "torch." + options_.dtype});
 }
 
-bool CudaWorkspace::canClose() const { return pending_.load() == 0 && !busy_ && !inFlight(); }
+bool CudaWorkspace::canClose() const { return idle() && !inFlight(); }
 
 void CudaWorkspace::close() {
   if (owner_ && owner_->faults().closeErrors > 0) {

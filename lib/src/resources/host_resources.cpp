@@ -41,7 +41,7 @@ nlohmann::json HostWorkspace::lifecycleSignature() const {
   return nlohmann::json::array({kind_, nbytes_, "torch." + dtype_});
 }
 
-bool HostWorkspace::canClose() const { return pending_.load() == 0 && !busy_; }
+bool HostWorkspace::canClose() const { return idle(); }
 
 void HostWorkspace::close() {
   if (owner_->faults().closeErrors > 0) {

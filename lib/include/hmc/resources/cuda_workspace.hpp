@@ -70,10 +70,6 @@ class CudaWorkspace final : public Workspace {
   // BackendError when CUDA fails. Safe to call again.
   void close() override;
 
-  void addPending() noexcept override { ++pending_; }
-  void removePending() noexcept override { --pending_; }
-  int pending() const noexcept override { return pending_.load(); }
-  void setBusy(bool busy) noexcept override { busy_ = busy; }
   bool closed() const noexcept { return closed_; }
   std::int64_t nbytes() const noexcept override { return options_.nbytes; }
   int device() const noexcept { return options_.device; }
@@ -112,8 +108,6 @@ class CudaWorkspace final : public Workspace {
   DeviceRegistry::HandleId streamId_ = 0;
   DeviceRegistry::HandleId eventId_ = 0;
   DeviceRegistry::HandleId fenceId_ = 0;
-  std::atomic<int> pending_{0};  // backward may run on an autograd thread
-  bool busy_ = false;
   bool closed_ = false;
   bool counted_ = false;  // counted in workspacesCreated, not yet in workspacesClosed
 };

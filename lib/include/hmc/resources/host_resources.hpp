@@ -125,10 +125,6 @@ class HostWorkspace final : public Workspace {
   // the buffer otherwise. Safe to call again.
   void close() override;
 
-  void addPending() noexcept override { ++pending_; }
-  void removePending() noexcept override { --pending_; }
-  int pending() const noexcept override { return pending_.load(); }
-  void setBusy(bool busy) noexcept override { busy_ = busy; }
   bool closed() const noexcept { return closed_; }
   std::int64_t nbytes() const noexcept override { return nbytes_; }
   // The buffer, for the module's forward to touch; null after close.
@@ -142,8 +138,6 @@ class HostWorkspace final : public Workspace {
   std::string dtype_;
   std::shared_ptr<RankResources> owner_;
   std::unique_ptr<std::uint8_t[]> buffer_;
-  std::atomic<int> pending_{0};  // backward may run on an autograd thread
-  bool busy_ = false;
   bool closed_ = false;
 };
 

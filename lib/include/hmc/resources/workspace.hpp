@@ -3,6 +3,7 @@
 // the pending-backward counter, the `busy` fault and its size. Host and CUDA workspaces
 // implement it; the scenario runner and the leak check see only this.
 
+#include <atomic>
 #include <cstdint>
 
 #include "hmc/lifecycle/resource.hpp"
@@ -12,12 +13,21 @@ namespace hmc::resources {
 class Workspace : public lifecycle::Resource {
  public:
   // Backward passes that still hold this workspace (it cannot close while any is pending).
-  virtual void addPending() noexcept = 0;
-  virtual void removePending() noexcept = 0;
-  virtual int pending() const noexcept = 0;
+  // Backward may run on an autograd thread: the count is atomic.
+  void addPending() noexcept { ++pending_; }
+  void removePending() noexcept { --pending_; }
+  int pending() const noexcept { return pending_.load(); }
   // The `busy` fault: a workspace that reports it cannot close.
-  virtual void setBusy(bool busy) noexcept = 0;
+  void setBusy(bool busy) noexcept { busy_ = busy; }
   virtual std::int64_t nbytes() const noexcept = 0;
+
+ protected:
+  // No pending backward and not busy: what every workspace's canClose() starts from.
+  bool idle() const noexcept { return pending_.load() == 0 && !busy_; }
+
+ private:
+  std::atomic<int> pending_{0};
+  bool busy_ = false;
 };
 
 }  // namespace hmc::resources
