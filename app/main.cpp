@@ -60,7 +60,7 @@ struct RankCommand {
   std::string masterAddr = "127.0.0.1";
   int masterPort = 0;
   int glooPort = 0;
-  std::string transport = "store";
+  std::string transport = "tcp";
   std::string resultFile;
   std::optional<std::string> device;
   std::optional<double> timeoutS;
@@ -166,11 +166,11 @@ int runScenarios(const RunOptions& options, const std::vector<std::string>& comm
     if (transport == "threads") {
       fmt::print(stderr,
                  "hmc-run: --transport threads runs every rank in one process, but {} started "
-                 "this process as rank {} of {}: use --transport store or gloo (or auto)\n",
+                 "this process as rank {} of {}: use --transport tcp, store or gloo (or auto)\n",
                  launch->launcher, launch->rank, launch->worldSize);
       return kExitUsage;
     }
-    if (transport == "auto") transport = "store";
+    if (transport == "auto") transport = "tcp";
     if (options.worldSize && *options.worldSize != launch->worldSize) {
       fmt::print(stderr, "hmc-run: --world-size {} disagrees with {}'s world of {} ranks\n",
                  *options.worldSize, launch->launcher, launch->worldSize);
@@ -185,12 +185,12 @@ int runScenarios(const RunOptions& options, const std::vector<std::string>& comm
       fmt::print(stderr,
                  "hmc-run: --transport nccl: this hmc-run was built without CUDA "
                  "(HMC_WITH_CUDA=OFF, or the CUDA toolkit or NCCL was not found); use "
-                 "--transport store or gloo\n");
+                 "--transport tcp, store or gloo\n");
       return kExitUsage;
     }
     ncclDevices = hmc::resources::cudaDeviceUsable();
     if (!*ncclDevices) {
-      fmt::print(stderr, "hmc-run: --transport nccl: {}; use --transport store or gloo\n",
+      fmt::print(stderr, "hmc-run: --transport nccl: {}; use --transport tcp, store or gloo\n",
                  ncclDevices->reason);
       return kExitUsage;
     }
@@ -206,7 +206,7 @@ int runScenarios(const RunOptions& options, const std::vector<std::string>& comm
   if (launch && files.size() != 1) {
     fmt::print(stderr,
                "hmc-run: under {} pass exactly one scenario file (got {}); run a directory with "
-               "hmc-run's own launcher (--transport store) instead\n",
+               "hmc-run's own launcher (--transport tcp) instead\n",
                launch->launcher, files.size());
     return kExitUsage;
   }
@@ -261,7 +261,7 @@ int runScenarios(const RunOptions& options, const std::vector<std::string>& comm
       unrunnablePath = "/world_size";
       unrunnable = fmt::format(
           "--transport nccl needs one GPU per rank: {} ranks, {} GPU(s); run it with "
-          "--world-size {} or fewer, or use --transport store or gloo (the ranks then share the "
+          "--world-size {} or fewer, or use --transport tcp, store or gloo (the ranks then share the "
           "GPU for workspaces)",
           scenario.worldSize, ncclDevices->deviceCount, ncclDevices->deviceCount);
     }
@@ -452,16 +452,18 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, hmc::scenario::kMaxWorldSize));
   app.add_option("--transport", options.transport,
                  "How ranks talk. threads: every rank a thread of this process (fast, "
-                 "deterministic, up to 4096 ranks). store: rank processes meeting in a c10d "
-                 "TCPStore. gloo: rank processes over c10d ProcessGroupGloo. nccl: rank "
+                 "deterministic, up to 4096 ranks). tcp: rank processes exchanging over direct "
+                 "TCP connections (a c10d TCPStore to rendezvous and for control). store: rank "
+                 "processes exchanging through a c10d TCPStore. gloo: rank processes over c10d "
+                 "ProcessGroupGloo. nccl: rank "
                  "processes exchanging by NCCL all-gathers, one GPU per rank (rank r on GPU r % "
                  "GPUs; the store stays the bootstrap and out-of-band channel); one GPU holds "
                  "one NCCL rank, so runs with more ranks than GPUs share a GPU for workspaces "
-                 "and use store or gloo for control. auto: threads, or store when "
-                 "torchrun/srun/mpirun started this process. With store, gloo or nccl and no "
+                 "and use tcp, store or gloo for control. auto: threads, or tcp when "
+                 "torchrun/srun/mpirun started this process. With tcp, store, gloo or nccl and no "
                  "launcher, hmc-run starts world_size local rank processes itself (like "
                  "torchrun --standalone).")
-      ->check(CLI::IsMember({"auto", "threads", "store", "gloo", "nccl"}))
+      ->check(CLI::IsMember({"auto", "threads", "tcp", "store", "gloo", "nccl"}))
       ->capture_default_str();
   app.add_option("--device", options.device,
                  "Replace the scenario's device: auto (cuda when usable), cpu or cuda")

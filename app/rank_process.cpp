@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "hmc/collective/store_transport.hpp"
+#include "hmc/collective/tcp_transport.hpp"
 #include "hmc/config.hpp"
 #include "hmc/diagnostics/watchdog.hpp"
 #include "hmc/error.hpp"
@@ -91,7 +92,13 @@ RankProcessOutcome runRankProcess(const scenario::Scenario& scenario,
   std::shared_ptr<collective::KeyValueStore> kv = control->keyValueStore();
 
   std::shared_ptr<collective::Collective> transport = control;
-  if (options.transport == "gloo") {
+  if (options.transport == "tcp") {
+    // Direct connections between the ranks; the control store is only the rendezvous and
+    // stays the out-of-band channel.
+    collective::TcpTransportOptions tcp;
+    tcp.control = control;
+    transport = std::make_shared<collective::TcpTransport>(tcp);
+  } else if (options.transport == "gloo") {
 #if HMC_HAVE_GLOO
     collective::GlooTransportOptions gloo;
     gloo.store = storeOptions;
@@ -102,7 +109,7 @@ RankProcessOutcome runRankProcess(const scenario::Scenario& scenario,
 #else
     throw BackendError(
         "--transport gloo: this hmc-run was built without Gloo (HMC_WITH_GLOO=OFF or "
-        "ProcessGroupGloo.hpp missing); use --transport store");
+        "ProcessGroupGloo.hpp missing); use --transport tcp or store");
 #endif
   } else if (options.transport == "nccl") {
 #if HMC_HAVE_CUDA
@@ -117,7 +124,7 @@ RankProcessOutcome runRankProcess(const scenario::Scenario& scenario,
 #else
     throw BackendError(
         "--transport nccl: this hmc-run was built without CUDA (HMC_WITH_CUDA=OFF, or the "
-        "CUDA toolkit or NCCL was not found); use --transport store or gloo");
+        "CUDA toolkit or NCCL was not found); use --transport tcp, store or gloo");
 #endif
   }
 

@@ -1,5 +1,5 @@
 #pragma once
-// One rank as a process: builds the rank's transport (store, gloo or nccl) from a launcher's
+// One rank as a process: builds the rank's transport (store, tcp, gloo or nccl) from a launcher's
 // variables or hmc-run's own local launch, runs the scenario's steps with a watchdog that
 // publishes its flight record out of band when a collective passes its deadline, agrees on
 // the end-of-run shutdown out of band through the store (not waiting for ranks announced
@@ -16,7 +16,7 @@
 namespace hmc::app {
 
 struct RankProcessOptions {
-  std::string transport = "store";  // "store", "gloo" or "nccl"
+  std::string transport = "tcp";  // "tcp", "store", "gloo" or "nccl"
   int rank = 0;
   int worldSize = 1;
   std::string masterAddr = "127.0.0.1";

@@ -1,5 +1,5 @@
 // Exchange latency of the transports beside a raw loopback TCP ping-pong measured in the same
-// run: threads (2, 4, 8 ranks in this process), store and gloo (2 and 4 processes: this
+// run: threads (2, 4, 8 ranks in this process), store, tcp and gloo (2 and 4 processes: this
 // process is rank 0, the others are this program re-executed with --peer), 64-byte payloads.
 //
 //   transport_bench --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
@@ -26,6 +26,7 @@
 #include <benchmark/benchmark.h>
 
 #include "hmc/collective/store_transport.hpp"
+#include "hmc/collective/tcp_transport.hpp"
 #include "hmc/collective/threads_transport.hpp"
 #include "hmc/config.hpp"
 #if HMC_HAVE_GLOO
@@ -95,6 +96,11 @@ std::unique_ptr<Collective> connect(const std::string& transport, int rank, int 
     return std::make_unique<hmc::collective::GlooTransport>(options);
   }
 #endif
+  if (transport == "tcp") {
+    hmc::collective::TcpTransportOptions options;
+    options.store = store;
+    return std::make_unique<hmc::collective::TcpTransport>(options);
+  }
   return std::make_unique<hmc::collective::StoreTransport>(store);
 }
 
@@ -238,6 +244,11 @@ void BM_StoreExchange(benchmark::State& state) {
   exchangeLoop(state, *processWorld("store", static_cast<int>(state.range(0))).rank0);
 }
 BENCHMARK(BM_StoreExchange)->Arg(2)->Arg(4)->UseRealTime()->Unit(benchmark::kMicrosecond);
+
+void BM_TcpExchange(benchmark::State& state) {
+  exchangeLoop(state, *processWorld("tcp", static_cast<int>(state.range(0))).rank0);
+}
+BENCHMARK(BM_TcpExchange)->Arg(2)->Arg(4)->UseRealTime()->Unit(benchmark::kMicrosecond);
 
 #if HMC_HAVE_GLOO
 // Args: ranks, ProcessGroupGloo worker threads.

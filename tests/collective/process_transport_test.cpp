@@ -1,4 +1,4 @@
-// The `store` and `gloo` transports with ranks as real processes on 127.0.0.1. Each case
+// The `store`, `tcp` and `gloo` transports with ranks as real processes on 127.0.0.1. Each case
 // starts hmc_transport_peer once per rank (see transport_peer.cpp for what each scenario does
 // on a rank) and asserts on what every rank reported. Every run is bounded and reaps or kills
 // all its children.
@@ -17,7 +17,7 @@ using hmc::testing::ProcessOutcome;
 namespace {
 
 std::vector<std::string> transports() {
-  std::vector<std::string> out{"store"};
+  std::vector<std::string> out{"store", "tcp"};
   if (HMC_HAVE_GLOO) out.push_back("gloo");
   return out;
 }
@@ -160,9 +160,39 @@ TEST_SUITE("process transports") {
           const auto& r = run.ranks[rank];
           CAPTURE(rank);
           CHECK_MESSAGE(r.kind == "rank_failure", describe(r));
-          CHECK(r.message.find(endpoint) != std::string::npos);
-          CHECK(r.message.find("gone") != std::string::npos);
+          if (transport == "tcp") {
+            // Exchanges do not use the store: what the others see is rank 0's connection.
+            CHECK(r.message == "rank 0 closed its connection in 'recycle' #1: it exited or crashed");
+          } else {
+            CHECK(r.message.find(endpoint) != std::string::npos);
+            CHECK(r.message.find("gone") != std::string::npos);
+          }
         }
+      }
+    }
+  }
+
+  TEST_CASE("tcp: a crashed peer is a rank failure at once and a timeout breaks the transport") {
+    for (int world : kWorlds) {
+      CAPTURE(world);
+      auto crash = runRanks("tcp", world, "crash", 10s);
+      const std::string closed = "rank " + std::to_string(world - 1) +
+                                 " closed its connection in 'recycle' #1: it exited or crashed";
+      for (int rank = 0; rank < world - 1; ++rank) {
+        const auto& r = crash.ranks[rank];
+        CAPTURE(rank);
+        CHECK_MESSAGE(r.kind == "rank_failure", describe(r));
+        // A rank_failure, not a timeout: it did not wait for the deadline. (Rank 0's process
+        // still lives up to the timeout after it: its store waits for the crashed rank's bye.)
+        CHECK(r.message == closed);
+      }
+      auto broken = runRanks("tcp", world, "tcp-broken", 2s);
+      for (int rank = 0; rank < world - 1; ++rank) {
+        const auto& r = broken.ranks[rank];
+        CAPTURE(rank);
+        CHECK_MESSAGE(r.kind == "backend_error", describe(r));
+        CHECK(r.message.find("the tcp transport is unusable after an earlier failure ('recycle' "
+                             "#1 timed out on rank " + std::to_string(rank)) != std::string::npos);
       }
     }
   }

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "hmc/collective/store_transport.hpp"
+#include "hmc/collective/tcp_transport.hpp"
 #include "hmc/config.hpp"
 #include "hmc/error.hpp"
 #include "hmc/lifecycle/resource_manager.hpp"
@@ -43,6 +44,11 @@ std::unique_ptr<Collective> connect(const Args& args) {
   store.worldSize = args.world;
   store.timeout = args.timeout;
   if (args.transport == "store") return std::make_unique<hmc::collective::StoreTransport>(store);
+  if (args.transport == "tcp") {
+    hmc::collective::TcpTransportOptions options;
+    options.store = store;
+    return std::make_unique<hmc::collective::TcpTransport>(options);
+  }
 #if HMC_HAVE_GLOO
   if (args.transport == "gloo") {
     hmc::collective::GlooTransportOptions options;
@@ -152,6 +158,19 @@ void run(const Args& args) {
       ::_exit(7);
     }
     c.exchange("recycle", "x");
+  } else if (args.scenario == "tcp-broken") {
+    // The last rank skips 'recycle': the others time out, then find the transport broken.
+    c.barrier("warmup");
+    if (c.rank() == last) {
+      std::this_thread::sleep_for(args.timeout + 2s);
+      return;
+    }
+    try {
+      c.exchange("recycle", "x");
+    } catch (const hmc::TimeoutError&) {
+      c.exchange("again", "y");
+    }
+    throw std::logic_error("peer check failed: the exchange after a timeout did not throw");
   } else if (args.scenario == "server-gone") {
     c.barrier("warmup");
     if (c.rank() == 0) {

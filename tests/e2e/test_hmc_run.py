@@ -346,9 +346,9 @@ def test_list_subcommand():
 
 
 def test_process_transports_run_crash_and_hang_scenarios():
-    """The library's crash and hang cases with ranks as real processes (store and gloo)."""
+    """The library's crash and hang cases with ranks as real processes (tcp, store and gloo)."""
     names = ("quickstart", "crashed-rank", "skipped-close-hang")
-    for transport in ("store", "gloo"):
+    for transport in ("tcp", "store", "gloo"):
         for name in names:
             path = os.path.join(SCENARIOS, name + ".json")
             report_path = os.path.join(WORK, f"{name}.{transport}.json")

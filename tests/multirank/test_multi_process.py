@@ -3,7 +3,7 @@
 
 Usage: test_multi_process.py HMC_RUN SOURCE_DIR [-k NAME] [--no-gloo]
 
-Covers the local launcher with the store and gloo transports (2 and 4 ranks), a crashed rank
+Covers the local launcher with the tcp, store and gloo transports (2 and 4 ranks), a crashed rank
 (rank_failure within the deadline), a skipped close (hang diagnosis), launches under
 simulated torchrun / srun / mpirun variables, and that no rank process outlives a run or a
 Ctrl-C. Every wait is bounded; a hmc-run still running at its bound is killed with its whole
@@ -162,11 +162,11 @@ def test(fn):
     return fn
 
 
-# (a) the local launcher: both transports, 2 and 4 ranks.
+# (a) the local launcher: every process transport, 2 and 4 ranks.
 @test
-def store_and_gloo_pass_at_2_and_4_ranks():
+def tcp_store_and_gloo_pass_at_2_and_4_ranks():
     quickstart = os.path.join(SOURCE_DIR, "scenarios", "quickstart.json")
-    for transport in ("store", "gloo") if GLOO else ("store",):
+    for transport in ("tcp", "store", "gloo") if GLOO else ("tcp", "store"):
         for world in (2, 4):
             run = hmc([quickstart, "--transport", transport, "--world-size", str(world)])
             where = f"{transport} at {world} ranks: {run}"
@@ -200,6 +200,22 @@ def store_crash_is_rank_failure_within_the_deadline():
     assert run.report["ranks"][1]["crashed"], run.report["ranks"][1]
     assert run.seconds < deadline + 4, f"the run took {run.seconds:.1f} s: {run}"
     assert "rank 1 crashed" in run.report["hang"]["diagnosis"], run.report["hang"]
+    assert_no_rank_left(run)
+
+
+@test
+def tcp_crash_is_rank_failure_at_once():
+    deadline = 5
+    run = hmc([scenario("crash-tcp", CRASH_STEPS, timeout_s=deadline), "--transport", "tcp"])
+    assert run.returncode == 0, run
+    close = step(run.report, 0, 3)
+    assert close["status"] == "hang", run.report["ranks"][0]
+    assert close["error"]["kind"] == "rank_failure", close
+    assert re.search(r"rank 1 closed its connection in '[a-z ]+' #\d+: it exited or crashed",
+                     close["error"]["message"]), close
+    assert close["seconds"] < 1.5, f"rank_failure took {close['seconds']} s: {close}"
+    assert run.report["ranks"][1]["crashed"], run.report["ranks"][1]
+    assert run.seconds < deadline + 4, f"the run took {run.seconds:.1f} s: {run}"
     assert_no_rank_left(run)
 
 
@@ -254,7 +270,7 @@ def check_pair(results, launcher):
     where = f"{launcher}: rank 0 exit {code0}\n{out0}\n{err0[-2000:]}\nrank 1 exit {code1}\n{err1[-2000:]}"
     assert code0 == 0 and code1 == 0, where
     assert "# outcome: pass" in out0, where
-    assert "transport store" in out0, where
+    assert "transport tcp" in out0, where  # auto under a launcher
     assert "# outcome" not in out1, where
 
 

@@ -1,6 +1,7 @@
 #pragma once
 // The `store` transport: ranks as processes (one or many hosts) meeting in a c10d TCPStore.
-// The default for multi-process runs, and the out-of-band channel for hang diagnosis.
+// The rendezvous and out-of-band channel of every multi-process transport (hang diagnosis);
+// as a transport itself slower than `tcp` (tcp_transport.hpp), the default.
 //
 //   StoreTransportOptions options;
 //   options.port = 29500;  options.rank = rank;  options.worldSize = world;

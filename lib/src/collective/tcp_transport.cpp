@@ -1,0 +1,509 @@
+#include "hmc/collective/tcp_transport.hpp"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <optional>
+#include <system_error>
+#include <utility>
+
+#include "hmc/error.hpp"
+
+namespace hmc::detail {
+namespace {
+
+using collective::Bytes;
+using collective::Clock;
+
+constexpr std::uint32_t kHelloMagic = 0x746d6368;  // "hcmt"
+constexpr std::size_t kHelloBytes = 12;            // magic, rank, world size
+constexpr std::size_t kHeaderBytes = 16;           // sequence, length
+constexpr std::size_t kChunk = 64 * 1024;
+
+std::string osReason(int error) { return std::system_category().message(error); }
+
+std::string formatSeconds(std::chrono::milliseconds duration) {
+  return fmt::format("{:g} s", static_cast<double>(duration.count()) / 1000.0);
+}
+
+// Milliseconds until `deadline` for poll(), rounded up so that poll never returns early.
+int pollMillis(Clock::time_point deadline) {
+  const auto left = deadline - Clock::now();
+  if (left <= Clock::duration::zero()) return 0;
+  const auto ms = std::chrono::ceil<std::chrono::milliseconds>(left).count();
+  return static_cast<int>(std::min<std::int64_t>(ms, INT_MAX));
+}
+
+class Socket {
+ public:
+  Socket() = default;
+  explicit Socket(int fd) : fd_(fd) {}
+  Socket(Socket&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  Socket& operator=(Socket&& other) noexcept {
+    if (this != &other) {
+      reset();
+      fd_ = std::exchange(other.fd_, -1);
+    }
+    return *this;
+  }
+  ~Socket() { reset(); }
+  int get() const noexcept { return fd_; }
+  void reset() noexcept {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+void setNonBlocking(int fd, const std::string& what) {
+  const int flags = ::fcntl(fd, F_GETFL, 0);
+  if (flags < 0 || ::fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0) {
+    throw BackendError(fmt::format("{}: fcntl(O_NONBLOCK): {}", what, osReason(errno)));
+  }
+}
+
+void setNoDelay(int fd, const std::string& what) {
+  const int one = 1;
+  if (::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) != 0) {
+    throw BackendError(fmt::format("{}: setsockopt(TCP_NODELAY): {}", what, osReason(errno)));
+  }
+}
+
+struct Address {
+  sockaddr_storage storage{};
+  socklen_t length = 0;
+  const sockaddr* get() const { return reinterpret_cast<const sockaddr*>(&storage); }
+};
+
+Address resolve(const std::string& host, int port, int socketType, const std::string& what) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = socketType;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  const std::string service = std::to_string(port);
+  const int rc = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &found);
+  if (rc != 0 || found == nullptr) {
+    throw BackendError(fmt::format("{}: cannot resolve '{}': {}", what, host, ::gai_strerror(rc)));
+  }
+  Address out;
+  std::memcpy(&out.storage, found->ai_addr, found->ai_addrlen);
+  out.length = found->ai_addrlen;
+  ::freeaddrinfo(found);
+  return out;
+}
+
+// The numeric host and the port of a socket address.
+std::pair<std::string, int> numeric(const Address& address) {
+  char host[NI_MAXHOST] = {};
+  char service[NI_MAXSERV] = {};
+  if (::getnameinfo(address.get(), address.length, host, sizeof(host), service, sizeof(service),
+                    NI_NUMERICHOST | NI_NUMERICSERV) != 0) {
+    return {"", 0};
+  }
+  return {host, std::atoi(service)};
+}
+
+// The local address that routes to the store's host: a UDP "connect" sends nothing.
+std::string localAddressToward(const std::string& host, int port) {
+  try {
+    const Address remote = resolve(host, port == 0 ? 1 : port, SOCK_DGRAM, "tcp transport");
+    Socket probe(::socket(remote.storage.ss_family, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+    if (probe.get() < 0 || ::connect(probe.get(), remote.get(), remote.length) != 0) return host;
+    Address local;
+    local.length = sizeof(local.storage);
+    if (::getsockname(probe.get(), reinterpret_cast<sockaddr*>(&local.storage), &local.length) !=
+        0) {
+      return host;
+    }
+    const std::string numericHost = numeric(local).first;
+    return numericHost.empty() ? host : numericHost;
+  } catch (const Error&) {
+    return host;
+  }
+}
+
+// Writes or reads exactly `size` bytes on a nonblocking socket before `deadline`. Returns
+// false when the deadline passed; throws BackendError (naming `what`) on a socket error or EOF.
+bool writeAll(int fd, const char* data, std::size_t size, Clock::time_point deadline,
+              const std::string& what) {
+  std::size_t done = 0;
+  while (done < size) {
+    const ssize_t n = ::send(fd, data + done, size - done, MSG_NOSIGNAL);
+    if (n > 0) {
+      done += static_cast<std::size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
+      throw BackendError(fmt::format("{}: send: {}", what, osReason(errno)));
+    }
+    pollfd p{fd, POLLOUT, 0};
+    if (::poll(&p, 1, pollMillis(deadline)) == 0 && Clock::now() >= deadline) return false;
+  }
+  return true;
+}
+
+bool readAll(int fd, char* data, std::size_t size, Clock::time_point deadline,
+             const std::string& what) {
+  std::size_t done = 0;
+  while (done < size) {
+    const ssize_t n = ::recv(fd, data + done, size - done, 0);
+    if (n > 0) {
+      done += static_cast<std::size_t>(n);
+      continue;
+    }
+    if (n == 0) throw BackendError(fmt::format("{}: the peer closed the connection", what));
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) {
+      throw BackendError(fmt::format("{}: recv: {}", what, osReason(errno)));
+    }
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, pollMillis(deadline)) == 0 && Clock::now() >= deadline) return false;
+  }
+  return true;
+}
+
+std::string hello(int rank, int world) {
+  std::string out(kHelloBytes, '\0');
+  const std::uint32_t fields[3] = {kHelloMagic, static_cast<std::uint32_t>(rank),
+                                   static_cast<std::uint32_t>(world)};
+  std::memcpy(out.data(), fields, kHelloBytes);
+  return out;
+}
+
+}  // namespace
+
+struct TcpPeer {
+  int rank = 0;
+  Socket socket;
+  // Received bytes not yet consumed: the current frame, and possibly the start of the next.
+  std::string in;
+  std::size_t sent = 0;
+  bool done = false;
+};
+
+struct TcpTransportState {
+  std::shared_ptr<collective::StoreTransport> control;  // destroyed last
+  collective::TcpTransportOptions options;
+  std::string host;
+  int port = 0;
+  std::vector<TcpPeer> peers;  // every other rank, in rank order
+  std::optional<std::string> broken;
+  std::string frame;
+  std::vector<pollfd> polls;
+  std::vector<TcpPeer*> polled;
+  char chunk[kChunk];
+};
+
+}  // namespace hmc::detail
+
+namespace hmc::collective {
+
+using hmc::detail::TcpPeer;
+
+void TcpTransportOptions::validate() const {
+  if (!control) store.validate();
+  if (name.empty()) throw ValueError("the tcp transport's key name is empty");
+}
+
+namespace {
+
+std::shared_ptr<StoreTransport> controlOf(const TcpTransportOptions& options) {
+  options.validate();
+  return options.control ? options.control : std::make_shared<StoreTransport>(options.store);
+}
+
+}  // namespace
+
+TcpTransport::TcpTransport(const TcpTransportOptions& options)
+    : TcpTransport(options, controlOf(options)) {}
+
+TcpTransport::TcpTransport(const TcpTransportOptions& options,
+                           std::shared_ptr<StoreTransport> control)
+    : Collective(control->rank(), control->worldSize(), control->timeout()),
+      state_(std::make_unique<hmc::detail::TcpTransportState>()) {
+  using namespace hmc::detail;
+  auto& s = *state_;
+  s.control = std::move(control);
+  s.options = options;
+  s.options.control = nullptr;  // held once, in s.control
+  const int self = rank();
+  const int world = worldSize();
+  const auto deadline = Clock::now() + timeout();
+  const std::string what = fmt::format("rank {} setting up the tcp transport", self);
+  s.host = options.host.empty() ? localAddressToward(s.control->host(), s.control->port())
+                                : options.host;
+
+  const Address bindAddress = resolve(s.host, 0, SOCK_STREAM, what);
+  Socket listener(::socket(bindAddress.storage.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (listener.get() < 0) throw BackendError(fmt::format("{}: socket: {}", what, osReason(errno)));
+  if (::bind(listener.get(), bindAddress.get(), bindAddress.length) != 0) {
+    throw BackendError(fmt::format("{}: bind to {}: {}", what, s.host, osReason(errno)));
+  }
+  if (::listen(listener.get(), SOMAXCONN) != 0) {
+    throw BackendError(fmt::format("{}: listen: {}", what, osReason(errno)));
+  }
+  setNonBlocking(listener.get(), what);
+  Address bound;
+  bound.length = sizeof(bound.storage);
+  ::getsockname(listener.get(), reinterpret_cast<sockaddr*>(&bound.storage), &bound.length);
+  const auto [boundHost, boundPort] = numeric(bound);
+  s.port = boundPort;
+
+  s.peers.resize(world - 1);
+  for (int peer = 0, i = 0; peer < world; ++peer) {
+    if (peer != self) s.peers[i++].rank = peer;
+  }
+  auto peerSlot = [&](int peer) -> TcpPeer& { return s.peers[peer < self ? peer : peer - 1]; };
+  const auto timedOut = [&](const std::vector<int>& ranks, const char* how) {
+    return TimeoutError(
+        fmt::format("rank {} timed out after {} setting up the tcp transport: "
+                    "ranks {} {}",
+                    self, formatSeconds(timeout()), formatRankList(ranks), how));
+  };
+
+  auto kv = s.control->keyValueStore();
+  const auto addressKey = [&](int peer) { return fmt::format("{}/addr/{}", s.options.name, peer); };
+  kv->set(addressKey(self), fmt::format("{} {}", boundHost, boundPort));
+
+  // Connect to every higher rank: each listens before it publishes, so the kernel completes
+  // the connection from its backlog without waiting for the peer to accept.
+  const std::string helloBytes = hello(self, world);
+  for (int peer = self + 1; peer < world; ++peer) {
+    Bytes published;
+    try {
+      published = kv->get(
+          addressKey(peer),
+          std::max(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()),
+                   std::chrono::milliseconds(1)));
+    } catch (const TimeoutError&) {
+      std::vector<int> missing;
+      for (int other = peer; other < world; ++other) {
+        if (!kv->check({addressKey(other)})) missing.push_back(other);
+      }
+      throw timedOut(missing, "did not publish their address");
+    }
+    const auto space = published.find(' ');
+    const std::string peerHost = published.substr(0, space);
+    const int peerPort = space == Bytes::npos ? 0 : std::atoi(published.c_str() + space + 1);
+    const std::string to =
+        fmt::format("{} connecting to rank {} at {} port {}", what, peer, peerHost, peerPort);
+    const Address remote = resolve(peerHost, peerPort, SOCK_STREAM, to);
+    Socket socket(::socket(remote.storage.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    if (socket.get() < 0) throw BackendError(fmt::format("{}: socket: {}", to, osReason(errno)));
+    setNonBlocking(socket.get(), to);
+    if (::connect(socket.get(), remote.get(), remote.length) != 0) {
+      if (errno != EINPROGRESS) throw BackendError(fmt::format("{}: {}", to, osReason(errno)));
+      pollfd p{socket.get(), POLLOUT, 0};
+      while (::poll(&p, 1, pollMillis(deadline)) < 0 && errno == EINTR) {
+      }
+      if ((p.revents & (POLLOUT | POLLERR | POLLHUP)) == 0)
+        throw timedOut({peer}, "did not accept");
+      int error = 0;
+      socklen_t length = sizeof(error);
+      ::getsockopt(socket.get(), SOL_SOCKET, SO_ERROR, &error, &length);
+      if (error != 0) throw BackendError(fmt::format("{}: {}", to, osReason(error)));
+    }
+    setNoDelay(socket.get(), to);
+    if (!writeAll(socket.get(), helloBytes.data(), helloBytes.size(), deadline, to)) {
+      throw timedOut({peer}, "did not accept");
+    }
+    peerSlot(peer).socket = std::move(socket);
+  }
+
+  // Accept one connection from every lower rank; anything else that connects is dropped.
+  int waiting = self;
+  while (waiting > 0) {
+    pollfd p{listener.get(), POLLIN, 0};
+    const int ready = ::poll(&p, 1, pollMillis(deadline));
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready <= 0 && Clock::now() >= deadline) {
+      std::vector<int> missing;
+      for (int peer = 0; peer < self; ++peer) {
+        if (peerSlot(peer).socket.get() < 0) missing.push_back(peer);
+      }
+      throw timedOut(missing, "did not connect");
+    }
+    Socket socket(::accept4(listener.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
+    if (socket.get() < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNABORTED)
+        continue;
+      throw BackendError(fmt::format("{}: accept: {}", what, osReason(errno)));
+    }
+    std::uint32_t fields[3] = {};
+    try {
+      if (!readAll(socket.get(), reinterpret_cast<char*>(fields), kHelloBytes, deadline, what)) {
+        continue;  // the loop reports the timeout
+      }
+    } catch (const BackendError&) {
+      continue;  // not one of ours
+    }
+    const int peer = static_cast<int>(fields[1]);
+    if (fields[0] != kHelloMagic || static_cast<int>(fields[2]) != world || peer >= self ||
+        peerSlot(peer).socket.get() >= 0) {
+      continue;
+    }
+    setNoDelay(socket.get(), what);
+    peerSlot(peer).socket = std::move(socket);
+    --waiting;
+  }
+}
+
+TcpTransport::~TcpTransport() = default;
+
+const std::string& TcpTransport::host() const noexcept { return state_->host; }
+int TcpTransport::port() const noexcept { return state_->port; }
+StoreTransport& TcpTransport::control() noexcept { return *state_->control; }
+std::shared_ptr<KeyValueStore> TcpTransport::keyValueStore() {
+  return state_->control->keyValueStore();
+}
+bool TcpTransport::broken() const noexcept { return state_->broken.has_value(); }
+
+std::vector<Bytes> TcpTransport::gather(std::uint64_t sequence, std::string_view stage,
+                                        const Bytes& envelope, Clock::time_point deadline) {
+  using hmc::detail::osReason;
+  auto& s = *state_;
+  const int self = rank();
+  if (s.broken) {
+    throw BackendError(fmt::format(
+        "'{}' #{} on rank {}: the tcp transport is unusable after an earlier failure ({})", stage,
+        sequence, self, *s.broken));
+  }
+  std::vector<Bytes> out(worldSize());
+  out[self] = envelope;
+  if (s.peers.empty()) return out;
+
+  s.frame.resize(hmc::detail::kHeaderBytes + envelope.size());
+  const std::uint64_t header[2] = {sequence, envelope.size()};
+  std::memcpy(s.frame.data(), header, hmc::detail::kHeaderBytes);
+  std::memcpy(s.frame.data() + hmc::detail::kHeaderBytes, envelope.data(), envelope.size());
+
+  const auto closed = [&](const TcpPeer& peer) {
+    return RankFailure(
+        fmt::format("rank {} closed its connection in '{}' #{}: it exited or crashed", peer.rank,
+                    stage, sequence));
+  };
+  const auto failed = [&](const TcpPeer& peer, const char* call, int error) {
+    return BackendError(fmt::format("'{}' #{} on rank {}: {} with rank {}: {}", stage, sequence,
+                                    self, call, peer.rank, osReason(error)));
+  };
+  // Takes the current frame out of `peer.in` once complete.
+  const auto parse = [&](TcpPeer& peer) {
+    if (peer.in.size() < hmc::detail::kHeaderBytes) return;
+    std::uint64_t got[2];
+    std::memcpy(got, peer.in.data(), hmc::detail::kHeaderBytes);
+    if (got[0] != sequence) {
+      throw BackendError(fmt::format(
+          "'{}' #{} on rank {}: rank {} sent a frame for collective #{}: the streams are out of "
+          "step",
+          stage, sequence, self, peer.rank, got[0]));
+    }
+    if (peer.in.size() - hmc::detail::kHeaderBytes < got[1]) return;
+    out[peer.rank].assign(peer.in, hmc::detail::kHeaderBytes, got[1]);
+    peer.in.erase(0, hmc::detail::kHeaderBytes + got[1]);
+    peer.done = true;
+  };
+  const auto receive = [&](TcpPeer& peer) {
+    while (!peer.done) {
+      const ssize_t n = ::recv(peer.socket.get(), s.chunk, sizeof(s.chunk), 0);
+      if (n > 0) {
+        peer.in.append(s.chunk, static_cast<std::size_t>(n));
+        parse(peer);
+        continue;
+      }
+      if (n == 0) throw closed(peer);
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+      if (errno == ECONNRESET || errno == EPIPE) throw closed(peer);
+      throw failed(peer, "recv", errno);
+    }
+  };
+  const auto transmit = [&](TcpPeer& peer) {
+    while (peer.sent < s.frame.size()) {
+      const ssize_t n = ::send(peer.socket.get(), s.frame.data() + peer.sent,
+                               s.frame.size() - peer.sent, MSG_NOSIGNAL);
+      if (n > 0) {
+        peer.sent += static_cast<std::size_t>(n);
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+      if (n < 0 && (errno == ECONNRESET || errno == EPIPE)) throw closed(peer);
+      throw failed(peer, "send", n < 0 ? errno : EIO);
+    }
+  };
+
+  try {
+    for (auto& peer : s.peers) {
+      peer.sent = 0;
+      peer.done = false;
+      parse(peer);  // a fast peer's frame may already be here
+    }
+    for (auto& peer : s.peers) transmit(peer);
+    for (;;) {
+      s.polls.clear();
+      s.polled.clear();
+      for (auto& peer : s.peers) {
+        const short events = static_cast<short>((peer.done ? 0 : POLLIN) |
+                                                (peer.sent < s.frame.size() ? POLLOUT : 0));
+        if (events == 0) continue;
+        s.polls.push_back(pollfd{peer.socket.get(), events, 0});
+        s.polled.push_back(&peer);
+      }
+      if (s.polls.empty()) break;
+      const int ready = ::poll(s.polls.data(), s.polls.size(), hmc::detail::pollMillis(deadline));
+      if (ready < 0) {
+        if (errno == EINTR) continue;
+        throw BackendError(
+            fmt::format("'{}' #{} on rank {}: poll: {}", stage, sequence, self, osReason(errno)));
+      }
+      if (ready == 0) {
+        if (Clock::now() < deadline) continue;
+        std::vector<int> missing;
+        std::vector<int> unsent;
+        for (const auto& peer : s.peers) {
+          if (!peer.done) missing.push_back(peer.rank);
+          if (peer.sent < s.frame.size()) unsent.push_back(peer.rank);
+        }
+        throw TimeoutError(
+            missing.empty()
+                ? fmt::format("'{}' #{} timed out on rank {} after {}: ranks {} did not take "
+                              "this rank's envelope",
+                              stage, sequence, self, hmc::detail::formatSeconds(timeout()),
+                              formatRankList(unsent))
+                : fmt::format("'{}' #{} timed out on rank {} after {}: ranks {} did not arrive",
+                              stage, sequence, self, hmc::detail::formatSeconds(timeout()),
+                              formatRankList(missing)));
+      }
+      for (std::size_t i = 0; i < s.polls.size(); ++i) {
+        const short revents = s.polls[i].revents;
+        if (revents == 0) continue;
+        TcpPeer& peer = *s.polled[i];
+        if (!peer.done && (revents & (POLLIN | POLLHUP | POLLERR))) receive(peer);
+        if (peer.sent < s.frame.size() && (revents & (POLLOUT | POLLHUP | POLLERR))) {
+          transmit(peer);
+        }
+      }
+    }
+  } catch (const Error& error) {
+    s.broken = error.what();
+    throw;
+  }
+  return out;
+}
+
+}  // namespace hmc::collective
