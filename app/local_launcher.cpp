@@ -1,7 +1,9 @@
 #include "local_launcher.hpp"
 
+#include <fmt/format.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <spdlog/spdlog.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -16,13 +18,10 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
 #include <thread>
-
-#include <fmt/format.h>
-#include <nlohmann/json.hpp>
-#include <spdlog/spdlog.h>
 
 #include "hmc/collective/store_transport.hpp"
 #include "hmc/diagnostics/watchdog.hpp"
@@ -295,7 +294,8 @@ LocalLaunchResult launchLocalRanks(const scenario::Scenario& scenario,
         std::chrono::milliseconds(static_cast<std::int64_t>(scenario.timeoutS * 1000)) +
         std::chrono::seconds(10);
     liaison.emplace(port, "hmc", world, connectFor);
-    if (options.transport == "gloo") glooLiaison.emplace(glooPort, "hmc-gloo/gloo", world, connectFor);
+    if (options.transport == "gloo")
+      glooLiaison.emplace(glooPort, "hmc-gloo/gloo", world, connectFor);
   }
 
   // Reap; after the first failure the survivors get two collective deadlines (the one that
@@ -348,8 +348,7 @@ LocalLaunchResult launchLocalRanks(const scenario::Scenario& scenario,
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
 
-  const auto flights =
-      liaison ? liaison->flights() : std::map<int, diagnostics::PublishedFlight>{};
+  const auto flights = liaison ? liaison->flights() : std::map<int, diagnostics::PublishedFlight>{};
   liaison.reset();
   glooLiaison.reset();
   result.ranks.resize(world);

@@ -23,9 +23,9 @@
 namespace hmc::app {
 
 struct LocalLaunchOptions {
-  std::string executable;            // this program (/proc/self/exe)
+  std::string executable;  // this program (/proc/self/exe)
   std::string scenarioFile;
-  std::string transport = "tcp";     // "tcp", "store" or "gloo"
+  std::string transport = "tcp";         // "tcp", "store" or "gloo"
   std::vector<std::string> passThrough;  // options every rank gets (--device, --timeout, ...)
 };
 

@@ -2,8 +2,12 @@
 // workspace reuse timings. Exit codes: 0 every expectation met, 1 an expectation failed,
 // 2 bad input or usage, 3 an unexpected hang.
 
+#include <fmt/format.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <ctime>
@@ -13,11 +17,6 @@
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <CLI/CLI.hpp>
-#include <fmt/format.h>
-#include <spdlog/sinks/stdout_color_sinks.h>
-#include <spdlog/spdlog.h>
 
 #include "hmc/collective/launch_env.hpp"
 #include "hmc/config.hpp"
@@ -261,7 +260,8 @@ int runScenarios(const RunOptions& options, const std::vector<std::string>& comm
       unrunnablePath = "/world_size";
       unrunnable = fmt::format(
           "--transport nccl needs one GPU per rank: {} ranks, {} GPU(s); run it with "
-          "--world-size {} or fewer, or use --transport tcp, store or gloo (the ranks then share the "
+          "--world-size {} or fewer, or use --transport tcp, store or gloo (the ranks then share "
+          "the "
           "GPU for workspaces)",
           scenario.worldSize, ncclDevices->deviceCount, ncclDevices->deviceCount);
     }
@@ -304,10 +304,12 @@ int runScenarios(const RunOptions& options, const std::vector<std::string>& comm
       launchOptions.transport = transport;
       launchOptions.passThrough = {"--log-level", options.logLevel, "--flight-capacity",
                                    std::to_string(flightCapacity)};
-      if (options.device) launchOptions.passThrough.insert(
-          launchOptions.passThrough.end(), {"--device", *options.device});
-      if (options.timeoutS) launchOptions.passThrough.insert(
-          launchOptions.passThrough.end(), {"--timeout", fmt::format("{}", *options.timeoutS)});
+      if (options.device)
+        launchOptions.passThrough.insert(launchOptions.passThrough.end(),
+                                         {"--device", *options.device});
+      if (options.timeoutS)
+        launchOptions.passThrough.insert(launchOptions.passThrough.end(),
+                                         {"--timeout", fmt::format("{}", *options.timeoutS)});
       auto launched = hmc::app::launchLocalRanks(scenario, launchOptions);
       ranks = std::move(launched.ranks);
       interrupted = launched.interrupted;
@@ -510,7 +512,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> validateFilesArg;
   std::optional<int> validateWorld;
   auto* validate = app.add_subcommand(
-      "validate", "Parse and validate scenario files without running them; exit 2 if any is invalid");
+      "validate",
+      "Parse and validate scenario files without running them; exit 2 if any is invalid");
   validate->add_option("files", validateFilesArg, "Scenario files")->required();
   validate->add_option("-n,--world-size", validateWorld, "Validate rank lists against this world")
       ->check(CLI::Range(1, hmc::scenario::kMaxWorldSize));

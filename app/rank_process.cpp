@@ -1,15 +1,14 @@
 #include "rank_process.hpp"
 
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <thread>
-
-#include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include "hmc/collective/store_transport.hpp"
 #include "hmc/collective/tcp_transport.hpp"
@@ -172,9 +171,9 @@ RankProcessOutcome runRankProcess(const scenario::Scenario& scenario,
     } else {
       merged[rank].rank = rank;
       merged[rank].crashed = true;
-      merged[rank].crashReason = fmt::format(
-          "no result from rank {} within {} s: it died or never finished its steps", rank,
-          scenario.timeoutS);
+      merged[rank].crashReason =
+          fmt::format("no result from rank {} within {} s: it died or never finished its steps",
+                      rank, scenario.timeoutS);
       merged[rank].leaks.reason = "no result from this rank: not checked";
       // Where it was, if its watchdog published its flight record.
       if (!published) published = diagnostics::readPublishedFlights(*kv, options.worldSize);

@@ -21,7 +21,7 @@ struct RankProcessOptions {
   int worldSize = 1;
   std::string masterAddr = "127.0.0.1";
   int masterPort = 0;
-  int glooPort = 0;             // the gloo transport's own store; 0: masterPort + 1
+  int glooPort = 0;              // the gloo transport's own store; 0: masterPort + 1
   bool agentHostsStore = false;  // torchrun's agent hosts the store: rank 0 is a client too
   std::size_t flightCapacity = 64;
 };

@@ -10,20 +10,20 @@
 // Counters: `groups` the groups the manager holds, `exchanges` collectives per iteration,
 // `reused` the fraction of binds that reused an idle group (a check of what was measured).
 
+#include <benchmark/benchmark.h>
+#include <fmt/format.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <exception>
 #include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
-
-#include <benchmark/benchmark.h>
-#include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include "hmc/collective/collective.hpp"
 #include "hmc/collective/threads_transport.hpp"
@@ -119,8 +119,8 @@ double secondsOf(BenchClock::duration duration) {
 
 void setCounters(benchmark::State& state, BenchRank& rank, std::uint64_t sequenceBefore,
                  std::int64_t reused) {
-  const auto exchanges = static_cast<double>(rank.manager().collective().sequence() -
-                                             sequenceBefore);
+  const auto exchanges =
+      static_cast<double>(rank.manager().collective().sequence() - sequenceBefore);
   state.counters["groups"] = static_cast<double>(rank.manager().groupCount());
   state.counters["exchanges"] = benchmark::Counter(exchanges, benchmark::Counter::kAvgIterations);
   state.counters["reused"] =
@@ -222,8 +222,8 @@ void BM_FirstBindFresh(benchmark::State& state) {
   }
   setCounters(state, rank, sequenceBefore, reused);
   // The exchanges counter includes the untimed close's; report the close's time beside it.
-  state.counters["close_us"] = benchmark::Counter(secondsOf(closing) * 1e6,
-                                                  benchmark::Counter::kAvgIterations);
+  state.counters["close_us"] =
+      benchmark::Counter(secondsOf(closing) * 1e6, benchmark::Counter::kAvgIterations);
   if (reused != 0) state.SkipWithError("a fresh bind reused a group");
 }
 BENCHMARK(BM_FirstBindFresh)->ArgName("groups")->Arg(0)->Arg(16)->Arg(256)->UseManualTime();

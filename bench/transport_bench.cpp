@@ -7,6 +7,7 @@
 // Rank 0 drives the iterations; its payload tells the peers whether to go on ("go"/"stop").
 
 #include <arpa/inet.h>
+#include <benchmark/benchmark.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <signal.h>
@@ -22,8 +23,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <benchmark/benchmark.h>
 
 #include "hmc/collective/store_transport.hpp"
 #include "hmc/collective/tcp_transport.hpp"
@@ -160,15 +159,16 @@ std::map<std::string, std::unique_ptr<ProcessWorld>>& worlds() {
 }
 
 ProcessWorld& processWorld(const std::string& transport, int world, int glooThreads = 1) {
-  const std::string key = transport + "/" + std::to_string(world) + "/" + std::to_string(glooThreads);
+  const std::string key =
+      transport + "/" + std::to_string(world) + "/" + std::to_string(glooThreads);
   auto& slot = worlds()[key];
   if (!slot) {
     const int port = freeLoopbackPort();
     auto created = std::make_unique<ProcessWorld>();
     for (int rank = 1; rank < world; ++rank) {
-      created->peers.push_back(spawnSelf({"--peer", transport, std::to_string(rank),
-                                          std::to_string(world), std::to_string(port),
-                                          std::to_string(glooThreads)}));
+      created->peers.push_back(
+          spawnSelf({"--peer", transport, std::to_string(rank), std::to_string(world),
+                     std::to_string(port), std::to_string(glooThreads)}));
     }
     created->rank0 = connect(transport, 0, world, port, glooThreads);
     slot = std::move(created);
@@ -253,8 +253,8 @@ BENCHMARK(BM_TcpExchange)->Arg(2)->Arg(4)->UseRealTime()->Unit(benchmark::kMicro
 #if HMC_HAVE_GLOO
 // Args: ranks, ProcessGroupGloo worker threads.
 void BM_GlooExchange(benchmark::State& state) {
-  auto& world = processWorld("gloo", static_cast<int>(state.range(0)),
-                             static_cast<int>(state.range(1)));
+  auto& world =
+      processWorld("gloo", static_cast<int>(state.range(0)), static_cast<int>(state.range(1)));
   exchangeLoop(state, *world.rank0);
 }
 BENCHMARK(BM_GlooExchange)

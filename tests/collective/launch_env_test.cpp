@@ -1,8 +1,9 @@
-#include <map>
+#include "hmc/collective/launch_env.hpp"
 
 #include <doctest/doctest.h>
 
-#include "hmc/collective/launch_env.hpp"
+#include <map>
+
 #include "hmc/error.hpp"
 
 using hmc::collective::detectLaunch;
@@ -22,8 +23,8 @@ TEST_SUITE("launch") {
   TEST_CASE("no launcher variables means no launch") { CHECK_FALSE(detectLaunch(fakeEnv({}))); }
 
   TEST_CASE("torchrun variables give rank, world and master") {
-    auto launch = detectLaunch(fakeEnv({{"RANK", "3"}, {"WORLD_SIZE", "4"},
-                                        {"MASTER_ADDR", "node1"}, {"MASTER_PORT", "29400"}}));
+    auto launch = detectLaunch(fakeEnv(
+        {{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"MASTER_ADDR", "node1"}, {"MASTER_PORT", "29400"}}));
     REQUIRE(launch);
     CHECK(launch->launcher == "torchrun");
     CHECK(launch->rank == 3);
@@ -34,8 +35,11 @@ TEST_SUITE("launch") {
   }
 
   TEST_CASE("torchrun's agent store is honoured") {
-    auto launch = detectLaunch(fakeEnv({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_ADDR", "h"},
-                                        {"MASTER_PORT", "1"}, {"TORCHELASTIC_USE_AGENT_STORE", "True"}}));
+    auto launch = detectLaunch(fakeEnv({{"RANK", "0"},
+                                        {"WORLD_SIZE", "1"},
+                                        {"MASTER_ADDR", "h"},
+                                        {"MASTER_PORT", "1"},
+                                        {"TORCHELASTIC_USE_AGENT_STORE", "True"}}));
     CHECK(launch->agentHostsStore);
   }
 
@@ -57,14 +61,16 @@ TEST_SUITE("launch") {
                          "RANK and WORLD_SIZE are set (a torchrun launch) but MASTER_ADDR is not: "
                          "set it, or pass --master-addr HOST",
                          hmc::ValueError);
-    CHECK_THROWS_AS(detectLaunch(fakeEnv({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"},
-                                          {"MASTER_PORT", "99999"}})),
-                    hmc::ValueError);
+    CHECK_THROWS_AS(
+        detectLaunch(fakeEnv(
+            {{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "99999"}})),
+        hmc::ValueError);
   }
 
   TEST_CASE("srun takes the master from the first host of the node list") {
-    auto launch = detectLaunch(fakeEnv(
-        {{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "8"}, {"SLURM_JOB_NODELIST", "gpu[07-09,12],cpu1"}}));
+    auto launch = detectLaunch(fakeEnv({{"SLURM_PROCID", "1"},
+                                        {"SLURM_NTASKS", "8"},
+                                        {"SLURM_JOB_NODELIST", "gpu[07-09,12],cpu1"}}));
     REQUIRE(launch);
     CHECK(launch->launcher == "srun");
     CHECK(launch->masterAddr == "gpu07");
@@ -74,9 +80,9 @@ TEST_SUITE("launch") {
   }
 
   TEST_CASE("mpirun needs a master and --master-addr/--master-port override the environment") {
-    CHECK_THROWS_AS(detectLaunch(fakeEnv({{"OMPI_COMM_WORLD_RANK", "0"},
-                                          {"OMPI_COMM_WORLD_SIZE", "2"}})),
-                    hmc::ValueError);
+    CHECK_THROWS_AS(
+        detectLaunch(fakeEnv({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"}})),
+        hmc::ValueError);
     hmc::collective::LaunchOverrides overrides{std::string("10.0.0.1"), 1234};
     auto launch = detectLaunch(
         fakeEnv({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"}}), overrides);
@@ -86,8 +92,11 @@ TEST_SUITE("launch") {
   }
 
   TEST_CASE("torchrun wins over Slurm variables of the same process") {
-    auto launch = detectLaunch(fakeEnv({{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"MASTER_ADDR", "h"},
-                                        {"MASTER_PORT", "1"}, {"SLURM_PROCID", "1"},
+    auto launch = detectLaunch(fakeEnv({{"RANK", "5"},
+                                        {"WORLD_SIZE", "8"},
+                                        {"MASTER_ADDR", "h"},
+                                        {"MASTER_PORT", "1"},
+                                        {"SLURM_PROCID", "1"},
                                         {"SLURM_NTASKS", "2"}}));
     CHECK(launch->launcher == "torchrun");
     CHECK(launch->rank == 5);

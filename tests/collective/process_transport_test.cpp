@@ -36,17 +36,20 @@ Run runRanks(const std::string& transport, int world, const std::string& scenari
   run.ranks = hmc::testing::runProcessRanks(
       world,
       [&](int rank) {
-        return std::vector<std::string>{HMC_TRANSPORT_PEER,       transport,
-                                        std::to_string(rank),     std::to_string(world),
-                                        std::to_string(run.port), std::to_string(timeout.count()),
+        return std::vector<std::string>{HMC_TRANSPORT_PEER,
+                                        transport,
+                                        std::to_string(rank),
+                                        std::to_string(world),
+                                        std::to_string(run.port),
+                                        std::to_string(timeout.count()),
                                         scenario};
       },
       timeout + 20s);
   CHECK_MESSAGE(!hmc::testing::hasChildren(), "a rank process was left behind");
   for (int rank = 0; rank < world; ++rank) {
     const auto& r = run.ranks[rank];
-    INFO("rank ", rank, ": ", r.kind, " ", r.message, " (exit ", r.exitCode, ", signal ",
-         r.signal, ", ", r.seconds, " s)");
+    INFO("rank ", rank, ": ", r.kind, " ", r.message, " (exit ", r.exitCode, ", signal ", r.signal,
+         ", ", r.seconds, " s)");
     CHECK_FALSE(r.killed);
   }
   return run;
@@ -162,7 +165,8 @@ TEST_SUITE("process transports") {
           CHECK_MESSAGE(r.kind == "rank_failure", describe(r));
           if (transport == "tcp") {
             // Exchanges do not use the store: what the others see is rank 0's connection.
-            CHECK(r.message == "rank 0 closed its connection in 'recycle' #1: it exited or crashed");
+            CHECK(r.message ==
+                  "rank 0 closed its connection in 'recycle' #1: it exited or crashed");
           } else {
             CHECK(r.message.find(endpoint) != std::string::npos);
             CHECK(r.message.find("gone") != std::string::npos);
@@ -192,7 +196,8 @@ TEST_SUITE("process transports") {
         CAPTURE(rank);
         CHECK_MESSAGE(r.kind == "backend_error", describe(r));
         CHECK(r.message.find("the tcp transport is unusable after an earlier failure ('recycle' "
-                             "#1 timed out on rank " + std::to_string(rank)) != std::string::npos);
+                             "#1 timed out on rank " +
+                             std::to_string(rank)) != std::string::npos);
       }
     }
   }

@@ -1,10 +1,11 @@
-#include <atomic>
-#include <string>
+#include "hmc/collective/threads_transport.hpp"
 
 #include <doctest/doctest.h>
 
+#include <atomic>
+#include <string>
+
 #include "hmc/collective/collective.hpp"
-#include "hmc/collective/threads_transport.hpp"
 #include "hmc/error.hpp"
 #include "support/thread_ranks.hpp"
 
@@ -76,8 +77,8 @@ TEST_SUITE("collective") {
       failed += "]";
       for (const auto& outcome : outcomes) {
         CHECK(outcome.kind() == "runtime_error");
-        CHECK(outcome.message() == "multicore resource close failed on ranks " + failed +
-                                       ": ValueError: rank 1 broke");
+        CHECK(outcome.message() ==
+              "multicore resource close failed on ranks " + failed + ": ValueError: rank 1 broke");
       }
     }
   }

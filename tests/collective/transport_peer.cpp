@@ -78,16 +78,20 @@ void exchangeScenario(Collective& c) {
     }
   };
   for (int round = 0; round < 20; ++round) {
-    check(c.exchange("small", "rank-" + std::to_string(c.rank()) + "-" + std::to_string(round)),
-          [&](int peer) { return "rank-" + std::to_string(peer) + "-" + std::to_string(round); },
-          "small");
+    check(
+        c.exchange("small", "rank-" + std::to_string(c.rank()) + "-" + std::to_string(round)),
+        [&](int peer) { return "rank-" + std::to_string(peer) + "-" + std::to_string(round); },
+        "small");
   }
-  check(c.exchange("empty", Bytes()), [](int) { return Bytes(); }, "empty");
-  check(c.exchange("large", patterned(c.rank(), 1 << 20)),
-        [](int peer) { return patterned(peer, 1 << 20); }, "1 MiB");
+  check(
+      c.exchange("empty", Bytes()), [](int) { return Bytes(); }, "empty");
+  check(
+      c.exchange("large", patterned(c.rank(), 1 << 20)),
+      [](int peer) { return patterned(peer, 1 << 20); }, "1 MiB");
   // Sizes differing per rank, only some above gloo's slot.
-  check(c.exchange("mixed", patterned(c.rank(), c.rank() % 2 ? 5000 : 3)),
-        [](int peer) { return patterned(peer, peer % 2 ? 5000 : 3); }, "mixed");
+  check(
+      c.exchange("mixed", patterned(c.rank(), c.rank() % 2 ? 5000 : 3)),
+      [](int peer) { return patterned(peer, peer % 2 ? 5000 : 3); }, "mixed");
   c.barrier();
 }
 
@@ -200,8 +204,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: %s TRANSPORT RANK WORLD PORT TIMEOUT_MS SCENARIO\n", argv[0]);
     return 2;
   }
-  Args args{argv[1],    std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]),
-            std::chrono::milliseconds(std::atoi(argv[5])), argv[6]};
+  Args args{argv[1],
+            std::atoi(argv[2]),
+            std::atoi(argv[3]),
+            std::atoi(argv[4]),
+            std::chrono::milliseconds(std::atoi(argv[5])),
+            argv[6]};
   std::string kind = "ok";
   std::string message;
   try {

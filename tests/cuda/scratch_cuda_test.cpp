@@ -138,8 +138,7 @@ TEST_SUITE("cuda_scratch") {
     // releases only the host runtime.
     env.resources->faults().releaseErrors = 1;
     REQUIRE(waitUntilIdle(*module->cudaWorkspace()));
-    CHECK_THROWS_WITH(module->close(),
-                      doctest::Contains("injected runtime release failure"));
+    CHECK_THROWS_WITH(module->close(), doctest::Contains("injected runtime release failure"));
     CHECK(env.resources->ncclRuntime() == nullptr);
     CHECK(env.resources->liveRuntime() != nullptr);
     env.manager->shutdown();

@@ -2,13 +2,14 @@
 // are emulated here (MulticoreModule's binding steps without torch); tests/torch covers the
 // module base itself.
 
-#include <atomic>
-#include <string>
+#include "hmc/lifecycle/resource_manager.hpp"
 
 #include <doctest/doctest.h>
 
+#include <atomic>
+#include <string>
+
 #include "hmc/error.hpp"
-#include "hmc/lifecycle/resource_manager.hpp"
 #include "hmc/resources/host_resources.hpp"
 #include "support/thread_ranks.hpp"
 
@@ -51,8 +52,8 @@ struct Rank {
     manager->registerAutomaticCleanup();
     manager->recycle(*group, binding, json::array({type, "torch." + binding.dtype}));
     if (group->resources) return true;
-    group->resources = std::make_shared<HostWorkspace>("scratch_linear", bytes, binding.dtype,
-                                                       resources);
+    group->resources =
+        std::make_shared<HostWorkspace>("scratch_linear", bytes, binding.dtype, resources);
     group->binding = binding;
     group->bindingId = manager->nextBindingId();
     if (!manager->runtimeRelease()) manager->setRuntimeRelease(resources->createRuntime());
@@ -141,8 +142,9 @@ TEST_SUITE("lifecycle") {
     }
   }
 
-  TEST_CASE("the first group compatible on every rank in binding order is reused, other idle "
-            "groups are closed") {
+  TEST_CASE(
+      "the first group compatible on every rank in binding order is reused, other idle "
+      "groups are closed") {
     for (int world : kWorlds) {
       CAPTURE(world);
       auto outcomes = runThreadRanks(world, [&](int rank, auto collective) {
@@ -414,8 +416,7 @@ TEST_SUITE("lifecycle") {
         auto a = r.create("k");
         r.bind(a, "ScratchLinear", kCpuF32, rank == 1 ? 128 : 64);
         CHECK_THROWS_WITH_AS(r.manager->closeGroups(),
-                             "multicore resource manifests differ across ranks",
-                             hmc::RuntimeError);
+                             "multicore resource manifests differ across ranks", hmc::RuntimeError);
         REQUIRE(r.manager->lastMismatch());
         diagnoses[rank] = *r.manager->lastMismatch();
         // The diagnosis exchange kept every rank at the same sequence number: a later
@@ -440,7 +441,9 @@ TEST_SUITE("lifecycle") {
   TEST_CASE("the recycle payload stays small however many groups are bound") {
     struct Sizes : hmc::collective::CollectiveObserver {
       std::vector<std::size_t> bytes;
-      void onEnter(const hmc::collective::CollectiveRecord& r) override { bytes.push_back(r.payloadBytes); }
+      void onEnter(const hmc::collective::CollectiveRecord& r) override {
+        bytes.push_back(r.payloadBytes);
+      }
       void onExit(const hmc::collective::CollectiveRecord&) override {}
     } sizes;
     auto collective = std::make_shared<hmc::collective::LocalCollective>();
@@ -555,8 +558,8 @@ TEST_SUITE("lifecycle") {
   }
 
   TEST_CASE("current() is the thread's scoped manager, else the process default") {
-    auto mine = std::make_shared<ResourceManager>(
-        std::make_shared<hmc::collective::LocalCollective>());
+    auto mine =
+        std::make_shared<ResourceManager>(std::make_shared<hmc::collective::LocalCollective>());
     CHECK(ResourceManager::current() == ResourceManager::processDefault());
     {
       ResourceManager::Scope scope(mine);

@@ -350,11 +350,12 @@ TEST_SUITE("scenario") {
   }
 
   TEST_CASE("reference_differs is hmc's extension: why and distinct top-level step indices") {
-    const json steps = json::array({json{{"op", "barrier"}}, json{{"op", "barrier"}},
-                                    json{{"op", "barrier"}}});
+    const json steps =
+        json::array({json{{"op", "barrier"}}, json{{"op", "barrier"}}, json{{"op", "barrier"}}});
     CHECK_FALSE(parseScenario(scenarioWith(steps), kFile).referenceDiffers.has_value());
     const Scenario scenario = parseScenario(
-        scenarioWith(steps, {{"reference_differs", {{"why", "named mismatch"}, {"steps", {2, 0}}}}}),
+        scenarioWith(steps,
+                     {{"reference_differs", {{"why", "named mismatch"}, {"steps", {2, 0}}}}}),
         kFile);
     REQUIRE(scenario.referenceDiffers.has_value());
     CHECK(scenario.referenceDiffers->why == "named mismatch");
@@ -369,9 +370,9 @@ TEST_SUITE("scenario") {
     CHECK(with(json::array()) ==
           at("/reference_differs",
              "expected an object {\"why\": ..., \"steps\": [...]}, got an empty array"));
-    CHECK(with(json{{"steps", {1}}}) ==
-          at("/reference_differs",
-             "missing required key 'why' (why the reference runner differs)"));
+    CHECK(
+        with(json{{"steps", {1}}}) ==
+        at("/reference_differs", "missing required key 'why' (why the reference runner differs)"));
     CHECK(with(json{{"why", ""}}) ==
           at("/reference_differs/why", "expected a non-empty string, got an empty string"));
     CHECK(with(json{{"why", "w"}, {"step", {1}}}) ==
@@ -523,7 +524,8 @@ TEST_SUITE("scenario") {
     CHECK(stepsFailure(R"([{"op": "barrier", "ranks": 0}])") ==
           at("/steps/0/ranks", "expected an array of ranks, got 0"));
     // An empty list is valid: no rank runs the step (the reference runner skips it everywhere).
-    CHECK(stepsFailure(R"([{"op": "barrier", "ranks": []}])") == Failure{"", "", "parsed without an error"});
+    CHECK(stepsFailure(R"([{"op": "barrier", "ranks": []}])") ==
+          Failure{"", "", "parsed without an error"});
     CHECK(stepsFailure(R"([{"op": "barrier", "ranks": [0, "1"]}])") ==
           at("/steps/0/ranks/1", R"(expected an integer, got a string "1")"));
     CHECK(stepsFailure(R"([{"op": "barrier", "ranks": [false]}])") ==
@@ -709,7 +711,8 @@ TEST_SUITE("scenario") {
     CHECK(stepsFailure(R"([{"op": "share", "modules": "a"}])") ==
           at("/steps/0/modules", R"(expected an array of module names, got a string "a")"));
     // An empty list parses: sharing it raises the reference's ValueError when it runs.
-    CHECK(stepsFailure(R"([{"op": "share", "modules": []}])") == Failure{"", "", "parsed without an error"});
+    CHECK(stepsFailure(R"([{"op": "share", "modules": []}])") ==
+          Failure{"", "", "parsed without an error"});
     CHECK(stepsFailure(R"([)" + kCreateA + R"(, {"op": "share", "modules": ["a", 2]}])") ==
           at("/steps/1/modules/1", "expected a string, got 2"));
   }
@@ -809,10 +812,12 @@ TEST_SUITE("scenario") {
           at("/steps/0", "missing required key 'count'"));
     CHECK(stepsFailure(R"([{"op": "repeat", "count": -1, "steps": [{"op": "barrier"}]}])") ==
           at("/steps/0/count", "expected an integer in 0..1000000, got -1"));
-    CHECK(stepsFailure(R"([{"op": "repeat", "count": 0, "steps": [{"op": "barrier"}]}])") == Failure{"", "", "parsed without an error"});
+    CHECK(stepsFailure(R"([{"op": "repeat", "count": 0, "steps": [{"op": "barrier"}]}])") ==
+          Failure{"", "", "parsed without an error"});
     CHECK(stepsFailure(R"([{"op": "repeat", "count": 1}])") ==
           at("/steps/0", "missing required key 'steps'"));
-    CHECK(stepsFailure(R"([{"op": "repeat", "count": 1, "steps": []}])") == Failure{"", "", "parsed without an error"});
+    CHECK(stepsFailure(R"([{"op": "repeat", "count": 1, "steps": []}])") ==
+          Failure{"", "", "parsed without an error"});
     CHECK(stepsFailure(R"([{"op": "repeat", "count": 1, "steps": {"op": "barrier"}}])") ==
           at("/steps/0/steps", "expected an array of steps, got an object"));
   }

@@ -2,11 +2,10 @@
 
 #include <string>
 
-#include "support/torch_doctest.hpp"
-
 #include "hmc/error.hpp"
 #include "hmc/torch/scratch_modules.hpp"
 #include "support/thread_ranks.hpp"
+#include "support/torch_doctest.hpp"
 
 using hmc::lifecycle::ResourceManager;
 using hmc::nn::MulticoreModule;
@@ -111,8 +110,8 @@ TEST_SUITE("torch") {
     auto x = input(3, torch::kFloat64);
     a->forward(x).sum().backward();
     auto weight = a->named_parameters()["weight"];
-    CHECK(torch::allclose(x.grad(), torch::ones({4, 3}, torch::kFloat64).matmul(
-                                        weight.to(torch::kFloat64).t())));
+    CHECK(torch::allclose(
+        x.grad(), torch::ones({4, 3}, torch::kFloat64).matmul(weight.to(torch::kFloat64).t())));
     CHECK(weight.grad().defined());
   }
 
@@ -132,9 +131,10 @@ TEST_SUITE("torch") {
     REQUIRE(a->workspace() != nullptr);
     CHECK(a->workspace()->pending() == 1);
     CHECK_FALSE(a->workspace()->canClose());
-    CHECK_THROWS_WITH_AS(env.manager->closeGroups(),
-                         "multicore cleanup requires idle workspaces and no pending backward graphs",
-                         hmc::RuntimeError);
+    CHECK_THROWS_WITH_AS(
+        env.manager->closeGroups(),
+        "multicore cleanup requires idle workspaces and no pending backward graphs",
+        hmc::RuntimeError);
   }
 
   TEST_CASE("executing a closed or closing module raises the reference's messages") {

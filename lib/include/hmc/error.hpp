@@ -36,10 +36,10 @@ class Error : public std::runtime_error {
   ErrorKind kind_;
 };
 
-#define HMC_DECLARE_ERROR(Name, Kind)                                        \
-  class Name : public Error {                                                \
-   public:                                                                   \
-    explicit Name(const std::string& message) : Error(Kind, message) {}      \
+#define HMC_DECLARE_ERROR(Name, Kind)                                      \
+  class Name : public Error {                                              \
+   public:                                                                 \
+    explicit Name(const std::string& message) : Error(Kind, message) {}    \
     std::string_view className() const noexcept override { return #Name; } \
   }
 

@@ -11,16 +11,16 @@
 //    c10::DistNetworkError / DistStoreError (subclasses of c10::Error) with other texts.
 //  - The gloo work type is c10d::ProcessGroup::Work in 1.13 and c10d::Work in 2.x.
 
+#include <c10/util/Exception.h>
+#include <torch/version.h>
+
 #include <chrono>
 #include <cstdint>
 #include <string>
 #include <string_view>
-#include <vector>
-
-#include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
-#include <torch/version.h>
+#include <vector>
 
 #define HMC_TORCH_AT_LEAST(major, minor) \
   (TORCH_VERSION_MAJOR > (major) ||      \

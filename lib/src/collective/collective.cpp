@@ -1,11 +1,11 @@
 #include "hmc/collective/collective.hpp"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <cstring>
 #include <optional>
-
-#include <fmt/format.h>
-#include <fmt/ranges.h>
 
 #include "hmc/error.hpp"
 
@@ -87,8 +87,8 @@ std::string describeMismatch(std::uint64_t sequence, const std::vector<Envelope>
   }
   std::vector<std::string> parts;
   for (const auto& [env, ranks] : groups) {
-    parts.push_back(fmt::format("ranks {} entered '{}' #{}", formatRankList(ranks), env->stage,
-                                env->sequence));
+    parts.push_back(
+        fmt::format("ranks {} entered '{}' #{}", formatRankList(ranks), env->stage, env->sequence));
   }
   return fmt::format(
       "ranks entered different collectives at #{}: {}; every rank must run the same collectives "
@@ -98,10 +98,14 @@ std::string describeMismatch(std::uint64_t sequence, const std::vector<Envelope>
 
 CollectiveStatus statusOf(const std::exception& error) {
   switch (kindOf(error)) {
-    case ErrorKind::kTimeout: return CollectiveStatus::kTimeout;
-    case ErrorKind::kCollectiveMismatch: return CollectiveStatus::kMismatch;
-    case ErrorKind::kRankFailure: return CollectiveStatus::kRankFailure;
-    default: return CollectiveStatus::kError;
+    case ErrorKind::kTimeout:
+      return CollectiveStatus::kTimeout;
+    case ErrorKind::kCollectiveMismatch:
+      return CollectiveStatus::kMismatch;
+    case ErrorKind::kRankFailure:
+      return CollectiveStatus::kRankFailure;
+    default:
+      return CollectiveStatus::kError;
   }
 }
 
@@ -121,7 +125,8 @@ Collective::Collective(int rank, int worldSize, std::chrono::milliseconds timeou
 
 void Collective::setTimeout(std::chrono::milliseconds timeout) {
   if (timeout.count() <= 0) {
-    throw ValueError(fmt::format("collective timeout must be positive, got {} ms", timeout.count()));
+    throw ValueError(
+        fmt::format("collective timeout must be positive, got {} ms", timeout.count()));
   }
   timeout_ = timeout;
 }

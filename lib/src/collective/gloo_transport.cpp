@@ -1,11 +1,11 @@
 #include "hmc/collective/gloo_transport.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cstring>
-#include <thread>
 #include <optional>
-
-#include <fmt/format.h>
+#include <thread>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
@@ -44,9 +44,10 @@ struct GlooTransportState {
     }
     const auto end = collective::Clock::now() + grace;
     for (;;) {
-      absent.erase(std::remove_if(absent.begin(), absent.end(),
-                                  [&](int peer) { return probe->check({arrivalKey(sequence, peer)}); }),
-                   absent.end());
+      absent.erase(
+          std::remove_if(absent.begin(), absent.end(),
+                         [&](int peer) { return probe->check({arrivalKey(sequence, peer)}); }),
+          absent.end());
       if (absent.empty() || collective::Clock::now() >= end) return absent;
       // Ranks a launcher announced dead will not arrive: stop waiting for them.
       if (probe->check({options.store.prefix + "/kv/" + collective::kAnyDeadKey}) &&
@@ -69,14 +70,14 @@ struct GlooTransportState {
         c10d::ProcessGroupGloo::createDeviceForHostname(options.deviceHost));
     pgOptions->threads = options.threads;
     try {
-      group = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, so.rank, so.worldSize,
-                                                          pgOptions);
+      group =
+          c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, so.rank, so.worldSize, pgOptions);
     } catch (const std::exception& error) {
       const std::string reason = c10d_compat::messageOf(error);
       if (c10d_compat::isTimeout(reason)) {
         throw TimeoutError(fmt::format(
-            "rank {} timed out after {} ms creating the gloo process group (store {}): {}",
-            so.rank, so.timeout.count(), endpoint(), reason));
+            "rank {} timed out after {} ms creating the gloo process group (store {}): {}", so.rank,
+            so.timeout.count(), endpoint(), reason));
       }
       throw BackendError(fmt::format("rank {}: ProcessGroupGloo (store {}) failed: {}", so.rank,
                                      endpoint(), reason));
@@ -126,7 +127,8 @@ std::uint64_t frameLength(const at::Tensor& frame) {
 
 void GlooTransportOptions::validate() const {
   store.validate();
-  if (threads < 1) throw ValueError(fmt::format("gloo threads must be at least 1, got {}", threads));
+  if (threads < 1)
+    throw ValueError(fmt::format("gloo threads must be at least 1, got {}", threads));
   if (slotBytes <= kLengthBytes) {
     throw ValueError(fmt::format("gloo slotBytes must exceed {}, got {}", kLengthBytes, slotBytes));
   }
@@ -176,10 +178,10 @@ std::vector<Bytes> GlooTransport::gather(std::uint64_t sequence, std::string_vie
   }
   // The process group's own timeout ends the operation; the extra second lets its error (a
   // better message than ours) arrive first.
-  const auto wait = std::max(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                 deadline - Clock::now()),
-                             std::chrono::milliseconds(1)) +
-                    std::chrono::seconds(1);
+  const auto wait =
+      std::max(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()),
+               std::chrono::milliseconds(1)) +
+      std::chrono::seconds(1);
   try {
     const std::size_t slot = s.options.slotBytes;
     std::vector<at::Tensor> frames = allgatherFrames(*s.group, envelope, slot, world, wait);
@@ -205,9 +207,10 @@ std::vector<Bytes> GlooTransport::gather(std::uint64_t sequence, std::string_vie
       absent = s.absentRanks(sequence, self, world,
                              std::min(timeout(), std::chrono::milliseconds(2000)), &deadWhy);
     } catch (const std::exception&) {
-      throw RankFailure(fmt::format("{}: the c10d store server at {} is gone (so is the rank "
-                                    "hosting it); gloo: {}",
-                                    context(), s.endpoint(), reason));
+      throw RankFailure(
+          fmt::format("{}: the c10d store server at {} is gone (so is the rank "
+                      "hosting it); gloo: {}",
+                      context(), s.endpoint(), reason));
     }
     if (!deadWhy.empty()) {
       throw RankFailure(fmt::format("{}: {}; ranks {} had not entered this collective (gloo: {})",
@@ -219,9 +222,10 @@ std::vector<Bytes> GlooTransport::gather(std::uint64_t sequence, std::string_vie
           sequence, self, formatSeconds(timeout()), formatRankList(absent), reason));
     }
     if (compat::isConnectionLost(reason)) {
-      throw RankFailure(fmt::format("{}: a peer closed its gloo connection (ranks {} had not "
-                                    "entered this collective): {}",
-                                    context(), formatRankList(absent), reason));
+      throw RankFailure(
+          fmt::format("{}: a peer closed its gloo connection (ranks {} had not "
+                      "entered this collective): {}",
+                      context(), formatRankList(absent), reason));
     }
     throw BackendError(fmt::format("{}: gloo allgather failed: {}", context(), reason));
   }

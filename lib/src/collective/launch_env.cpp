@@ -1,8 +1,8 @@
 #include "hmc/collective/launch_env.hpp"
 
-#include <cstdlib>
-
 #include <fmt/format.h>
+
+#include <cstdlib>
 
 #include "hmc/error.hpp"
 
@@ -76,8 +76,8 @@ std::string firstSlurmHost(const std::string& nodeList) {
   const auto open = first.find('[');
   if (open == std::string::npos) return first;
   const auto close = first.find(']', open);
-  std::string range = first.substr(open + 1, close == std::string::npos ? std::string::npos
-                                                                       : close - open - 1);
+  std::string range =
+      first.substr(open + 1, close == std::string::npos ? std::string::npos : close - open - 1);
   range = range.substr(0, range.find(','));
   range = range.substr(0, range.find('-'));
   return first.substr(0, open) + range;

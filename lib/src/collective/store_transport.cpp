@@ -1,10 +1,10 @@
 #include "hmc/collective/store_transport.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <mutex>
 #include <thread>
-
-#include <fmt/format.h>
 
 #include "c10d_compat.hpp"
 #include "hmc/error.hpp"
@@ -85,7 +85,8 @@ class StoreKeyValue final : public KeyValueStore {
 }  // namespace
 
 void StoreTransportOptions::validate() const {
-  if (worldSize < 1) throw ValueError(fmt::format("worldSize must be at least 1, got {}", worldSize));
+  if (worldSize < 1)
+    throw ValueError(fmt::format("worldSize must be at least 1, got {}", worldSize));
   if (rank < 0 || rank >= worldSize) {
     throw ValueError(fmt::format("rank {} is outside a world of {} ranks", rank, worldSize));
   }
@@ -111,8 +112,8 @@ c10::intrusive_ptr<c10d::TCPStore> connectTcpStore(const StoreTransportOptions& 
   const std::string endpoint = fmt::format("{}:{}", options.host, port);
   try {
     return c10::make_intrusive<c10d::TCPStore>(
-        options.host, c10d_compat::tcpStoreOptions(port, asServer, options.worldSize,
-                                                   waitWorkers, options.timeout));
+        options.host, c10d_compat::tcpStoreOptions(port, asServer, options.worldSize, waitWorkers,
+                                                   options.timeout));
   } catch (const std::exception& error) {
     const std::string reason = c10d_compat::messageOf(error);
     if (c10d_compat::isTimeout(reason)) {
@@ -165,7 +166,8 @@ void KeyJanitor::run() {
   }
 }
 
-void leaveStore(c10d::Store& store, bool hostsServer, const StoreTransportOptions& options) noexcept {
+void leaveStore(c10d::Store& store, bool hostsServer,
+                const StoreTransportOptions& options) noexcept {
   try {
     store.set(fmt::format("{}/bye/{}", options.prefix, options.rank), {1});
     if (!hostsServer || options.worldSize == 1) return;
@@ -260,8 +262,9 @@ std::shared_ptr<KeyValueStore> connectKeyValueStore(const StoreTransportOptions&
 
 std::shared_ptr<KeyValueStore> StoreTransport::keyValueStore() {
   auto& s = *state_;
-  return std::make_shared<StoreKeyValue>(hmc::detail::connectTcpStore(s.options, false, false, s.port),
-                                         s.options.prefix + "/kv/", s.endpoint());
+  return std::make_shared<StoreKeyValue>(
+      hmc::detail::connectTcpStore(s.options, false, false, s.port), s.options.prefix + "/kv/",
+      s.endpoint());
 }
 
 std::vector<Bytes> StoreTransport::gather(std::uint64_t sequence, std::string_view stage,
@@ -280,9 +283,9 @@ std::vector<Bytes> StoreTransport::gather(std::uint64_t sequence, std::string_vi
   }
   const auto context = [&] { return fmt::format("'{}' #{} on rank {}", stage, sequence, self); };
   const auto timedOutError = [&](const std::vector<int>& missing) {
-    return TimeoutError(fmt::format("'{}' #{} timed out on rank {} after {}: ranks {} did not arrive",
-                                    stage, sequence, self, formatSeconds(timeout()),
-                                    formatRankList(missing)));
+    return TimeoutError(
+        fmt::format("'{}' #{} timed out on rank {} after {}: ranks {} did not arrive", stage,
+                    sequence, self, formatSeconds(timeout()), formatRankList(missing)));
   };
 
   bool waiting = false;
@@ -349,7 +352,8 @@ std::vector<Bytes> StoreTransport::gather(std::uint64_t sequence, std::string_vi
     // The old connection may still owe an answer to the wait: never reuse it.
     s.reconnect(context());
     if (!timedOut) {
-      throw BackendError(fmt::format("{}: c10d store {} failed: {}", context(), s.endpoint(), reason));
+      throw BackendError(
+          fmt::format("{}: c10d store {} failed: {}", context(), s.endpoint(), reason));
     }
     std::vector<int> missing;
     for (int peer : peers) {

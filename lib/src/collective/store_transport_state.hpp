@@ -3,14 +3,13 @@
 // (which rendezvouses through the same kind of store). Includes c10d headers.
 
 #include <chrono>
-#include <cstdint>
 #include <condition_variable>
+#include <cstdint>
 #include <deque>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
-
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "hmc/collective/store_transport.hpp"
@@ -32,7 +31,8 @@ std::string deadKeyOf(const std::string& prefix, int rank);
 // included, dies with it) waits up to the timeout for every other rank's, so that no rank
 // loses the server while still reading the last exchange; ranks announced dead are not
 // waited for. Never throws.
-void leaveStore(c10d::Store& store, bool hostsServer, const StoreTransportOptions& options) noexcept;
+void leaveStore(c10d::Store& store, bool hostsServer,
+                const StoreTransportOptions& options) noexcept;
 
 // Deletes keys on its own connection and thread, off the exchange's critical path (a delete
 // is a round trip to the server). Stops and joins in its destructor; each delete is bounded

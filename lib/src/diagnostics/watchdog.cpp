@@ -62,7 +62,8 @@ bool Watchdog::publish(const std::string& reason) noexcept {
     const Position at = position();
     flight.step = std::get<2>(at);
     auto entries = recorder_->entries();
-    const std::size_t from = entries.size() > options_.entries ? entries.size() - options_.entries : 0;
+    const std::size_t from =
+        entries.size() > options_.entries ? entries.size() - options_.entries : 0;
     flight.entries.assign(entries.begin() + static_cast<std::ptrdiff_t>(from), entries.end());
     {
       std::lock_guard<std::mutex> lock(mutex_);

@@ -124,7 +124,9 @@ json describeMismatch(std::string_view stage, const std::vector<json>& peers, bo
                {"this_rank", common < manifest.size() ? manifest[common] : json(nullptr)}};
     }
     if (first.is_null() && withSignature && peers[rank].at(1) != reference.at(1)) {
-      first = {{"rank", rank}, {"signature", true}, {"rank0", reference.at(1)},
+      first = {{"rank", rank},
+               {"signature", true},
+               {"rank0", reference.at(1)},
                {"this_rank", peers[rank].at(1)}};
     }
   }
@@ -188,17 +190,16 @@ void ResourceManager::retire(GroupId groupId, MemberToken memberToken) {
 void ResourceManager::recycle(ResourceGroup& target, const Binding& binding,
                               const json& signature) {
   const std::vector<GroupPtr> bound = boundGroups(groups());
-  const auto targetKey = std::tie(target.compatibilityKey, target.scopeKey, target.shared,
-                                  target.moduleType);
+  const auto targetKey =
+      std::tie(target.compatibilityKey, target.scopeKey, target.shared, target.moduleType);
   std::vector<bool> idle(bound.size());
   std::vector<bool> compatible(bound.size());
   for (std::size_t i = 0; i < bound.size(); ++i) {
     const GroupPtr& group = bound[i];
     idle[i] = group->members.empty() && !group->closing && group->resources->canClose();
-    compatible[i] =
-        std::tie(group->compatibilityKey, group->scopeKey, group->shared, group->moduleType) ==
-            targetKey &&
-        group->binding == binding;
+    compatible[i] = std::tie(group->compatibilityKey, group->scopeKey, group->shared,
+                             group->moduleType) == targetKey &&
+                    group->binding == binding;
   }
   // Fast path (DESIGN.md, Scale): agree on a digest of (manifest, signature) and the state
   // bits; the full manifests travel only when the digests differ, to diagnose the mismatch.
@@ -281,8 +282,9 @@ std::vector<GroupPtr> ResourceManager::boundGroups(const std::vector<GroupPtr>& 
 }
 
 void ResourceManager::validateCollectiveClose(const std::vector<GroupPtr>& bound) {
-  const bool ready = std::all_of(bound.begin(), bound.end(),
-                                 [](const GroupPtr& group) { return group->resources->canClose(); });
+  const bool ready = std::all_of(bound.begin(), bound.end(), [](const GroupPtr& group) {
+    return group->resources->canClose();
+  });
   const std::uint64_t digest = manifestDigest(bound);
   std::vector<bool> readyBits{ready};
   const std::vector<collective::Bytes> peers =

@@ -1,10 +1,10 @@
 #include "hmc/scenario/report.hpp"
 
-#include <algorithm>
-#include <cmath>
-
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cmath>
 
 #include "hmc/config.hpp"
 
@@ -25,20 +25,28 @@ bool isWaitStatus(const std::string& status) {
 
 std::string_view toString(Outcome outcome) noexcept {
   switch (outcome) {
-    case Outcome::kPass: return "pass";
-    case Outcome::kFail: return "fail";
-    case Outcome::kHang: return "hang";
-    case Outcome::kInvalid: return "invalid";
+    case Outcome::kPass:
+      return "pass";
+    case Outcome::kFail:
+      return "fail";
+    case Outcome::kHang:
+      return "hang";
+    case Outcome::kInvalid:
+      return "invalid";
   }
   return "fail";
 }
 
 int exitCodeOf(Outcome outcome) noexcept {
   switch (outcome) {
-    case Outcome::kPass: return 0;
-    case Outcome::kFail: return 1;
-    case Outcome::kInvalid: return 2;
-    case Outcome::kHang: return 3;
+    case Outcome::kPass:
+      return 0;
+    case Outcome::kFail:
+      return 1;
+    case Outcome::kInvalid:
+      return 2;
+    case Outcome::kHang:
+      return 3;
   }
   return 1;
 }
@@ -83,10 +91,9 @@ std::string diagnoseHang(const std::vector<RankResult>& ranks) {
       if (!lastDone && !isWaitStatus(it->status)) lastDone = *it;
       if (lastDone) break;
     }
-    const std::string last =
-        lastDone ? fmt::format("last completed '{}' #{} ({})", lastDone->stage, lastDone->sequence,
-                               stepText(lastDone->step))
-                 : std::string("no collective completed");
+    const std::string last = lastDone ? fmt::format("last completed '{}' #{} ({})", lastDone->stage,
+                                                    lastDone->sequence, stepText(lastDone->step))
+                                      : std::string("no collective completed");
     if (rank.crashed) {
       parts.push_back(fmt::format("rank {} crashed ({}); {}", rank.rank,
                                   rank.crashReason.value_or("exited"), last));
@@ -112,8 +119,8 @@ json timingStats(std::vector<double> samples) {
     const auto index = static_cast<std::size_t>(std::ceil(q * samples.size())) - 1;
     return samples[std::min(index, samples.size() - 1)];
   };
-  return {{"count", samples.size()}, {"p50", rank(0.5)}, {"p95", rank(0.95)},
-          {"max", samples.back()}};
+  return {
+      {"count", samples.size()}, {"p50", rank(0.5)}, {"p95", rank(0.95)}, {"max", samples.back()}};
 }
 
 json buildReport(const Scenario& scenario, const std::vector<RankResult>& ranks,

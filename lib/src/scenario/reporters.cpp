@@ -1,15 +1,15 @@
 #include "hmc/scenario/reporters.hpp"
 
+#include <fmt/format.h>
+#include <fmt/ostream.h>
+#include <fmt/ranges.h>
+
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <map>
 #include <ostream>
-
-#include <fmt/format.h>
-#include <fmt/ostream.h>
-#include <fmt/ranges.h>
 
 #include "hmc/error.hpp"
 #include "hmc/scenario/report.hpp"
@@ -44,8 +44,7 @@ std::string rankRanges(const std::vector<int>& ranks) {
   for (std::size_t i = 0; i < ranks.size();) {
     std::size_t j = i;
     while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
-    parts.push_back(i == j ? std::to_string(ranks[i])
-                           : fmt::format("{}-{}", ranks[i], ranks[j]));
+    parts.push_back(i == j ? std::to_string(ranks[i]) : fmt::format("{}-{}", ranks[i], ranks[j]));
     i = j + 1;
   }
   return fmt::format("{}", fmt::join(parts, ","));
@@ -81,8 +80,7 @@ class ConsoleReporter final : public Reporter {
 
   void finish() override {
     if (options_.directory) {
-      fmt::print(out_, "#\n# {:<40} {:>5} {:>8} {:>10}\n", "scenario", "ranks", "outcome",
-                 "wall");
+      fmt::print(out_, "#\n# {:<40} {:>5} {:>8} {:>10}\n", "scenario", "ranks", "outcome", "wall");
       for (const auto& row : summary_) {
         fmt::print(out_, "  {:<40} {:>5} {:>8} {:>10}\n", row.name, row.world, row.outcome,
                    formatSeconds(json(row.seconds)));
@@ -95,9 +93,10 @@ class ConsoleReporter final : public Reporter {
       fmt::print(out_, "# OK: {} scenario{} passed\n", summary_.size(),
                  summary_.size() == 1 ? "" : "s");
     } else {
-      fmt::print(out_, "# FAILED: {} of {} scenario{} did not pass ({} fail, {} hang, {} invalid)\n",
-                 bad, summary_.size(), summary_.size() == 1 ? "" : "s", counts["fail"],
-                 counts["hang"], counts["invalid"]);
+      fmt::print(out_,
+                 "# FAILED: {} of {} scenario{} did not pass ({} fail, {} hang, {} invalid)\n", bad,
+                 summary_.size(), summary_.size() == 1 ? "" : "s", counts["fail"], counts["hang"],
+                 counts["invalid"]);
     }
     out_.flush();
   }
@@ -117,7 +116,8 @@ class ConsoleReporter final : public Reporter {
     if (wide) {
       header += "ranks";
     } else {
-      for (const auto& rank : ranks) header += fmt::format("{:<22}", fmt::format("rank {}", rank.rank));
+      for (const auto& rank : ranks)
+        header += fmt::format("{:<22}", fmt::format("rank {}", rank.rank));
     }
     fmt::print(out_, "{}\n", header);
     for (std::size_t index = 0; index < scenario.steps.size(); ++index) {
@@ -138,8 +138,8 @@ class ConsoleReporter final : public Reporter {
         line += fmt::format("{}", fmt::join(parts, "; "));
       } else {
         for (const auto& rank : ranks) {
-          line += fmt::format("{:<22}", index < rank.steps.size() ? cellOf(rank.steps[index])
-                                                                  : std::string("-"));
+          line += fmt::format(
+              "{:<22}", index < rank.steps.size() ? cellOf(rank.steps[index]) : std::string("-"));
         }
       }
       if (step.label) line += "  " + *step.label;
@@ -171,8 +171,9 @@ class ConsoleReporter final : public Reporter {
       if (mismatch["rank"].get<int>() != 0) continue;
       const json& first = mismatch["diagnosis"]["first_difference"];
       if (first.is_null()) continue;
-      fmt::print(out_, "# mismatch at step {} ('{}'): rank {} differs from rank 0 at {}: rank 0 has "
-                       "{}, rank {} has {}\n",
+      fmt::print(out_,
+                 "# mismatch at step {} ('{}'): rank {} differs from rank 0 at {}: rank 0 has "
+                 "{}, rank {} has {}\n",
                  mismatch["step"].get<int>(), mismatch["diagnosis"]["stage"].get<std::string>(),
                  first["rank"].get<int>(),
                  first.contains("index") ? fmt::format("manifest entry {}", first["index"].dump())
@@ -183,17 +184,16 @@ class ConsoleReporter final : public Reporter {
       fmt::print(out_, "# hang: {}\n", report["hang"]["diagnosis"].get<std::string>());
     }
     const json& timings = report["timings"];
-    fmt::print(out_, "# timings (p50/p95, n): fresh bind {}/{} n={}, reused bind {}/{} n={}, "
-                     "close {}/{} n={}, collectives {}/{} n={}\n",
-               formatSeconds(timings["fresh_bind"]["p50"]),
-               formatSeconds(timings["fresh_bind"]["p95"]),
-               timings["fresh_bind"]["count"].get<int>(),
-               formatSeconds(timings["reused_bind"]["p50"]),
-               formatSeconds(timings["reused_bind"]["p95"]),
-               timings["reused_bind"]["count"].get<int>(), formatSeconds(timings["close"]["p50"]),
-               formatSeconds(timings["close"]["p95"]), timings["close"]["count"].get<int>(),
-               formatSeconds(timings["exchange"]["p50"]),
-               formatSeconds(timings["exchange"]["p95"]), timings["exchange"]["count"].get<int>());
+    fmt::print(
+        out_,
+        "# timings (p50/p95, n): fresh bind {}/{} n={}, reused bind {}/{} n={}, "
+        "close {}/{} n={}, collectives {}/{} n={}\n",
+        formatSeconds(timings["fresh_bind"]["p50"]), formatSeconds(timings["fresh_bind"]["p95"]),
+        timings["fresh_bind"]["count"].get<int>(), formatSeconds(timings["reused_bind"]["p50"]),
+        formatSeconds(timings["reused_bind"]["p95"]), timings["reused_bind"]["count"].get<int>(),
+        formatSeconds(timings["close"]["p50"]), formatSeconds(timings["close"]["p95"]),
+        timings["close"]["count"].get<int>(), formatSeconds(timings["exchange"]["p50"]),
+        formatSeconds(timings["exchange"]["p95"]), timings["exchange"]["count"].get<int>());
     std::map<std::string, std::vector<int>> leakLines;
     for (const auto& leak : report["leaks"]["ranks"]) {
       const int rank = leak["rank"].get<int>();
@@ -209,11 +209,11 @@ class ConsoleReporter final : public Reporter {
           leak["runtime_live"].get<bool>() ? "live" : "released");
       if (leak.contains("device") && leak["device"].value("leaked", false)) {
         const auto& device = leak["device"];
-        text += fmt::format(
-            "; on cuda:{}: {} bytes, {} streams, {} events, {} communicators",
-            device["device"].get<int>(), device["bytes_held"].get<std::int64_t>(),
-            device["streams_held"].get<std::int64_t>(), device["events_held"].get<std::int64_t>(),
-            device["communicators_held"].get<std::int64_t>());
+        text += fmt::format("; on cuda:{}: {} bytes, {} streams, {} events, {} communicators",
+                            device["device"].get<int>(), device["bytes_held"].get<std::int64_t>(),
+                            device["streams_held"].get<std::int64_t>(),
+                            device["events_held"].get<std::int64_t>(),
+                            device["communicators_held"].get<std::int64_t>());
       }
       if (!leak["shutdown_error"].is_null()) {
         text += "; shutdown failed: " + leak["shutdown_error"].get<std::string>();
@@ -236,7 +236,8 @@ class ConsoleReporter final : public Reporter {
 class JsonReporter final : public Reporter {
  public:
   explicit JsonReporter(std::string path) : path_(std::move(path)) {}
-  void scenarioFinished(const Scenario&, const json& report, const std::vector<RankResult>&) override {
+  void scenarioFinished(const Scenario&, const json& report,
+                        const std::vector<RankResult>&) override {
     reports_.push_back(report);
   }
   void scenarioInvalid(const std::string&, const json& report) override {
@@ -269,7 +270,8 @@ class TraceReporter final : public Reporter {
   }
   void scenarioInvalid(const std::string&, const json&) override {}
   void finish() override {
-    writeFileAtomically(path_, json{{"traceEvents", events_}, {"displayTimeUnit", "ms"}}.dump() + "\n");
+    writeFileAtomically(path_,
+                        json{{"traceEvents", events_}, {"displayTimeUnit", "ms"}}.dump() + "\n");
   }
 
  private:
@@ -287,25 +289,44 @@ json buildChromeTrace(const Scenario& scenario, const std::vector<RankResult>& r
   std::map<std::uint64_t, std::vector<std::pair<int, double>>> bySequence;
   for (const auto& rank : ranks) {
     const int pid = rank.rank;
-    events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", pid}, {"tid", 0},
+    events.push_back({{"ph", "M"},
+                      {"name", "process_name"},
+                      {"pid", pid},
+                      {"tid", 0},
                       {"args", {{"name", fmt::format("{} rank {}", scenario.name, rank.rank)}}}});
-    events.push_back({{"ph", "M"}, {"name", "process_sort_index"}, {"pid", pid}, {"tid", 0},
+    events.push_back({{"ph", "M"},
+                      {"name", "process_sort_index"},
+                      {"pid", pid},
+                      {"tid", 0},
                       {"args", {{"sort_index", rank.rank}}}});
-    events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", pid}, {"tid", 1},
+    events.push_back({{"ph", "M"},
+                      {"name", "thread_name"},
+                      {"pid", pid},
+                      {"tid", 1},
                       {"args", {{"name", "steps"}}}});
-    events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", pid}, {"tid", 2},
+    events.push_back({{"ph", "M"},
+                      {"name", "thread_name"},
+                      {"pid", pid},
+                      {"tid", 2},
                       {"args", {{"name", "collectives"}}}});
     for (const auto& step : rank.steps) {
       if (step.status == StepStatus::kSkipped || step.status == StepStatus::kNotRun) continue;
       json args = {{"status", toString(step.status)}, {"expected", step.expected}};
       if (step.errorKind) args["error"] = *step.errorKind + ": " + step.errorMessage.value_or("");
       if (step.bind) args["bind"] = *step.bind;
-      events.push_back({{"ph", "X"}, {"pid", pid}, {"tid", 1},
+      events.push_back({{"ph", "X"},
+                        {"pid", pid},
+                        {"tid", 1},
                         {"name", step.module ? step.op + " " + *step.module : step.op},
-                        {"cat", "step"}, {"ts", us(step.startS)},
-                        {"dur", std::max(us(step.seconds), 1.0)}, {"args", std::move(args)}});
+                        {"cat", "step"},
+                        {"ts", us(step.startS)},
+                        {"dur", std::max(us(step.seconds), 1.0)},
+                        {"args", std::move(args)}});
       if (step.status == StepStatus::kHang || step.status == StepStatus::kError) {
-        events.push_back({{"ph", "i"}, {"pid", pid}, {"tid", 1}, {"s", "p"},
+        events.push_back({{"ph", "i"},
+                          {"pid", pid},
+                          {"tid", 1},
+                          {"s", "p"},
                           {"name", fmt::format("{} at step {}", toString(step.status), step.index)},
                           {"ts", us(step.startS + step.seconds)},
                           {"args", {{"message", step.errorMessage.value_or("")}}}});
@@ -313,22 +334,36 @@ json buildChromeTrace(const Scenario& scenario, const std::vector<RankResult>& r
     }
     for (const auto& entry : rank.flight) {
       const double end = entry.endS.value_or(entry.startS);
-      events.push_back({{"ph", "X"}, {"pid", pid}, {"tid", 2},
-                        {"name", fmt::format("{} #{}", entry.stage, entry.sequence)},
-                        {"cat", "collective"}, {"ts", us(entry.startS)},
-                        {"dur", std::max(us(end - entry.startS), 1.0)},
-                        {"args", {{"status", entry.status}, {"step", entry.step},
-                                  {"bytes", entry.payloadBytes}}}});
+      events.push_back(
+          {{"ph", "X"},
+           {"pid", pid},
+           {"tid", 2},
+           {"name", fmt::format("{} #{}", entry.stage, entry.sequence)},
+           {"cat", "collective"},
+           {"ts", us(entry.startS)},
+           {"dur", std::max(us(end - entry.startS), 1.0)},
+           {"args",
+            {{"status", entry.status}, {"step", entry.step}, {"bytes", entry.payloadBytes}}}});
       bySequence[entry.sequence].emplace_back(pid, us(entry.startS));
     }
   }
   for (const auto& [sequence, slices] : bySequence) {
     for (std::size_t i = 0; i + 1 < slices.size(); ++i) {
       const std::uint64_t id = sequence * 4096 + i;
-      events.push_back({{"ph", "s"}, {"id", id}, {"pid", slices[i].first}, {"tid", 2},
-                        {"name", "collective"}, {"cat", "flow"}, {"ts", slices[i].second}});
-      events.push_back({{"ph", "f"}, {"bp", "e"}, {"id", id}, {"pid", slices[i + 1].first},
-                        {"tid", 2}, {"name", "collective"}, {"cat", "flow"},
+      events.push_back({{"ph", "s"},
+                        {"id", id},
+                        {"pid", slices[i].first},
+                        {"tid", 2},
+                        {"name", "collective"},
+                        {"cat", "flow"},
+                        {"ts", slices[i].second}});
+      events.push_back({{"ph", "f"},
+                        {"bp", "e"},
+                        {"id", id},
+                        {"pid", slices[i + 1].first},
+                        {"tid", 2},
+                        {"name", "collective"},
+                        {"cat", "flow"},
                         {"ts", slices[i + 1].second}});
     }
   }

@@ -1,14 +1,14 @@
 #include "hmc/scenario/runner.hpp"
 
-#include <algorithm>
-#include <map>
-#include <thread>
-
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 #include <torch/cuda.h>
 #include <torch/torch.h>
 #include <torch/version.h>
+
+#include <algorithm>
+#include <map>
+#include <thread>
 
 #include "hmc/config.hpp"
 #include "hmc/error.hpp"
@@ -63,9 +63,10 @@ resources::NcclRuntimeFactory ncclFactoryFor(std::shared_ptr<collective::Collect
       if (collective->rank() == 0) {
         auto logger = spdlog::get("hmc");
         (logger ? logger : spdlog::default_logger())
-            ->info("{} ranks on {} GPUs: no NCCL runtime (one GPU holds one NCCL rank); the "
-                   "ranks share the GPUs for workspaces and use the {} transport for control",
-                   world, devices, collective->transportName());
+            ->info(
+                "{} ranks on {} GPUs: no NCCL runtime (one GPU holds one NCCL rank); the "
+                "ranks share the GPUs for workspaces and use the {} transport for control",
+                world, devices, collective->transportName());
       }
       return nullptr;
     }
@@ -290,16 +291,15 @@ class RankState {
 #if HMC_HAVE_CUDA
     const resources::CudaWorkspace* workspace = module.cudaWorkspace();
     if (workspace == nullptr) return;
-    const auto deadline =
-        Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                           std::chrono::duration<double>(scenario_.timeoutS));
+    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                             std::chrono::duration<double>(scenario_.timeoutS));
     auto pause = std::chrono::microseconds(5);
     while (workspace->inFlight()) {
       if (Clock::now() >= deadline) {
-        throw TimeoutError(fmt::format(
-            "{}: the forward's GPU work on rank {} did not finish within {} s (an NCCL "
-            "all-reduce waiting for a rank that does not run this forward?)",
-            step.path, rank_, scenario_.timeoutS));
+        throw TimeoutError(
+            fmt::format("{}: the forward's GPU work on rank {} did not finish within {} s (an NCCL "
+                        "all-reduce waiting for a rank that does not run this forward?)",
+                        step.path, rank_, scenario_.timeoutS));
       }
       std::this_thread::sleep_for(pause);
       pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::milliseconds(1));
@@ -350,7 +350,8 @@ class RankState {
 };
 
 bool inRanks(const Step& step, int rank) {
-  return !step.ranks || std::find(step.ranks->begin(), step.ranks->end(), rank) != step.ranks->end();
+  return !step.ranks ||
+         std::find(step.ranks->begin(), step.ranks->end(), rank) != step.ranks->end();
 }
 
 // The first line of a message (c10::Error carries its C++ backtrace after it).
@@ -375,11 +376,16 @@ void recordError(StepResult& entry, const std::exception& error) {
 
 std::string_view toString(StepStatus status) noexcept {
   switch (status) {
-    case StepStatus::kOk: return "ok";
-    case StepStatus::kError: return "error";
-    case StepStatus::kHang: return "hang";
-    case StepStatus::kSkipped: return "skipped";
-    case StepStatus::kNotRun: return "not_run";
+    case StepStatus::kOk:
+      return "ok";
+    case StepStatus::kError:
+      return "error";
+    case StepStatus::kHang:
+      return "hang";
+    case StepStatus::kSkipped:
+      return "skipped";
+    case StepStatus::kNotRun:
+      return "not_run";
   }
   return "error";
 }
@@ -419,13 +425,16 @@ std::string torchVersion() { return TORCH_VERSION; }
 bool expectationMet(const Step& step, const StepResult& result) {
   if (result.status == StepStatus::kSkipped || result.status == StepStatus::kNotRun) return true;
   switch (step.expect) {
-    case Expect::kAny: return true;
+    case Expect::kAny:
+      return true;
     case Expect::kError:
       return result.status == StepStatus::kError &&
              result.errorMessage.value_or("").find(step.expectError.value_or("")) !=
                  std::string::npos;
-    case Expect::kOk: return result.status == StepStatus::kOk;
-    case Expect::kHang: return result.status == StepStatus::kHang;
+    case Expect::kOk:
+      return result.status == StepStatus::kOk;
+    case Expect::kHang:
+      return result.status == StepStatus::kHang;
   }
   return false;
 }
@@ -434,9 +443,9 @@ RankResult runRank(const Scenario& scenario, RankEnvironment& env) {
   const int rank = env.collective->rank();
   RankResult result;
   result.rank = rank;
-  const auto recorderPtr = env.recorder ? env.recorder
-                                        : std::make_shared<diagnostics::FlightRecorder>(
-                                              env.flightCapacity, env.epoch);
+  const auto recorderPtr =
+      env.recorder ? env.recorder
+                   : std::make_shared<diagnostics::FlightRecorder>(env.flightCapacity, env.epoch);
   diagnostics::FlightRecorder& recorder = *recorderPtr;
   env.collective->setObserver(&recorder);
   struct Detach {
@@ -541,8 +550,7 @@ RankResult runRank(const Scenario& scenario, RankEnvironment& env) {
     const std::string prefix = fmt::format("rank {} ", rank);
     for (const auto& record : resources::DeviceRegistry::instance().snapshot().live) {
       if (record.owner.rfind(prefix, 0) != 0 ||
-          std::find(handlesBefore.begin(), handlesBefore.end(), record.id) !=
-              handlesBefore.end()) {
+          std::find(handlesBefore.begin(), handlesBefore.end(), record.id) != handlesBefore.end()) {
         continue;
       }
       if (record.kind == resources::DeviceHandleKind::kCommunicator) ++device->communicatorsHeld;

@@ -113,9 +113,8 @@ constexpr std::size_t kMaxQuotedChars = 60;
 constexpr auto kPipeReadTimeout = std::chrono::seconds(10);
 
 const Names kDtypes = {"float32", "float64", "float16", "bfloat16"};
-const Names kTopLevelKeys = {"format", "name",  "description", "world_size",
-                             "device", "dtype", "timeout_s",   "steps",
-                             "reference_differs"};
+const Names kTopLevelKeys = {"format", "name",      "description", "world_size",       "device",
+                             "dtype",  "timeout_s", "steps",       "reference_differs"};
 const Names kReferenceDiffersKeys = {"why", "steps"};
 const Names kCommonStepKeys = {"op", "ranks", "expect", "expect_error", "repeat", "label"};
 
@@ -507,14 +506,12 @@ class Parser {
         if (!element.is_number_integer()) {
           fail(elementPath, "expected an integer, got " + describe(element));
         }
-        if (stepCount == 0 ||
-            !intFits(element, 0, static_cast<std::int64_t>(stepCount) - 1)) {
-          fail(elementPath,
-               stepCount == 0
-                   ? fmt::format("step {} does not exist: the scenario has no steps",
-                                 describe(element))
-                   : fmt::format("step {} does not exist: top-level steps are 0..{}",
-                                 describe(element), stepCount - 1));
+        if (stepCount == 0 || !intFits(element, 0, static_cast<std::int64_t>(stepCount) - 1)) {
+          fail(elementPath, stepCount == 0
+                                ? fmt::format("step {} does not exist: the scenario has no steps",
+                                              describe(element))
+                                : fmt::format("step {} does not exist: top-level steps are 0..{}",
+                                              describe(element), stepCount - 1));
         }
         const int index = static_cast<int>(element.get<std::int64_t>());
         if (std::find(out.steps.begin(), out.steps.end(), index) != out.steps.end()) {

@@ -1,10 +1,10 @@
 #include "hmc/torch/multicore_module.hpp"
 
-#include <set>
-#include <typeindex>
-
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+
+#include <set>
+#include <typeindex>
 
 #include "hmc/error.hpp"
 #include "hmc/torch/dtype.hpp"
@@ -125,9 +125,9 @@ std::shared_ptr<lifecycle::Resource> MulticoreModule::getExecutionResources(
     }
     lastBind_ = BindInfo{*group->bindingId, reused, std::chrono::steady_clock::now() - start};
   } else if (binding != *group->binding) {
-    throw ValueError(fmt::format(
-        "multicore resources are bound to the first input device/dtype {}, got {}.",
-        group->binding->repr(), binding.repr()));
+    throw ValueError(
+        fmt::format("multicore resources are bound to the first input device/dtype {}, got {}.",
+                    group->binding->repr(), binding.repr()));
   }
   return group->resources;
 }

@@ -1,11 +1,10 @@
 #include "hmc/torch/scratch_modules.hpp"
 
+#include <fmt/format.h>
 #include <torch/autograd.h>
 #include <torch/nn/init.h>
 
 #include <algorithm>
-
-#include <fmt/format.h>
 
 #include "hmc/config.hpp"
 #include "hmc/error.hpp"

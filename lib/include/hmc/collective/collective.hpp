@@ -98,8 +98,8 @@ class LocalCollective final : public Collective {
   std::string_view transportName() const noexcept override { return "local"; }
 
  protected:
-  std::vector<Bytes> gather(std::uint64_t sequence, std::string_view stage,
-                            const Bytes& envelope, Clock::time_point deadline) override;
+  std::vector<Bytes> gather(std::uint64_t sequence, std::string_view stage, const Bytes& envelope,
+                            Clock::time_point deadline) override;
 };
 
 // Python's repr of a list of ints: "[0, 2]".

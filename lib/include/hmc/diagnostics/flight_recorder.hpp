@@ -8,11 +8,10 @@
 #include <cstddef>
 #include <deque>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "hmc/collective/collective.hpp"
 
@@ -23,8 +22,8 @@ struct FlightEntry {
   std::string stage;
   int step = -1;  // the scenario step that ran it (-1: outside the steps, e.g. shutdown)
   std::size_t payloadBytes = 0;
-  double startS = 0;  // seconds since the recorder's epoch
-  std::optional<double> endS;  // unset while in flight
+  double startS = 0;                 // seconds since the recorder's epoch
+  std::optional<double> endS;        // unset while in flight
   std::string status = "in_flight";  // "ok", "timeout", "mismatch", "rank_failure", "error"
 
   nlohmann::json toJson() const;

@@ -25,13 +25,12 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <thread>
 #include <tuple>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "hmc/collective/key_value_store.hpp"
 #include "hmc/diagnostics/flight_recorder.hpp"

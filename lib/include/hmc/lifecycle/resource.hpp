@@ -2,9 +2,8 @@
 // What the lifecycle manager sees of a resource: the abstract execution resource of a group
 // (a workspace), and the binding (device, dtype) it was created for.
 
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 namespace hmc::lifecycle {
 

@@ -11,13 +11,12 @@
 // Thread safety: a manager belongs to one rank thread; it is not safe to share.
 
 #include <functional>
-#include <memory>
 #include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <utility>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "hmc/collective/collective.hpp"
 #include "hmc/lifecycle/resource_group.hpp"

@@ -27,9 +27,9 @@
 #include <string>
 
 #include "hmc/lifecycle/resource.hpp"
-#include "hmc/resources/workspace.hpp"
 #include "hmc/resources/device_registry.hpp"
 #include "hmc/resources/host_resources.hpp"
+#include "hmc/resources/workspace.hpp"
 
 struct CUstream_st;
 struct CUevent_st;

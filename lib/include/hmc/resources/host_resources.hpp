@@ -9,9 +9,8 @@
 #include <functional>
 #include <memory>
 #include <mutex>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "hmc/lifecycle/resource.hpp"
 #include "hmc/resources/workspace.hpp"

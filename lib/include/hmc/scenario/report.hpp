@@ -2,10 +2,9 @@
 // Merging the ranks' results into an `hmc-report/1` document (scenario-format.md), with
 // hmc's own sections: mismatches, leaks, timings, hang, environment.
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "hmc/error.hpp"
 #include "hmc/scenario/runner.hpp"

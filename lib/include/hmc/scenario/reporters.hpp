@@ -4,10 +4,9 @@
 
 #include <iosfwd>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "hmc/scenario/runner.hpp"
 #include "hmc/scenario/scenario.hpp"
@@ -27,9 +26,9 @@ class Reporter {
 };
 
 struct ConsoleOptions {
-  bool quiet = false;           // only the final line(s)
-  int maxRankColumns = 8;       // above it, a step's statuses are summarised
-  bool directory = false;       // several scenarios: also print a summary table
+  bool quiet = false;      // only the final line(s)
+  int maxRankColumns = 8;  // above it, a step's statuses are summarised
+  bool directory = false;  // several scenarios: also print a summary table
 };
 
 // Human-readable tables on `out`: non-data lines start with "# "; ends with "# OK" or

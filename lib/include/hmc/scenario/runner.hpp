@@ -7,11 +7,10 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "hmc/collective/collective.hpp"
 #include "hmc/diagnostics/flight_recorder.hpp"

@@ -4,11 +4,10 @@
 // the JSON path (RFC 6901, "/steps/3/features") and what was expected.
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 namespace hmc::scenario {
 
@@ -19,15 +18,25 @@ inline constexpr int kMaxRepeatDepth = 8;
 enum class Device { kAuto, kCpu, kCuda };
 enum class Expect { kOk, kError, kHang, kAny };
 enum class Op {
-  kCreate, kShare, kForward, kBackward, kDrop, kClose, kCloseAll,
-  kCheck, kFault, kBarrier, kSleep, kRepeat,
+  kCreate,
+  kShare,
+  kForward,
+  kBackward,
+  kDrop,
+  kClose,
+  kCloseAll,
+  kCheck,
+  kFault,
+  kBarrier,
+  kSleep,
+  kRepeat,
 };
 enum class FaultKind { kCloseError, kReleaseError, kBusy, kStall, kCrash };
 
-std::string_view toString(Op op) noexcept;          // "create", "close_all", ...
-std::string_view toString(Device device) noexcept;  // "auto", "cpu", "cuda"
-std::string_view toString(Expect expect) noexcept;  // "ok", "error", "hang", "any"
-std::string_view toString(FaultKind kind) noexcept; // "close_error", ...
+std::string_view toString(Op op) noexcept;           // "create", "close_all", ...
+std::string_view toString(Device device) noexcept;   // "auto", "cpu", "cuda"
+std::string_view toString(Expect expect) noexcept;   // "ok", "error", "hang", "any"
+std::string_view toString(FaultKind kind) noexcept;  // "close_error", ...
 
 struct Step {
   Op op = Op::kBarrier;
@@ -69,11 +78,11 @@ struct Step {
 
   // fault
   FaultKind faultKind = FaultKind::kStall;
-  int faultCount = 1;   // close_error, release_error
-  bool busy = true;     // busy
+  int faultCount = 1;  // close_error, release_error
+  bool busy = true;    // busy
 
   // sleep, fault stall
-  double seconds = 0;   // sleep default 0, stall default 1
+  double seconds = 0;  // sleep default 0, stall default 1
 
   // repeat (the op): count and nested steps
   int count = 1;

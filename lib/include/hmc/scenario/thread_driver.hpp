@@ -19,6 +19,7 @@ struct ThreadRunOptions {
 };
 
 // Blocks until every rank thread has finished; bounded by the scenario's deadlines.
-std::vector<RankResult> runOnThreads(const Scenario& scenario, const ThreadRunOptions& options = {});
+std::vector<RankResult> runOnThreads(const Scenario& scenario,
+                                     const ThreadRunOptions& options = {});
 
 }  // namespace hmc::scenario

@@ -1,11 +1,11 @@
 #pragma once
 // Torch dtypes spelled the way Python spells them ("float32", not "Float").
 
+#include <c10/core/ScalarType.h>
+
 #include <optional>
 #include <string>
 #include <string_view>
-
-#include <c10/core/ScalarType.h>
 
 namespace hmc::nn {
 

@@ -9,16 +9,16 @@
 // destructor retires the membership (local, never a collective). close() is collective when
 // it closes the last member's bound group.
 
+#include <torch/nn/module.h>
+
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <nlohmann/json.hpp>
-#include <torch/nn/module.h>
 
 #include "hmc/lifecycle/resource_manager.hpp"
 

@@ -5,13 +5,13 @@
 // pending backward passes (the workspace cannot close while any is pending). The first
 // binding of a rank creates its process runtime and registers its release.
 
+#include <torch/nn/module.h>
+
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
-
-#include <nlohmann/json.hpp>
-#include <torch/nn/module.h>
 
 #include "hmc/resources/host_resources.hpp"
 #include "hmc/torch/multicore_module.hpp"
