@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <string>
+#include <thread>
 
 #include "hmc/collective/collective.hpp"
 #include "hmc/error.hpp"
@@ -127,6 +128,30 @@ TEST_SUITE("collective") {
     } catch (const hmc::RankFailure& error) {
       CHECK(std::string(error.what()).find("rank 1 failed: exited with status 17") !=
             std::string::npos);
+    }
+  }
+
+  TEST_CASE("every survivor of a dead rank reports rank_failure, early or late") {
+    for (int world : {3, 4, 8}) {
+      CAPTURE(world);
+      auto threadWorld = hmc::collective::ThreadWorld::create(world);
+      threadWorld->markFailed(world - 1, "exited at once (fault crash)");
+      std::vector<std::string> kinds(world - 1);
+      std::vector<std::thread> threads;
+      for (int rank = 0; rank < world - 1; ++rank) {
+        threads.emplace_back([&, rank] {
+          auto collective = threadWorld->collective(rank, 5000ms);
+          // Stagger arrivals so that some ranks arrive after a peer has already given up.
+          std::this_thread::sleep_for(std::chrono::milliseconds(5 * rank));
+          try {
+            collective->exchange("recycle", "");
+          } catch (const std::exception& error) {
+            kinds[rank] = std::string(hmc::toString(hmc::kindOf(error)));
+          }
+        });
+      }
+      for (auto& thread : threads) thread.join();
+      for (const auto& kind : kinds) CHECK(kind == "rank_failure");
     }
   }
 

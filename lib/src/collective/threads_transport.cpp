@@ -75,6 +75,15 @@ std::vector<Bytes> ThreadWorld::gather(int rank, std::uint64_t sequence, std::st
   };
 
   while (slot.abandonedBy || slot.arrived < worldSize_) {
+    // A dead peer first: every rank of this collective then reports the same rank_failure,
+    // whether it arrived before or after another rank gave up.
+    if (auto dead = deadPeer()) {
+      const std::string why = *failed_[*dead];
+      slot.abandonedBy = rank;
+      leave();
+      throw RankFailure(fmt::format("'{}' #{} on rank {}: rank {} failed: {}", stage, sequence,
+                                    rank, *dead, why));
+    }
     if (slot.abandonedBy) {
       const int by = *slot.abandonedBy;
       const std::vector<int> absent = missing();
@@ -87,13 +96,6 @@ std::vector<Bytes> ThreadWorld::gather(int rank, std::uint64_t sequence, std::st
       throw TimeoutError(fmt::format(
           "'{}' #{} timed out on rank {}: ranks {} did not arrive (rank {} gave up waiting first)",
           stage, sequence, rank, formatRankList(absent), by));
-    }
-    if (auto dead = deadPeer()) {
-      const std::string why = *failed_[*dead];
-      slot.abandonedBy = rank;
-      leave();
-      throw RankFailure(fmt::format("'{}' #{} on rank {}: rank {} failed: {}", stage, sequence,
-                                    rank, *dead, why));
     }
     if (changed_.wait_until(lock, deadline) == std::cv_status::timeout &&
         slot.arrived < worldSize_) {
