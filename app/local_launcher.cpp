@@ -23,6 +23,7 @@
 #include <sstream>
 #include <thread>
 
+#include "hmc/collective/launch_env.hpp"
 #include "hmc/collective/store_transport.hpp"
 #include "hmc/diagnostics/watchdog.hpp"
 #include "hmc/error.hpp"
@@ -58,24 +59,6 @@ class SignalScope {
   struct sigaction oldInt_ {};
   struct sigaction oldTerm_ {};
 };
-
-int freePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) throw RuntimeError(fmt::format("socket: {}", std::strerror(errno)));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t length = sizeof addr;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &length) != 0) {
-    const std::string reason = std::strerror(errno);
-    close(fd);
-    throw RuntimeError("cannot find a free loopback port: " + reason);
-  }
-  close(fd);
-  return ntohs(addr.sin_port);
-}
 
 std::string describeStatus(int status) {
   if (WIFEXITED(status)) {
@@ -246,9 +229,9 @@ LocalLaunchResult launchLocalRanks(const scenario::Scenario& scenario,
     throw RuntimeError(fmt::format("mkdtemp /tmp/hmc-run-XXXXXX: {}", std::strerror(errno)));
   }
   const fs::path dir(pattern);
-  const int port = freePort();
-  int glooPort = freePort();
-  if (glooPort == port) glooPort = freePort();
+  const int port = collective::freeLoopbackPort();
+  int glooPort = collective::freeLoopbackPort();
+  if (glooPort == port) glooPort = collective::freeLoopbackPort();
 
   SignalScope signals;
   struct Child {

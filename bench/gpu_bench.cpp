@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "hmc/collective/collective.hpp"
+#include "hmc/collective/launch_env.hpp"
 #include "hmc/collective/nccl_transport.hpp"
 #include "hmc/collective/store_transport.hpp"
 #include "hmc/collective/threads_transport.hpp"
@@ -151,18 +152,6 @@ void bindSizes(benchmark::internal::Benchmark* b) {
 BENCHMARK(BM_FreshBind)->Apply(bindSizes);
 BENCHMARK(BM_ReusedBind)->Apply(bindSizes);
 
-int freeLoopbackPort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
-
 // A world of thread ranks kept for the whole run (setting one up costs far more than an
 // exchange); rank 0 drives, the peers exchange until its payload says "stop".
 struct ExchangeWorld {
@@ -206,7 +195,7 @@ ExchangeWorld& exchangeWorld(const std::string& kind, int world) {
   auto& slot = cache[kind + "/" + std::to_string(world)];
   if (slot) return *slot;
   slot = std::make_unique<ExchangeWorld>();
-  const int port = freeLoopbackPort();
+  const int port = hmc::collective::freeLoopbackPort();
   auto threads = hmc::collective::ThreadWorld::create(world);
   for (int rank = 1; rank < world; ++rank) {
     slot->peers.emplace_back([kind, rank, world, port, threads] {

@@ -24,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "hmc/collective/launch_env.hpp"
 #include "hmc/collective/store_transport.hpp"
 #include "hmc/collective/tcp_transport.hpp"
 #include "hmc/collective/threads_transport.hpp"
@@ -40,18 +41,6 @@ namespace {
 
 constexpr std::size_t kPayload = 64;
 constexpr auto kTimeout = 60s;
-
-int freeLoopbackPort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
 
 pid_t spawnSelf(std::vector<std::string> args) {
   args.insert(args.begin(), "/proc/self/exe");
@@ -163,7 +152,7 @@ ProcessWorld& processWorld(const std::string& transport, int world, int glooThre
       transport + "/" + std::to_string(world) + "/" + std::to_string(glooThreads);
   auto& slot = worlds()[key];
   if (!slot) {
-    const int port = freeLoopbackPort();
+    const int port = hmc::collective::freeLoopbackPort();
     auto created = std::make_unique<ProcessWorld>();
     for (int rank = 1; rank < world; ++rank) {
       created->peers.push_back(
@@ -185,7 +174,7 @@ void exchangeLoop(benchmark::State& state, Collective& collective) {
 }
 
 void BM_TcpPingPong(benchmark::State& state) {
-  const int port = freeLoopbackPort();
+  const int port = hmc::collective::freeLoopbackPort();
   const pid_t echo = spawnSelf({"--echo", std::to_string(port)});
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};

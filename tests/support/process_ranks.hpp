@@ -20,6 +20,8 @@
 #include <thread>
 #include <vector>
 
+#include "hmc/collective/launch_env.hpp"
+
 namespace hmc::testing {
 
 struct ProcessOutcome {
@@ -31,24 +33,7 @@ struct ProcessOutcome {
   double seconds = 0;   // from the start of all ranks to this child's exit
 };
 
-// A port free right now on 127.0.0.1 (the kernel's choice for port 0).
-inline int freeLoopbackPort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) throw std::runtime_error("socket() failed");
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof(addr);
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    ::close(fd);
-    throw std::runtime_error("bind() to a free port failed");
-  }
-  const int port = ntohs(addr.sin_port);
-  ::close(fd);
-  return port;
-}
+using hmc::collective::freeLoopbackPort;
 
 // Whether this process has any child left (reaped or not).
 inline bool hasChildren() {

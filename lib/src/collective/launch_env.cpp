@@ -1,8 +1,13 @@
 #include "hmc/collective/launch_env.hpp"
 
 #include <fmt/format.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 
 #include "hmc/error.hpp"
 
@@ -61,6 +66,24 @@ EnvLookup processEnvironment() {
     if (value == nullptr) return std::nullopt;
     return std::string(value);
   };
+}
+
+int freeLoopbackPort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) throw RuntimeError(fmt::format("socket: {}", std::strerror(errno)));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t length = sizeof addr;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &length) != 0) {
+    const std::string reason = std::strerror(errno);
+    ::close(fd);
+    throw RuntimeError("cannot find a free loopback port: " + reason);
+  }
+  ::close(fd);
+  return ntohs(addr.sin_port);
 }
 
 std::string firstSlurmHost(const std::string& nodeList) {

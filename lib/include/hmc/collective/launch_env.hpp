@@ -42,6 +42,10 @@ EnvLookup processEnvironment();
 // nullopt when no launcher variables are set. Throws ValueError as described above.
 std::optional<LaunchEnv> detectLaunch(const EnvLookup& env, const LaunchOverrides& overrides = {});
 
+// A TCP port free right now on 127.0.0.1 (the kernel's choice for port 0), for a store or a
+// listener started next. Throws RuntimeError with the OS reason.
+int freeLoopbackPort();
+
 // The first host of a Slurm node list: "node[01-04,07],gpu5" -> "node01".
 std::string firstSlurmHost(const std::string& nodeList);
 
