@@ -74,12 +74,13 @@ class ConsoleReporter final : public Reporter {
   void scenarioInvalid(const std::string& file, const json& report) override {
     summary_.push_back({file, "invalid", 0.0, 0, file});
     const json& error = report["error"];
-    fmt::print(out_, "# invalid scenario {}: {}: {}\n", file, error["path"].get<std::string>(),
+    const std::string path = error["path"].get<std::string>();
+    fmt::print(out_, "# invalid scenario {}: {}{}\n", file, path.empty() ? "" : path + ": ",
                error["message"].get<std::string>());
   }
 
   void finish() override {
-    if (options_.directory) {
+    if (options_.directory && !options_.quiet) {
       fmt::print(out_, "#\n# {:<40} {:>5} {:>8} {:>10}\n", "scenario", "ranks", "outcome", "wall");
       for (const auto& row : summary_) {
         fmt::print(out_, "  {:<40} {:>5} {:>8} {:>10}\n", row.name, row.world, row.outcome,
