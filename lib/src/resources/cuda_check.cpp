@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "hmc/error.hpp"
+#include "hmc/log.hpp"
 
 namespace hmc::resources {
 namespace {
@@ -42,11 +43,6 @@ const char* ncclResultName(ncclResult_t status) {
 }
 
 std::string prefix(int rank) { return rank >= 0 ? fmt::format("rank {}: ", rank) : ""; }
-
-std::shared_ptr<spdlog::logger> logger() {
-  std::shared_ptr<spdlog::logger> hmc = spdlog::get("hmc");
-  return hmc ? hmc : spdlog::default_logger();
-}
 
 }  // namespace
 

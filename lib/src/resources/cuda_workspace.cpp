@@ -9,17 +9,13 @@
 
 #include "cuda_device_guard.hpp"
 #include "hmc/error.hpp"
+#include "hmc/log.hpp"
 #include "hmc/resources/cuda_check.hpp"
 
 namespace hmc::resources {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-std::shared_ptr<spdlog::logger> logger() {
-  std::shared_ptr<spdlog::logger> hmc = spdlog::get("hmc");
-  return hmc ? hmc : spdlog::default_logger();
-}
 
 }  // namespace
 

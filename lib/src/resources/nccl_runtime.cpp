@@ -16,6 +16,7 @@
 
 #include "cuda_device_guard.hpp"
 #include "hmc/error.hpp"
+#include "hmc/log.hpp"
 #include "hmc/resources/cuda_check.hpp"
 
 // ncclConfig_t (blocking = 0), ncclCommFinalize and ncclInProgress arrived in NCCL 2.14.
@@ -27,11 +28,6 @@ namespace hmc::resources {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-std::shared_ptr<spdlog::logger> logger() {
-  std::shared_ptr<spdlog::logger> hmc = spdlog::get("hmc");
-  return hmc ? hmc : spdlog::default_logger();
-}
 
 // Polls the communicator's asynchronous state until it leaves ncclInProgress or `deadline`
 // passes; returns the last state.

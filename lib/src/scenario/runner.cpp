@@ -13,14 +13,13 @@
 #include "hmc/config.hpp"
 #include "hmc/error.hpp"
 #include "hmc/lifecycle/resource_manager.hpp"
+#include "hmc/log.hpp"
 #include "hmc/resources/cuda_device.hpp"
 #include "hmc/resources/device_registry.hpp"
 #include "hmc/resources/host_resources.hpp"
 #include "hmc/torch/dtype.hpp"
 #include "hmc/torch/scratch_modules.hpp"
 #if HMC_HAVE_CUDA
-#include <spdlog/spdlog.h>
-
 #include "hmc/resources/cuda_workspace.hpp"
 #include "hmc/resources/nccl_runtime.hpp"
 #endif
@@ -61,12 +60,10 @@ resources::NcclRuntimeFactory ncclFactoryFor(std::shared_ptr<collective::Collect
     const auto devices = static_cast<int>(torch::cuda::device_count());
     if (world > devices) {
       if (collective->rank() == 0) {
-        auto logger = spdlog::get("hmc");
-        (logger ? logger : spdlog::default_logger())
-            ->info(
-                "{} ranks on {} GPUs: no NCCL runtime (one GPU holds one NCCL rank); the "
-                "ranks share the GPUs for workspaces and use the {} transport for control",
-                world, devices, collective->transportName());
+        logger()->info(
+            "{} ranks on {} GPUs: no NCCL runtime (one GPU holds one NCCL rank); the "
+            "ranks share the GPUs for workspaces and use the {} transport for control",
+            world, devices, collective->transportName());
       }
       return nullptr;
     }
