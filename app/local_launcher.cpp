@@ -63,8 +63,8 @@ class SignalScope {
 std::string describeStatus(int status) {
   if (WIFEXITED(status)) {
     const int code = WEXITSTATUS(status);
-    return code == 17 ? "exited with status 17 (fault crash)"
-                      : fmt::format("exited with status {}", code);
+    return code == kCrashExitStatus ? fmt::format("exited with status {} (fault crash)", code)
+                                    : fmt::format("exited with status {}", code);
   }
   if (WIFSIGNALED(status)) {
     const int signal = WTERMSIG(status);
@@ -349,15 +349,10 @@ LocalLaunchResult launchLocalRanks(const scenario::Scenario& scenario,
       }
     }
     if (!loaded) {
-      result.ranks[rank].rank = rank;
-      result.ranks[rank].crashed = true;
-      result.ranks[rank].crashReason = describeStatus(*children[rank].status);
-      result.ranks[rank].leaks.reason = "the rank process died without a result: not checked";
       // Where it was, if its watchdog published its flight record before it died.
-      if (auto it = flights.find(rank); it != flights.end()) {
-        result.ranks[rank].flight = it->second.entries;
-        *result.ranks[rank].crashReason += lastSeen(it->second);
-      }
+      result.ranks[rank] =
+          missingRankResult(rank, describeStatus(*children[rank].status),
+                            "the rank process died without a result: not checked", flights);
     } else if (result.ranks[rank].crashed) {
       result.ranks[rank].crashReason = describeStatus(*children[rank].status);
     }

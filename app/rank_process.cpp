@@ -26,7 +26,6 @@ namespace hmc::app {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr int kCrashStatus = 17;
 
 std::chrono::milliseconds timeoutOf(const scenario::Scenario& scenario) {
   return std::chrono::milliseconds(
@@ -43,7 +42,11 @@ bool waitForKeys(collective::KeyValueStore& kv, const std::vector<std::string>& 
   }
 }
 
-std::vector<std::string> rankKeys(const std::string& stem, int worldSize);
+std::vector<std::string> rankKeys(const std::string& stem, int worldSize) {
+  std::vector<std::string> keys;
+  for (int rank = 0; rank < worldSize; ++rank) keys.push_back(fmt::format("{}/{}", stem, rank));
+  return keys;
+}
 
 // Polls for every rank's "<stem>/<rank>" until all exist, a rank whose key is missing is
 // announced dead ("dead/<rank>", set by hmc-run's launcher), or `deadline` passes.
@@ -62,17 +65,21 @@ bool waitForRanks(collective::KeyValueStore& kv, const std::string& stem, int wo
   }
 }
 
-std::vector<std::string> rankKeys(const std::string& stem, int worldSize) {
-  std::vector<std::string> keys;
-  for (int rank = 0; rank < worldSize; ++rank) keys.push_back(fmt::format("{}/{}", stem, rank));
-  return keys;
-}
-
 }  // namespace
 
-std::string lastSeen(const diagnostics::PublishedFlight& flight) {
-  return flight.step < 0 ? std::string("; last seen after its steps")
-                         : fmt::format("; last seen in step {}", flight.step);
+scenario::RankResult missingRankResult(int rank, std::string reason, std::string leakReason,
+                                       const std::map<int, diagnostics::PublishedFlight>& flights) {
+  scenario::RankResult result;
+  result.rank = rank;
+  result.crashed = true;
+  result.leaks.reason = std::move(leakReason);
+  if (auto it = flights.find(rank); it != flights.end()) {
+    result.flight = it->second.entries;
+    reason += it->second.step < 0 ? std::string("; last seen after its steps")
+                                  : fmt::format("; last seen in step {}", it->second.step);
+  }
+  result.crashReason = std::move(reason);
+  return result;
 }
 
 RankProcessOutcome runRankProcess(const scenario::Scenario& scenario,
@@ -129,9 +136,8 @@ RankProcessOutcome runRankProcess(const scenario::Scenario& scenario,
 
   scenario::RankEnvironment env;
   env.collective = transport;
-  env.flightCapacity = options.flightCapacity;
   env.recorder = std::make_shared<diagnostics::FlightRecorder>(options.flightCapacity, env.epoch);
-  env.crash = [] { _exit(kCrashStatus); };
+  env.crash = [] { _exit(kCrashExitStatus); };
   env.agreeOnShutdown = [&](bool clean) {
     kv->set(fmt::format("vote/{}", options.rank), clean ? "1" : "0");
     // A dead rank never votes: stop waiting for it (it cannot shut down cleanly anyway).
@@ -169,18 +175,13 @@ RankProcessOutcome runRankProcess(const scenario::Scenario& scenario,
     if (waitForKeys(*kv, {key}, deadline)) {
       merged[rank] = scenario::RankResult::fromJson(nlohmann::json::parse(kv->get(key, timeout)));
     } else {
-      merged[rank].rank = rank;
-      merged[rank].crashed = true;
-      merged[rank].crashReason =
-          fmt::format("no result from rank {} within {} s: it died or never finished its steps",
-                      rank, scenario.timeoutS);
-      merged[rank].leaks.reason = "no result from this rank: not checked";
       // Where it was, if its watchdog published its flight record.
       if (!published) published = diagnostics::readPublishedFlights(*kv, options.worldSize);
-      if (auto it = published->find(rank); it != published->end()) {
-        merged[rank].flight = it->second.entries;
-        *merged[rank].crashReason += lastSeen(it->second);
-      }
+      merged[rank] = missingRankResult(
+          rank,
+          fmt::format("no result from rank {} within {} s: it died or never finished its steps",
+                      rank, scenario.timeoutS),
+          "no result from this rank: not checked", *published);
     }
   }
   kv->set("results-read", "1");

@@ -5,6 +5,7 @@
 // the end-of-run shutdown out of band through the store (not waiting for ranks announced
 // dead), and hands its results on.
 
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -33,13 +34,18 @@ struct RankProcessOutcome {
   std::optional<std::vector<scenario::RankResult>> merged;
 };
 
-// "; last seen in step S" from a rank's published flight record, for the crash reason of a
-// rank that left no result.
-std::string lastSeen(const diagnostics::PublishedFlight& flight);
+// The exit status of a rank process that ran the `crash` fault.
+inline constexpr int kCrashExitStatus = 17;
+
+// The result of a rank that left none: crashed for `reason`, its leaks not checked for
+// `leakReason`, and, when its watchdog published a flight record in `flights`, where it was
+// ("; last seen in step S") and its last collectives.
+scenario::RankResult missingRankResult(int rank, std::string reason, std::string leakReason,
+                                       const std::map<int, diagnostics::PublishedFlight>& flights);
 
 // Runs one rank. `gatherOnRankZero`: rank 0 collects every rank's result through the store
 // (external launchers); otherwise each rank just returns its own (the local launcher reads
-// result files). The `crash` fault ends the process at once with status 17.
+// result files). The `crash` fault ends the process at once with kCrashExitStatus.
 RankProcessOutcome runRankProcess(const scenario::Scenario& scenario,
                                   const RankProcessOptions& options, bool gatherOnRankZero);
 
