@@ -178,14 +178,10 @@ void BM_CreateRetire(benchmark::State& state) {
 }
 BENCHMARK(BM_CreateRetire);
 
-// The first bind of a new group that reuses the one idle compatible group, with
-// state.range(0) busy bound groups present. Each iteration's retire makes the group idle
-// again for the next one. Times the bind only.
-void BM_FirstBindRecycle(benchmark::State& state) {
-  BenchRank rank(std::make_shared<LocalCollective>(kTimeout));
-  const auto busy = rank.bindBusy(static_cast<int>(state.range(0)));
-  rank.bindIdle();
-  const std::uint64_t sequenceBefore = rank.manager().collective().sequence();
+// The timed loop of the recycle benchmarks: create a module, time its first bind (which
+// should reuse the idle group), drop it so that the group is idle again. Returns the binds
+// that reused.
+std::int64_t timeRecycleBinds(benchmark::State& state, BenchRank& rank) {
   std::int64_t reused = 0;
   for (auto _ : state) {
     const BenchRank::Module module = rank.create();
@@ -194,6 +190,18 @@ void BM_FirstBindRecycle(benchmark::State& state) {
     state.SetIterationTime(secondsOf(BenchClock::now() - start));
     rank.drop(module);
   }
+  return reused;
+}
+
+// The first bind of a new group that reuses the one idle compatible group, with
+// state.range(0) busy bound groups present. Each iteration's retire makes the group idle
+// again for the next one. Times the bind only.
+void BM_FirstBindRecycle(benchmark::State& state) {
+  BenchRank rank(std::make_shared<LocalCollective>(kTimeout));
+  const auto busy = rank.bindBusy(static_cast<int>(state.range(0)));
+  rank.bindIdle();
+  const std::uint64_t sequenceBefore = rank.manager().collective().sequence();
+  const std::int64_t reused = timeRecycleBinds(state, rank);
   setCounters(state, rank, sequenceBefore, reused);
   if (reused != static_cast<std::int64_t>(state.iterations())) {
     state.SkipWithError("a bind did not reuse the idle group");
@@ -301,13 +309,7 @@ void BM_RecycleThreads(benchmark::State& state) {
         const auto busy = rank.bindBusy(busyCount);
         rank.bindIdle();
         const std::uint64_t sequenceBefore = rank.manager().collective().sequence();
-        for (auto _ : state) {
-          const BenchRank::Module module = rank.create();
-          const auto start = BenchClock::now();
-          reused += rank.bind(module) ? 1 : 0;
-          state.SetIterationTime(secondsOf(BenchClock::now() - start));
-          rank.drop(module);
-        }
+        reused += timeRecycleBinds(state, rank);
         setCounters(state, rank, sequenceBefore, reused);
         rank.manager().closeGroups();
       });
