@@ -274,8 +274,7 @@ LocalLaunchResult launchLocalRanks(const scenario::Scenario& scenario,
   std::optional<StoreLiaison> glooLiaison;
   if (world > 1) {
     const auto connectFor =
-        std::chrono::milliseconds(static_cast<std::int64_t>(scenario.timeoutS * 1000)) +
-        std::chrono::seconds(10);
+        collective::timeoutFromSeconds(scenario.timeoutS) + std::chrono::seconds(10);
     liaison.emplace(port, "hmc", world, connectFor);
     if (options.transport == "gloo")
       glooLiaison.emplace(glooPort, "hmc-gloo/gloo", world, connectFor);
@@ -284,8 +283,7 @@ LocalLaunchResult launchLocalRanks(const scenario::Scenario& scenario,
   // Reap; after the first failure the survivors get two collective deadlines (the one that
   // notices the dead rank, then the bounded end-of-run agreement) plus a margin to finish,
   // then SIGTERM, then SIGKILL.
-  const auto grace = std::chrono::duration_cast<Clock::duration>(
-      std::chrono::duration<double>(2 * scenario.timeoutS + 5.0));
+  const auto grace = 2 * collective::timeoutFromSeconds(scenario.timeoutS) + std::chrono::seconds(5);
   std::optional<Clock::time_point> stopAt;
   std::optional<Clock::time_point> killAt;
   LocalLaunchResult result;

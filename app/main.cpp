@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "hmc/collective/collective.hpp"
 #include "hmc/collective/launch_env.hpp"
 #include "hmc/config.hpp"
 #include "hmc/error.hpp"
@@ -474,8 +475,18 @@ int main(int argc, char** argv) {
                  "Replace the scenario's device: auto (cuda when usable), cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   app.add_option("--timeout", options.timeoutS,
-                 "Deadline of every collective in seconds, replacing timeout_s, e.g. --timeout 5")
-      ->check(CLI::PositiveNumber);
+                 "Deadline of every collective in seconds, replacing timeout_s (0 < s <= 1e6), "
+                 "e.g. --timeout 5")
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            try {
+              (void)hmc::collective::timeoutFromSeconds(std::stod(text));
+              return "";
+            } catch (const std::exception&) {
+              return "expected a number of seconds > 0 and <= 1e6, got '" + text + "'";
+            }
+          },
+          "SECONDS", "timeout"));
   app.add_option("--report", options.reportPath,
                  "Write the hmc-report/1 JSON here (several scenarios: hmc-report-set/1)");
   app.add_option("--trace", options.tracePath,

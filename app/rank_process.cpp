@@ -28,8 +28,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 std::chrono::milliseconds timeoutOf(const scenario::Scenario& scenario) {
-  return std::chrono::milliseconds(
-      std::max<std::int64_t>(1, static_cast<std::int64_t>(scenario.timeoutS * 1000.0)));
+  return collective::timeoutFromSeconds(scenario.timeoutS);
 }
 
 // Polls for `keys` until all exist or `deadline` passes.

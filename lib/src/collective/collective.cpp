@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <optional>
 
@@ -115,6 +116,15 @@ std::string formatRankList(const std::vector<int>& ranks) {
   return fmt::format("[{}]", fmt::join(ranks, ", "));
 }
 
+std::chrono::milliseconds timeoutFromSeconds(double seconds) {
+  if (!std::isfinite(seconds) || seconds <= 0 || seconds > kMaxTimeoutSeconds) {
+    throw ValueError(fmt::format(
+        "a collective timeout must be a number of seconds in (0, {:g}], got {}",
+        kMaxTimeoutSeconds, seconds));
+  }
+  return std::chrono::milliseconds(static_cast<std::int64_t>(std::ceil(seconds * 1000.0)));
+}
+
 Collective::Collective(int rank, int worldSize, std::chrono::milliseconds timeout)
     : rank_(rank), worldSize_(worldSize), timeout_(timeout) {
   if (worldSize < 1 || rank < 0 || rank >= worldSize) {
@@ -124,9 +134,9 @@ Collective::Collective(int rank, int worldSize, std::chrono::milliseconds timeou
 }
 
 void Collective::setTimeout(std::chrono::milliseconds timeout) {
-  if (timeout.count() <= 0) {
-    throw ValueError(
-        fmt::format("collective timeout must be positive, got {} ms", timeout.count()));
+  if (timeout.count() <= 0 || timeout.count() > kMaxTimeoutSeconds * 1000.0) {
+    throw ValueError(fmt::format("collective timeout must be in (0, {:g}] ms, got {} ms",
+                                 kMaxTimeoutSeconds * 1000.0, timeout.count()));
   }
   timeout_ = timeout;
 }

@@ -37,8 +37,7 @@ class ShutdownVote {
 
 std::vector<RankResult> runOnThreads(const Scenario& scenario, const ThreadRunOptions& options) {
   const int worldSize = scenario.worldSize;
-  const auto timeout = std::chrono::milliseconds(
-      std::max<std::int64_t>(1, static_cast<std::int64_t>(scenario.timeoutS * 1000.0)));
+  const auto timeout = collective::timeoutFromSeconds(scenario.timeoutS);
   auto world = collective::ThreadWorld::create(worldSize);
   ShutdownVote vote(worldSize);
   const auto epoch = collective::Clock::now();

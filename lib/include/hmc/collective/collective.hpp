@@ -102,6 +102,15 @@ class LocalCollective final : public Collective {
                             Clock::time_point deadline) override;
 };
 
+// The longest collective deadline hmc accepts: 1e6 s (about 11.6 days), the scenario
+// format's cap on `timeout_s`. Longer ones would overflow the clock's arithmetic.
+inline constexpr double kMaxTimeoutSeconds = 1e6;
+
+// `seconds` as a collective timeout, rounded up to whole milliseconds. The one place where
+// seconds (scenario files, --timeout) become a deadline. Throws ValueError for NaN, infinity,
+// zero, negative values and values above kMaxTimeoutSeconds.
+std::chrono::milliseconds timeoutFromSeconds(double seconds);
+
 // Python's repr of a list of ints: "[0, 2]".
 std::string formatRankList(const std::vector<int>& ranks);
 
