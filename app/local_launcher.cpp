@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -27,51 +28,15 @@
 #include "hmc/collective/store_transport.hpp"
 #include "hmc/diagnostics/watchdog.hpp"
 #include "hmc/error.hpp"
+#include "process_group.hpp"
 #include "rank_process.hpp"
+#include "signals.hpp"
 
 namespace hmc::app {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 namespace fs = std::filesystem;
-
-std::atomic<int> gSignal{0};
-
-extern "C" void onSignal(int signal) { gSignal.store(signal); }
-
-// Installs SIGINT/SIGTERM handlers for the launch and restores the old ones after it.
-class SignalScope {
- public:
-  SignalScope() {
-    gSignal.store(0);
-    struct sigaction action {};
-    action.sa_handler = onSignal;
-    sigemptyset(&action.sa_mask);
-    sigaction(SIGINT, &action, &oldInt_);
-    sigaction(SIGTERM, &action, &oldTerm_);
-  }
-  ~SignalScope() {
-    sigaction(SIGINT, &oldInt_, nullptr);
-    sigaction(SIGTERM, &oldTerm_, nullptr);
-  }
-
- private:
-  struct sigaction oldInt_ {};
-  struct sigaction oldTerm_ {};
-};
-
-std::string describeStatus(int status) {
-  if (WIFEXITED(status)) {
-    const int code = WEXITSTATUS(status);
-    return code == kCrashExitStatus ? fmt::format("exited with status {} (fault crash)", code)
-                                    : fmt::format("exited with status {}", code);
-  }
-  if (WIFSIGNALED(status)) {
-    const int signal = WTERMSIG(status);
-    return fmt::format("killed by signal {} ({})", signal, strsignal(signal));
-  }
-  return fmt::format("ended with wait status {}", status);
-}
 
 // Whether something listens on 127.0.0.1:port now.
 bool acceptsConnections(int port) {
@@ -84,21 +49,6 @@ bool acceptsConnections(int port) {
   const bool ok = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
   close(fd);
   return ok;
-}
-
-pid_t spawn(const std::vector<std::string>& args) {
-  std::vector<char*> argv;
-  for (const auto& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
-  argv.push_back(nullptr);
-  const pid_t pid = fork();
-  if (pid < 0) throw RuntimeError(fmt::format("fork: {}", std::strerror(errno)));
-  if (pid == 0) {
-    execv(argv[0], argv.data());
-    std::fprintf(stderr, "hmc-run: cannot start rank process %s: %s\n", argv[0],
-                 std::strerror(errno));
-    _exit(127);
-  }
-  return pid;
 }
 
 // The launcher's own connection to the store that rank 0 hosts. It announces dead ranks
@@ -219,112 +169,126 @@ void writePidFile(const std::vector<pid_t>& pids) {
   for (pid_t pid : pids) out << pid << '\n';
 }
 
+// A private folder for the run's result files: under $TMPDIR (else /tmp), removed at the end.
+class RunFolder {
+ public:
+  RunFolder() {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string pattern =
+        (fs::path(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") / "hmc-run-XXXXXX").string();
+    if (mkdtemp(pattern.data()) == nullptr) {
+      throw RuntimeError(
+          fmt::format("cannot create a folder for the rank results: mkdtemp {}: {} "
+                      "(set TMPDIR to a writable folder)",
+                      pattern, std::strerror(errno)));
+    }
+    path_ = pattern;
+  }
+  ~RunFolder() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  fs::path operator/(const std::string& name) const { return path_ / name; }
+
+ private:
+  fs::path path_;
+};
+
+// The results a rank process wrote (one per repetition it finished), or none.
+std::vector<scenario::RankResult> readRankResults(const fs::path& file, int rank) {
+  std::vector<scenario::RankResult> results;
+  std::ifstream in(file);
+  if (!in) return results;
+  try {
+    const auto document = nlohmann::json::parse(in);
+    for (const auto& entry : document.at("repetitions")) {
+      results.push_back(scenario::rankResultFromJson(entry));
+    }
+  } catch (const std::exception& error) {
+    spdlog::warn("rank {} wrote an unreadable result {}: {}", rank, file.string(), error.what());
+    results.clear();
+  }
+  return results;
+}
+
 }  // namespace
 
 LocalLaunchResult launchLocalRanks(const scenario::Scenario& scenario,
                                    const LocalLaunchOptions& options) {
   const int world = scenario.worldSize;
-  char pattern[] = "/tmp/hmc-run-XXXXXX";
-  if (mkdtemp(pattern) == nullptr) {
-    throw RuntimeError(fmt::format("mkdtemp /tmp/hmc-run-XXXXXX: {}", std::strerror(errno)));
+  const RunFolder folder;
+  const fs::path scenarioCopy = folder / "scenario.json";
+  {
+    std::ofstream out(scenarioCopy, std::ios::binary);
+    out << options.scenarioText;
+    if (!out.flush()) {
+      throw RuntimeError(
+          fmt::format("cannot write {}: {}", scenarioCopy.string(), std::strerror(errno)));
+    }
   }
-  const fs::path dir(pattern);
-  const int port = collective::freeLoopbackPort();
+  const int port = options.masterPort.value_or(collective::freeLoopbackPort());
   int glooPort = collective::freeLoopbackPort();
   if (glooPort == port) glooPort = collective::freeLoopbackPort();
 
-  SignalScope signals;
-  struct Child {
-    pid_t pid = -1;
-    std::optional<int> status;
-  };
-  std::vector<Child> children(world);
+  // The caller's SignalScope records Ctrl-C, SIGTERM and SIGHUP (pendingSignal()).
+  ProcessGroup ranks;
   for (int rank = 0; rank < world; ++rank) {
-    std::vector<std::string> args = {options.executable,
-                                     "_rank",
-                                     options.scenarioFile,
-                                     "--rank",
-                                     std::to_string(rank),
-                                     "--world-size",
-                                     std::to_string(world),
-                                     "--master-addr",
-                                     "127.0.0.1",
-                                     "--master-port",
-                                     std::to_string(port),
-                                     "--gloo-port",
-                                     std::to_string(glooPort),
-                                     "--transport",
-                                     options.transport,
-                                     "--result-file",
-                                     (dir / fmt::format("rank{}.json", rank)).string()};
-    args.insert(args.end(), options.passThrough.begin(), options.passThrough.end());
-    children[rank].pid = spawn(args);
+    RankLaunch launch = options.launch;
+    launch.scenarioFile = scenarioCopy.string();
+    launch.rank = rank;
+    launch.worldSize = world;
+    launch.masterAddr = "127.0.0.1";
+    launch.masterPort = port;
+    launch.glooPort = glooPort;
+    launch.agentHostsStore = false;
+    launch.resultFile = (folder / fmt::format("rank{}.json", rank)).string();
+    std::vector<std::string> args = launch.toArgs();
+    args.insert(args.begin(), options.executable);
+    ranks.spawn(args);
   }
   {
     std::vector<pid_t> pids;
-    for (const auto& child : children) pids.push_back(child.pid);
+    for (int rank = 0; rank < world; ++rank) pids.push_back(ranks.pid(rank));
     writePidFile(pids);
   }
   // Rank 0 starts its server once LibTorch is loaded; every rank gives up on the store after
   // the timeout, so the launcher does not try longer than that plus a margin.
-  // One liaison per store of the run: rank_process.cpp's control store (prefix "hmc"), and
-  // for gloo the process group's own store (GlooTransport's prefix "hmc-gloo/gloo"), whose
-  // rendezvous and leaving also skip ranks announced dead.
+  // One liaison per store of the run: the control store (prefix "hmc"), and for gloo the
+  // process group's own store (GlooTransport's prefix "hmc-gloo/gloo"), whose rendezvous and
+  // leaving also skip ranks announced dead.
+  const auto timeout = collective::timeoutFromSeconds(scenario.timeoutS);
   std::optional<StoreLiaison> liaison;
   std::optional<StoreLiaison> glooLiaison;
   if (world > 1) {
-    const auto connectFor =
-        collective::timeoutFromSeconds(scenario.timeoutS) + std::chrono::seconds(10);
+    const auto connectFor = timeout + std::chrono::seconds(10);
     liaison.emplace(port, "hmc", world, connectFor);
-    if (options.transport == "gloo")
+    if (options.launch.transport == collective::Transport::kGloo) {
       glooLiaison.emplace(glooPort, "hmc-gloo/gloo", world, connectFor);
+    }
   }
 
   // Reap; after the first failure the survivors get two collective deadlines (the one that
   // notices the dead rank, then the bounded end-of-run agreement) plus a margin to finish,
   // then SIGTERM, then SIGKILL.
-  const auto grace = 2 * collective::timeoutFromSeconds(scenario.timeoutS) + std::chrono::seconds(5);
-  std::optional<Clock::time_point> stopAt;
-  std::optional<Clock::time_point> killAt;
+  const auto grace = 2 * timeout + std::chrono::seconds(5);
   LocalLaunchResult result;
-  int alive = world;
-  while (alive > 0) {
-    for (auto& child : children) {
-      if (child.status) continue;
-      int status = 0;
-      const pid_t done = waitpid(child.pid, &status, WNOHANG);
-      if (done == child.pid) {
-        child.status = status;
-        --alive;
-        const bool clean = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-        const int rank = static_cast<int>(&child - children.data());
-        for (auto* store : {&liaison, &glooLiaison}) {
-          if (!*store) continue;
-          if (rank == 0) (*store)->storeGone();
-          if (!clean && !result.interrupted) {
-            (*store)->announceDeath(rank, fmt::format("rank {} {}", rank, describeStatus(status)));
-          }
+  while (ranks.running() > 0) {
+    for (int rank : ranks.poll()) {
+      const int status = *ranks.status(rank);
+      const bool clean = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+      for (auto* store : {&liaison, &glooLiaison}) {
+        if (!*store) continue;
+        if (rank == 0) (*store)->storeGone();
+        if (!clean && !result.interrupted) {
+          (*store)->announceDeath(
+              rank, fmt::format("rank {} {}", rank, describeWaitStatus(status, kCrashExitStatus)));
         }
-        if (!clean && !stopAt) stopAt = Clock::now() + grace;
       }
+      if (!clean) ranks.stopAt(ProcessGroup::Clock::now() + grace);
     }
-    if (alive == 0) break;
-    const auto now = Clock::now();
-    if (gSignal.load() != 0 && !result.interrupted) {
+    if (pendingSignal() != 0 && !result.interrupted) {
       result.interrupted = true;
-      stopAt = now;
-    }
-    if (stopAt && now >= *stopAt && !killAt) {
-      for (auto& child : children) {
-        if (!child.status) kill(child.pid, SIGTERM);
-      }
-      killAt = now + std::chrono::seconds(2);
-    }
-    if (killAt && now >= *killAt) {
-      for (auto& child : children) {
-        if (!child.status) kill(child.pid, SIGKILL);
-      }
-      killAt = now + std::chrono::hours(1);  // SIGKILL once; waitpid reaps them next
+      ranks.stopNow();
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
@@ -332,31 +296,27 @@ LocalLaunchResult launchLocalRanks(const scenario::Scenario& scenario,
   const auto flights = liaison ? liaison->flights() : std::map<int, diagnostics::PublishedFlight>{};
   liaison.reset();
   glooLiaison.reset();
-  result.ranks.resize(world);
+  std::vector<std::vector<scenario::RankResult>> byRank(world);
+  std::size_t repetitions = 1;
   for (int rank = 0; rank < world; ++rank) {
-    const fs::path file = dir / fmt::format("rank{}.json", rank);
-    std::ifstream in(file);
-    bool loaded = false;
-    if (in) {
-      try {
-        result.ranks[rank] = scenario::RankResult::fromJson(nlohmann::json::parse(in));
-        loaded = true;
-      } catch (const std::exception& error) {
-        spdlog::warn("rank {} wrote an unreadable result {}: {}", rank, file.string(),
-                     error.what());
+    byRank[rank] = readRankResults(folder / fmt::format("rank{}.json", rank), rank);
+    repetitions = std::max(repetitions, byRank[rank].size());
+  }
+  // A rank that died in repetition k left results for the ones before: it is missing from k on.
+  result.repetitions.assign(repetitions, std::vector<scenario::RankResult>(world));
+  for (int rank = 0; rank < world; ++rank) {
+    const std::string status = describeWaitStatus(*ranks.status(rank), kCrashExitStatus);
+    for (std::size_t r = 0; r < repetitions; ++r) {
+      auto& slot = result.repetitions[r][rank];
+      if (r < byRank[rank].size()) {
+        slot = std::move(byRank[rank][r]);  // a rank stopped by a signal says where itself
+      } else {
+        // Where it was, if its watchdog published its flight record before it died.
+        slot = missingRankResult(rank, status,
+                                 "the rank process died without a result: not checked", flights);
       }
     }
-    if (!loaded) {
-      // Where it was, if its watchdog published its flight record before it died.
-      result.ranks[rank] =
-          missingRankResult(rank, describeStatus(*children[rank].status),
-                            "the rank process died without a result: not checked", flights);
-    } else if (result.ranks[rank].crashed) {
-      result.ranks[rank].crashReason = describeStatus(*children[rank].status);
-    }
   }
-  std::error_code ec;
-  fs::remove_all(dir, ec);
   return result;
 }
 

@@ -14,28 +14,35 @@
 //
 // Test hook: HMC_LAUNCH_PID_FILE=PATH writes the rank processes' pids there, one a line.
 
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "hmc/scenario/runner.hpp"
 #include "hmc/scenario/scenario.hpp"
+#include "rank_launch.hpp"
 
 namespace hmc::app {
 
 struct LocalLaunchOptions {
   std::string executable;  // this program (/proc/self/exe)
-  std::string scenarioFile;
-  std::string transport = "tcp";         // "tcp", "store" or "gloo"
-  std::vector<std::string> passThrough;  // options every rank gets (--device, --timeout, ...)
+  // Every rank's configuration but its place (rank, ports, result file): transport,
+  // overrides, repetitions, flight capacity, log level, the file name to report.
+  RankLaunch launch;
+  // The scenario file's bytes as the parent read and parsed them: the ranks run exactly these.
+  std::string scenarioText;
+  std::optional<int> masterPort;  // --master-port: the control store's port (else a free one)
 };
 
 struct LocalLaunchResult {
-  std::vector<scenario::RankResult> ranks;
-  bool interrupted = false;  // Ctrl-C or SIGTERM stopped the run
+  // One entry per repetition, each with every rank's result (a rank that died without one is
+  // a crashed rank with its exit status).
+  std::vector<std::vector<scenario::RankResult>> repetitions;
+  bool interrupted = false;  // Ctrl-C, SIGTERM or SIGHUP stopped the run
 };
 
-// Blocks until every rank process has exited. A rank that dies without a result is reported
-// as crashed with its exit status or signal.
+// Blocks until every rank process has exited. Throws RuntimeError when a rank cannot be
+// started (no rank is left running then).
 LocalLaunchResult launchLocalRanks(const scenario::Scenario& scenario,
                                    const LocalLaunchOptions& options);
 

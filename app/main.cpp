@@ -1,6 +1,12 @@
 // hmc-run: runs hmc-scenario/1 files across ranks and reports mismatches, leaks, hangs and
 // workspace reuse timings. Exit codes: 0 every expectation met, 1 an expectation failed,
-// 2 bad input or usage, 3 an unexpected hang.
+// 2 bad input or usage, 3 an unexpected hang, 130 interrupted.
+//
+// The data flow, top to bottom: the command line (RunOptions) -> a RunPlan (who starts the
+// ranks, which transport, who reports) -> per file: read once, parse with the overrides
+// (PreparedScenario) -> run on threads, on hmc-run's own rank processes or as one rank of a
+// launcher's world (RankLaunch) -> every rank's results per repetition -> one ScenarioReport
+// (buildReport) -> the reporters (console, JSON, trace) on the reporting process only.
 
 #include <fmt/format.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
@@ -9,69 +15,69 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <iostream>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "hmc/collective/collective.hpp"
 #include "hmc/collective/launch_env.hpp"
+#include "hmc/collective/transport.hpp"
 #include "hmc/config.hpp"
 #include "hmc/error.hpp"
 #include "hmc/resources/cuda_device.hpp"
+#include "hmc/scenario/output_file.hpp"
 #include "hmc/scenario/report.hpp"
 #include "hmc/scenario/reporters.hpp"
 #include "hmc/scenario/runner.hpp"
 #include "hmc/scenario/scenario.hpp"
 #include "hmc/scenario/thread_driver.hpp"
 #include "local_launcher.hpp"
+#include "rank_launch.hpp"
 #include "rank_process.hpp"
+#include "signals.hpp"
 
 namespace fs = std::filesystem;
+using hmc::collective::Transport;
 using hmc::scenario::Outcome;
+using hmc::scenario::RankResult;
+using hmc::scenario::ScenarioReport;
 
 namespace {
 
 constexpr int kExitUsage = 2;
+constexpr int kExitInterrupted = 130;
 
 struct RunOptions {
   std::vector<std::string> paths;
-  std::optional<int> worldSize;
-  std::string transport = "auto";
-  std::optional<std::string> device;
-  std::optional<double> timeoutS;
+  hmc::app::ScenarioOverrides overrides;  // --world-size, --device, --timeout
+  Transport transport = Transport::kAuto;
   std::optional<std::string> reportPath;
   std::optional<std::string> tracePath;
   std::string logLevel = "warn";
   bool quiet = false;
   std::optional<std::string> masterAddr;
   std::optional<int> masterPort;
+  int repetitions = 1;
+  std::optional<int> warmup;  // default: 1 when repetitions > 1
 };
 
-// The hidden `_rank` command: one rank process of hmc-run's own local launch.
-struct RankCommand {
-  std::string file;
-  int rank = 0;
-  int worldSize = 1;
-  std::string masterAddr = "127.0.0.1";
-  int masterPort = 0;
-  int glooPort = 0;
-  std::string transport = "tcp";
-  std::string resultFile;
-  std::optional<std::string> device;
-  std::optional<double> timeoutS;
+// Who starts the ranks and who reports, decided once for the whole run.
+struct RunPlan {
+  std::optional<hmc::collective::LaunchEnv> launch;  // torchrun, srun or mpirun started us
+  Transport transport = Transport::kThreads;         // resolved: never kAuto
+  std::optional<hmc::resources::DeviceProbe> ncclDevices;
+  bool reporting = true;  // this process prints and writes the results
+  int warmup = 0;
   std::size_t flightCapacity = 64;
 };
-
-hmc::scenario::Device deviceFromName(const std::string& name) {
-  return name == "cpu"    ? hmc::scenario::Device::kCpu
-         : name == "cuda" ? hmc::scenario::Device::kCuda
-                          : hmc::scenario::Device::kAuto;
-}
 
 std::string selfExecutable(const char* argv0) {
   std::error_code ec;
@@ -86,6 +92,8 @@ void setUpLogging(const std::string& level) {
   logger->set_level(spdlog::level::from_str(level));
   spdlog::set_default_logger(logger);
 }
+
+void usageError(const std::string& message) { fmt::print(stderr, "hmc-run: {}\n", message); }
 
 // Files a path names: the file itself, or a directory's *.json files in name order.
 std::vector<std::string> expandPaths(const std::vector<std::string>& paths, bool* anyDirectory) {
@@ -135,7 +143,8 @@ class Progress {
   void step(const std::string& name, const hmc::scenario::StepResult& step, std::size_t total) {
     if (!enabled_) return;
     std::lock_guard<std::mutex> lock(mutex_);
-    fmt::print(stderr, "\r\033[K# {}: step {}/{} {} ", name, step.index + 1, total, step.op);
+    fmt::print(stderr, "\r\033[K# {}: step {}/{} {} ", name, step.index + 1, total,
+               hmc::scenario::toString(step.op));
     std::fflush(stderr);
   }
   void clear() {
@@ -149,231 +158,392 @@ class Progress {
   std::mutex mutex_;
 };
 
-int runScenarios(const RunOptions& options, const std::vector<std::string>& command,
-                 const std::string& executable) {
-  // Who starts the ranks: a launcher (torchrun, srun, mpirun), hmc-run's own processes, or
-  // threads of this process.
-  std::optional<hmc::collective::LaunchEnv> launch;
+// Decides who starts the ranks, over which transport, and who reports. Returns 0, or the
+// exit code of a usage error it printed.
+int planRun(const RunOptions& options, RunPlan* plan) {
   try {
-    launch = hmc::collective::detectLaunch(hmc::collective::processEnvironment(),
-                                           {options.masterAddr, options.masterPort});
+    plan->launch = hmc::collective::detectLaunch(hmc::collective::processEnvironment(),
+                                                 {options.masterAddr, options.masterPort});
   } catch (const hmc::ValueError& error) {
-    fmt::print(stderr, "hmc-run: launcher environment: {}\n", error.what());
+    usageError(fmt::format("launcher environment: {}", error.what()));
     return kExitUsage;
   }
-  std::string transport = options.transport;
+  const auto& launch = plan->launch;
+  plan->transport = options.transport;
   if (launch) {
-    if (transport == "threads") {
-      fmt::print(stderr,
-                 "hmc-run: --transport threads runs every rank in one process, but {} started "
-                 "this process as rank {} of {}: use --transport tcp, store or gloo (or auto)\n",
-                 launch->launcher, launch->rank, launch->worldSize);
+    if (plan->transport == Transport::kThreads) {
+      usageError(fmt::format(
+          "--transport threads runs every rank in one process, but {} started this process as "
+          "rank {} of {}: use --transport tcp, store or gloo (or auto)",
+          launch->launcher, launch->rank, launch->worldSize));
       return kExitUsage;
     }
-    if (transport == "auto") transport = "tcp";
-    if (options.worldSize && *options.worldSize != launch->worldSize) {
-      fmt::print(stderr, "hmc-run: --world-size {} disagrees with {}'s world of {} ranks\n",
-                 *options.worldSize, launch->launcher, launch->worldSize);
+    if (plan->transport == Transport::kAuto) plan->transport = Transport::kTcp;
+    if (options.overrides.worldSize && *options.overrides.worldSize != launch->worldSize) {
+      usageError(fmt::format("--world-size {} disagrees with {}'s world of {} ranks",
+                             *options.overrides.worldSize, launch->launcher, launch->worldSize));
       return kExitUsage;
     }
-  } else if (transport == "auto") {
-    transport = "threads";
+    plan->reporting = launch->rank == 0;
+  } else if (plan->transport == Transport::kAuto) {
+    plan->transport = Transport::kThreads;
   }
-  std::optional<hmc::resources::DeviceProbe> ncclDevices;
-  if (transport == "nccl") {
+  if (plan->transport == Transport::kNccl) {
     if (!HMC_HAVE_CUDA) {
-      fmt::print(stderr,
-                 "hmc-run: --transport nccl: this hmc-run was built without CUDA "
-                 "(HMC_WITH_CUDA=OFF, or the CUDA toolkit or NCCL was not found); use "
-                 "--transport tcp, store or gloo\n");
+      usageError(
+          "--transport nccl: this hmc-run was built without CUDA (HMC_WITH_CUDA=OFF, or the CUDA "
+          "toolkit or NCCL was not found); use --transport tcp, store or gloo");
       return kExitUsage;
     }
-    ncclDevices = hmc::resources::cudaDeviceUsable();
-    if (!*ncclDevices) {
-      fmt::print(stderr, "hmc-run: --transport nccl: {}; use --transport tcp, store or gloo\n",
-                 ncclDevices->reason);
+    plan->ncclDevices = hmc::resources::cudaDeviceUsable();
+    if (!*plan->ncclDevices) {
+      usageError(fmt::format("--transport nccl: {}; use --transport tcp, store or gloo",
+                             plan->ncclDevices->reason));
       return kExitUsage;
     }
   }
+  if (options.warmup && *options.warmup >= options.repetitions) {
+    usageError(fmt::format("--warmup {} leaves no measured repetition of --repetitions {}",
+                           *options.warmup, options.repetitions));
+    return kExitUsage;
+  }
+  plan->warmup = options.warmup.value_or(options.repetitions > 1 ? 1 : 0);
+  plan->flightCapacity = options.tracePath ? (1u << 16) : 64u;
+  // Output paths are checked before anything runs, so a long run's results are not lost.
+  if (plan->reporting) {
+    for (const auto* path : {&options.reportPath, &options.tracePath}) {
+      if (!*path) continue;
+      const std::string problem = hmc::scenario::checkOutputPath(**path);
+      if (!problem.empty()) {
+        usageError(problem);
+        return kExitUsage;
+      }
+    }
+    if (options.reportPath && options.tracePath && *options.reportPath == "-" &&
+        *options.tracePath == "-") {
+      usageError("--report - and --trace - would both write to standard output: give one a file");
+      return kExitUsage;
+    }
+  }
+  return 0;
+}
+
+// A scenario read once and parsed with the overrides, or why it cannot run here.
+struct PreparedScenario {
+  std::string text;
+  hmc::scenario::Scenario scenario;
+  std::optional<hmc::ScenarioError> error;
+};
+
+// The first step (nested ones too) that asks for CUDA itself, or null.
+const hmc::scenario::Step* firstCudaStep(const std::vector<hmc::scenario::Step>& steps) {
+  for (const auto& step : steps) {
+    if (step.device == hmc::scenario::Device::kCuda) return &step;
+    if (const auto* inner = firstCudaStep(step.steps)) return inner;
+  }
+  return nullptr;
+}
+
+PreparedScenario prepareScenario(const std::string& file, const RunOptions& options,
+                                 const RunPlan& plan) {
+  PreparedScenario prepared;
+  hmc::app::ScenarioOverrides overrides = options.overrides;
+  if (plan.launch) overrides.worldSize = plan.launch->worldSize;
+  try {
+    prepared.text = hmc::scenario::readScenarioFile(file);
+    prepared.scenario = overrides.parse(prepared.text, file);
+  } catch (const hmc::ScenarioError& error) {
+    prepared.error = error;
+    return prepared;
+  }
+  const auto& scenario = prepared.scenario;
+  // What this machine cannot run is bad usage (exit 2), not a failed expectation: a GPU
+  // scenario without a usable GPU, an NCCL world with more ranks than GPUs.
+  if (hmc::scenario::usesCuda(scenario)) {
+    const std::string reason = hmc::scenario::cudaUnusableReason();
+    if (!reason.empty()) {
+      // A step of its own asking for CUDA is named by its path: --device does not change it.
+      const hmc::scenario::Step* step = firstCudaStep(scenario.steps);
+      prepared.error =
+          step != nullptr
+              ? hmc::ScenarioError(
+                    file, step->path + "/device",
+                    fmt::format("this step puts its inputs on CUDA, but {}; run the scenario on "
+                                "a GPU machine (scripts/device-check) or change the step's "
+                                "\"device\"",
+                                reason))
+              : hmc::ScenarioError(
+                    file, "/device",
+                    fmt::format("the scenario puts its inputs on CUDA, but {}; run it on a GPU "
+                                "machine (scripts/device-check) or pass --device cpu",
+                                reason));
+      return prepared;
+    }
+  }
+  if (plan.ncclDevices && !plan.launch && scenario.worldSize > plan.ncclDevices->deviceCount) {
+    prepared.error = hmc::ScenarioError(
+        file, "/world_size",
+        fmt::format("--transport nccl needs one GPU per rank: {} ranks, {} GPU(s); run it with "
+                    "--world-size {} or fewer, or use --transport tcp, store or gloo (the ranks "
+                    "then share the GPU for workspaces)",
+                    scenario.worldSize, plan.ncclDevices->deviceCount,
+                    plan.ncclDevices->deviceCount));
+  }
+  return prepared;
+}
+
+// Every rank's results, per repetition.
+struct RanResults {
+  std::vector<std::vector<RankResult>> repetitions;
+  bool interrupted = false;
+};
+
+RanResults runOnThreads(const PreparedScenario& prepared, const RunOptions& options,
+                        const RunPlan& plan, Progress& progress) {
+  const auto& scenario = prepared.scenario;
+  hmc::scenario::ThreadRunOptions runOptions;
+  runOptions.flightCapacity = plan.flightCapacity;
+  const std::size_t total = scenario.steps.size();
+  runOptions.onStep = [&](int rank, const hmc::scenario::StepResult& step) {
+    if (rank == 0) progress.step(scenario.name, step, total);
+  };
+  // Ctrl-C, SIGTERM or SIGHUP (recorded by the run's SignalScope) stops the ranks' collectives.
+  hmc::scenario::ThreadInterrupt interrupt;
+  runOptions.interrupt = &interrupt;
+  std::atomic<bool> done{false};
+  std::thread watcher([&] {
+    while (!done.load()) {
+      if (const int signal = hmc::app::pendingSignal(); signal != 0) {
+        interrupt.interrupt(
+            fmt::format("interrupted by signal {} ({})", signal, strsignal(signal)));
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  });
+  struct JoinWatcher {
+    std::atomic<bool>& done;
+    std::thread& thread;
+    ~JoinWatcher() {
+      done = true;
+      thread.join();
+    }
+  } join{done, watcher};
+  RanResults ran;
+  for (int repetition = 0; repetition < options.repetitions && !interrupt.interrupted();
+       ++repetition) {
+    ran.repetitions.push_back(hmc::scenario::runOnThreads(scenario, runOptions));
+    const auto& ranks = ran.repetitions.back();
+    // After a hang or a crash the world is not repeated (as with rank processes).
+    if (std::any_of(ranks.begin(), ranks.end(),
+                    [](const RankResult& rank) { return rank.hung || rank.crashed; })) {
+      break;
+    }
+  }
+  ran.interrupted = interrupt.interrupted();
+  return ran;
+}
+
+hmc::app::RankLaunch rankLaunchFor(const std::string& file, const RunOptions& options,
+                                   const RunPlan& plan) {
+  hmc::app::RankLaunch launch;
+  launch.displayFile = file;
+  launch.overrides = options.overrides;
+  launch.repetitions = options.repetitions;
+  launch.transport = plan.transport;
+  launch.flightCapacity = plan.flightCapacity;
+  launch.logLevel = options.logLevel;
+  if (plan.launch) {
+    launch.scenarioFile = file;
+    launch.rank = plan.launch->rank;
+    launch.worldSize = plan.launch->worldSize;
+    launch.masterAddr = plan.launch->masterAddr;
+    launch.masterPort = plan.launch->masterPort;
+    launch.agentHostsStore = plan.launch->agentHostsStore;
+  }
+  return launch;
+}
+
+// Runs one scenario on the plan's ranks. nullopt on a non-reporting rank of a launcher's world
+// (rank 0 has the results).
+std::optional<RanResults> runPrepared(const std::string& file, const PreparedScenario& prepared,
+                                      const RunOptions& options, const RunPlan& plan,
+                                      const std::string& executable, Progress& progress,
+                                      const hmc::app::InterruptedReport& onInterrupted) {
+  if (plan.launch) {
+    auto outcome = hmc::app::runRankProcess(prepared.scenario, rankLaunchFor(file, options, plan),
+                                            true, onInterrupted);
+    if (!plan.reporting) return std::nullopt;
+    RanResults ran;
+    ran.repetitions = std::move(*outcome.merged);
+    return ran;
+  }
+  if (plan.transport == Transport::kThreads) {
+    return runOnThreads(prepared, options, plan, progress);
+  }
+  hmc::app::LocalLaunchOptions launchOptions;
+  launchOptions.executable = executable;
+  launchOptions.launch = rankLaunchFor(file, options, plan);
+  launchOptions.scenarioText = prepared.text;
+  launchOptions.masterPort = options.masterPort;
+  auto launched = hmc::app::launchLocalRanks(prepared.scenario, launchOptions);
+  return RanResults{std::move(launched.repetitions), launched.interrupted};
+}
+
+hmc::scenario::RunInfo runInfo(const RunPlan& plan, const hmc::scenario::Scenario& scenario,
+                               std::string startedAt, double wallSeconds,
+                               const std::vector<std::string>& command) {
+  hmc::scenario::RunInfo info;
+  info.transport = std::string(hmc::collective::toString(plan.transport));
+  info.device = hmc::scenario::resolvedDeviceName(scenario.device);
+  info.wallSeconds = wallSeconds;
+  info.startedAt = std::move(startedAt);
+  info.host = hostName();
+  info.torchVersion = hmc::scenario::torchVersion();
+  info.command = command;
+  return info;
+}
+
+// The reporters of the reporting process. With --report - the JSON goes to stdout and the
+// console table to stderr.
+std::vector<std::unique_ptr<hmc::scenario::Reporter>> makeReporters(const RunOptions& options,
+                                                                    bool directory,
+                                                                    std::size_t total) {
+  std::vector<std::unique_ptr<hmc::scenario::Reporter>> reporters;
+  hmc::scenario::ConsoleOptions console;
+  console.quiet = options.quiet;
+  console.directory = directory;
+  console.total = total;
+  const bool jsonOnStdout = (options.reportPath && *options.reportPath == "-") ||
+                            (options.tracePath && *options.tracePath == "-");
+  reporters.push_back(
+      hmc::scenario::makeConsoleReporter(jsonOnStdout ? std::cerr : std::cout, console));
+  if (options.reportPath) reporters.push_back(hmc::scenario::makeJsonReporter(*options.reportPath));
+  if (options.tracePath) reporters.push_back(hmc::scenario::makeTraceReporter(*options.tracePath));
+  return reporters;
+}
+
+int runScenarios(const RunOptions& options, const std::vector<std::string>& command,
+                 const std::string& executable) {
+  RunPlan plan;
+  if (const int code = planRun(options, &plan); code != 0) return code;
   bool anyDirectory = false;
   std::vector<std::string> files;
   try {
     files = expandPaths(options.paths, &anyDirectory);
   } catch (const hmc::ScenarioError& error) {
-    fmt::print(stderr, "hmc-run: {}\n", error.what());
+    usageError(error.what());
     return kExitUsage;
   }
-  if (launch && files.size() != 1) {
-    fmt::print(stderr,
-               "hmc-run: under {} pass exactly one scenario file (got {}); run a directory with "
-               "hmc-run's own launcher (--transport tcp) instead\n",
-               launch->launcher, files.size());
+  if (plan.launch && files.size() != 1) {
+    usageError(fmt::format(
+        "under {} pass exactly one scenario file (got {}); run a directory with hmc-run's own "
+        "launcher (--transport tcp) instead",
+        plan.launch->launcher, files.size()));
     return kExitUsage;
   }
-  const bool reporting = !launch || launch->rank == 0;
   hmc::scenario::limitTorchThreads(1);
   std::vector<std::unique_ptr<hmc::scenario::Reporter>> reporters;
-  hmc::scenario::ConsoleOptions consoleOptions;
-  consoleOptions.quiet = options.quiet;
-  consoleOptions.directory = anyDirectory || files.size() > 1;
-  reporters.push_back(hmc::scenario::makeConsoleReporter(std::cout, consoleOptions));
-  if (options.reportPath) reporters.push_back(hmc::scenario::makeJsonReporter(*options.reportPath));
-  if (options.tracePath) reporters.push_back(hmc::scenario::makeTraceReporter(*options.tracePath));
-
-  Progress progress(!options.quiet && isatty(STDERR_FILENO) != 0);
-  int exitCode = 0;
-  auto worsen = [&](int code) {
-    // invalid (2) > hang (3) > fail (1) > pass (0)
-    auto severity = [](int c) { return c == 2 ? 3 : c == 3 ? 2 : c; };
-    if (severity(code) > severity(exitCode)) exitCode = code;
+  if (plan.reporting)
+    reporters = makeReporters(options, anyDirectory || files.size() > 1, files.size());
+  auto publish = [&](const ScenarioReport& report) {
+    for (auto& reporter : reporters) reporter->report(report);
   };
-  std::size_t index = 0;
+
+  // Without a launcher this process takes Ctrl-C, SIGTERM and SIGHUP itself: it stops the
+  // ranks and reports what they did. Under a launcher each rank's TerminationWatcher does
+  // (rank_process.hpp).
+  std::optional<hmc::app::SignalScope> signals;
+  if (!plan.launch) {
+    signals.emplace();
+    hmc::app::unblockTerminationSignals();
+  }
+  Progress progress(plan.reporting && !options.quiet && isatty(STDERR_FILENO) != 0);
+  Outcome overall = Outcome::kPass;
+  bool interrupted = false;
   for (const auto& file : files) {
-    ++index;
-    hmc::scenario::ParseOptions parse;
-    parse.worldSize = launch ? std::optional<int>(launch->worldSize) : options.worldSize;
-    hmc::scenario::Scenario scenario;
-    try {
-      scenario = hmc::scenario::loadScenario(file, parse);
-    } catch (const hmc::ScenarioError& error) {
-      const auto report = hmc::scenario::invalidReport(file, "", error);
-      for (auto& reporter : reporters) reporter->scenarioInvalid(file, report);
-      worsen(kExitUsage);
-      continue;
+    if (hmc::app::pendingSignal() != 0) {
+      interrupted = true;
+      break;
     }
-    if (options.device) scenario.device = deviceFromName(*options.device);
-    if (options.timeoutS) scenario.timeoutS = *options.timeoutS;
-    // What this machine cannot run is bad usage (exit 2), not a failed expectation: a GPU
-    // scenario without a usable GPU, an NCCL world with more ranks than GPUs.
-    std::string unrunnable;
-    std::string unrunnablePath = "/device";
-    if (hmc::scenario::usesCuda(scenario)) {
-      const std::string reason = hmc::scenario::cudaUnusableReason();
-      if (!reason.empty()) {
-        unrunnable = fmt::format(
-            "the scenario puts its inputs on CUDA, but {}; run it on a GPU machine "
-            "(scripts/device-check) or pass --device cpu",
-            reason);
+    const PreparedScenario prepared = prepareScenario(file, options, plan);
+    if (prepared.error) {
+      overall = hmc::scenario::worse(overall, Outcome::kInvalid);
+      if (plan.reporting) {
+        publish(hmc::scenario::invalidReport(file, prepared.scenario.name, *prepared.error));
+      } else {
+        fmt::print(stderr, "hmc-run rank {}: invalid scenario {}\n", plan.launch->rank,
+                   prepared.error->what());
       }
-    }
-    if (unrunnable.empty() && ncclDevices && !launch &&
-        scenario.worldSize > ncclDevices->deviceCount) {
-      unrunnablePath = "/world_size";
-      unrunnable = fmt::format(
-          "--transport nccl needs one GPU per rank: {} ranks, {} GPU(s); run it with "
-          "--world-size {} or fewer, or use --transport tcp, store or gloo (the ranks then share "
-          "the "
-          "GPU for workspaces)",
-          scenario.worldSize, ncclDevices->deviceCount, ncclDevices->deviceCount);
-    }
-    if (!unrunnable.empty()) {
-      const hmc::ScenarioError error(file, unrunnablePath, unrunnable);
-      const auto report = hmc::scenario::invalidReport(file, scenario.name, error);
-      for (auto& reporter : reporters) reporter->scenarioInvalid(file, report);
-      worsen(kExitUsage);
       continue;
     }
-
-    const std::size_t flightCapacity = options.tracePath ? (1u << 16) : 64u;
     const auto start = std::chrono::steady_clock::now();
-    std::vector<hmc::scenario::RankResult> ranks;
-    bool interrupted = false;
-    if (launch) {
-      hmc::app::RankProcessOptions rankOptions;
-      rankOptions.transport = transport;
-      rankOptions.rank = launch->rank;
-      rankOptions.worldSize = launch->worldSize;
-      rankOptions.masterAddr = launch->masterAddr;
-      rankOptions.masterPort = launch->masterPort;
-      rankOptions.agentHostsStore = launch->agentHostsStore;
-      rankOptions.flightCapacity = flightCapacity;
-      auto outcome = hmc::app::runRankProcess(scenario, rankOptions, true);
-      if (!reporting) return 0;
-      ranks = std::move(*outcome.merged);
-    } else if (transport == "threads") {
-      hmc::scenario::ThreadRunOptions runOptions;
-      runOptions.flightCapacity = flightCapacity;
-      const std::size_t total = scenario.steps.size();
-      runOptions.onStep = [&](int rank, const hmc::scenario::StepResult& step) {
-        if (rank == 0) progress.step(scenario.name, step, total);
-      };
-      ranks = hmc::scenario::runOnThreads(scenario, runOptions);
-    } else {
-      hmc::app::LocalLaunchOptions launchOptions;
-      launchOptions.executable = executable;
-      launchOptions.scenarioFile = file;
-      launchOptions.transport = transport;
-      launchOptions.passThrough = {"--log-level", options.logLevel, "--flight-capacity",
-                                   std::to_string(flightCapacity)};
-      if (options.device)
-        launchOptions.passThrough.insert(launchOptions.passThrough.end(),
-                                         {"--device", *options.device});
-      if (options.timeoutS)
-        launchOptions.passThrough.insert(launchOptions.passThrough.end(),
-                                         {"--timeout", fmt::format("{}", *options.timeoutS)});
-      auto launched = hmc::app::launchLocalRanks(scenario, launchOptions);
-      ranks = std::move(launched.ranks);
-      interrupted = launched.interrupted;
-    }
+    std::string startedAt = isoNow();
+    // Rank 0 under a launcher that tears the job down: report what every rank did, from the
+    // signal's thread, before the process exits (the main thread is blocked in a collective).
+    const hmc::app::InterruptedReport onInterrupted =
+        [&](std::vector<std::vector<RankResult>> merged, int signal) {
+          const double wall =
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+          ScenarioReport report = hmc::scenario::buildReport(
+              prepared.scenario, std::move(merged), plan.warmup,
+              runInfo(plan, prepared.scenario, startedAt, wall, command));
+          report.interrupted = true;
+          publish(report);
+          for (auto& reporter : reporters) reporter->finish(true);
+          fmt::print(stderr,
+                     "hmc-run: rank 0 stopped by signal {} ({}); reported what every rank did\n",
+                     signal, strsignal(signal));
+          std::fflush(stdout);
+        };
+    auto ran = runPrepared(file, prepared, options, plan, executable, progress, onInterrupted);
     progress.clear();
-
-    hmc::scenario::RunInfo info;
-    info.transport = transport;
-    info.device = hmc::scenario::resolvedDeviceName(scenario.device);
-    info.wallSeconds =
+    if (!ran) return 0;  // a non-reporting rank: rank 0 reports
+    const double wall =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    info.startedAt = isoNow();
-    info.host = hostName();
-    info.torchVersion = hmc::scenario::torchVersion();
-    info.command = command;
-    const auto report = hmc::scenario::buildReport(scenario, ranks, info);
-    for (auto& reporter : reporters) reporter->scenarioFinished(scenario, report, ranks);
-    if (consoleOptions.directory && !options.quiet) {
-      fmt::print("# [{}/{}] {}: {}\n", index, files.size(), scenario.name,
-                 report["outcome"].get<std::string>());
-    }
-    worsen(hmc::scenario::exitCodeOf(hmc::scenario::computeOutcome(scenario, ranks)));
-    if (interrupted) {
-      fmt::print(stderr, "hmc-run: interrupted; every rank process was stopped\n");
-      for (auto& reporter : reporters) reporter->finish();
-      return 130;
+    ScenarioReport report = hmc::scenario::buildReport(
+        prepared.scenario, std::move(ran->repetitions), plan.warmup,
+        runInfo(plan, prepared.scenario, std::move(startedAt), wall, command));
+    report.interrupted = ran->interrupted;
+    publish(report);
+    overall = hmc::scenario::worse(overall, report.outcome);
+    if (ran->interrupted) {
+      interrupted = true;
+      break;
     }
   }
   try {
-    for (auto& reporter : reporters) reporter->finish();
+    for (auto& reporter : reporters) reporter->finish(interrupted);
   } catch (const hmc::Error& error) {
-    fmt::print(stderr, "hmc-run: {}\n", error.what());
+    usageError(error.what());
     return kExitUsage;
   }
-  return exitCode;
+  if (interrupted) {
+    fmt::print(stderr,
+               "hmc-run: interrupted by signal {} ({}); the ranks were stopped and what "
+               "they did is reported above\n",
+               hmc::app::pendingSignal(), strsignal(hmc::app::pendingSignal()));
+    return kExitInterrupted;
+  }
+  return hmc::scenario::exitCodeOf(overall);
 }
 
-int runRankCommand(const RankCommand& command) {
-  hmc::scenario::ParseOptions parse;
-  parse.worldSize = command.worldSize;
+// The hidden `_rank` command: one rank process of hmc-run's own local launch.
+int runRankCommand(const hmc::app::RankLaunch& launch) {
   hmc::scenario::Scenario scenario;
   try {
-    scenario = hmc::scenario::loadScenario(command.file, parse);
+    scenario = launch.overrides.parse(
+        hmc::scenario::readScenarioFile(launch.scenarioFile),
+        launch.displayFile.empty() ? launch.scenarioFile : launch.displayFile);
   } catch (const hmc::ScenarioError& error) {
-    fmt::print(stderr, "hmc-run rank {}: {}\n", command.rank, error.what());
+    fmt::print(stderr, "hmc-run rank {}: {}\n", launch.rank, error.what());
     return kExitUsage;
   }
-  if (command.device) scenario.device = deviceFromName(*command.device);
-  if (command.timeoutS) scenario.timeoutS = *command.timeoutS;
   hmc::scenario::limitTorchThreads(1);
-  hmc::app::RankProcessOptions options;
-  options.transport = command.transport;
-  options.rank = command.rank;
-  options.worldSize = command.worldSize;
-  options.masterAddr = command.masterAddr;
-  options.masterPort = command.masterPort;
-  options.glooPort = command.glooPort;
-  options.flightCapacity = command.flightCapacity;
   try {
-    auto outcome = hmc::app::runRankProcess(scenario, options, false);
-    hmc::scenario::writeFileAtomically(command.resultFile, outcome.result.toJson().dump());
+    hmc::app::runRankProcess(scenario, launch, false);
   } catch (const std::exception& error) {
-    fmt::print(stderr, "hmc-run rank {}: {}\n", command.rank, error.what());
+    fmt::print(stderr, "hmc-run rank {}: {}\n", launch.rank, error.what());
     return 1;
   }
   return 0;
@@ -404,7 +574,7 @@ int listDirectory(const std::string& directory) {
   try {
     files = expandPaths({directory}, &anyDirectory);
   } catch (const hmc::ScenarioError& error) {
-    fmt::print(stderr, "hmc-run: {}\n", error.what());
+    usageError(error.what());
     return kExitUsage;
   }
   int invalid = 0;
@@ -422,9 +592,87 @@ int listDirectory(const std::string& directory) {
   return invalid == 0 ? 0 : kExitUsage;
 }
 
+// The options of a run (the default command).
+void addRunOptions(CLI::App& app, RunOptions& options) {
+  app.add_option("scenario", options.paths,
+                 "Scenario file(s) or directories (every *.json inside, in name order)");
+  app.add_option_function<int>(
+         "-n,--world-size", [&options](const int& n) { options.overrides.worldSize = n; },
+         "Ranks to run, replacing the file's world_size (1..4096), e.g. --world-size 8")
+      ->check(CLI::Range(1, hmc::scenario::kMaxWorldSize));
+  app.add_option_function<std::string>(
+         "--transport",
+         [&options](const std::string& name) {
+           options.transport = *hmc::collective::transportFromString(name);
+         },
+         "How ranks talk. threads: every rank a thread of this process (fast, deterministic, up "
+         "to 4096 ranks). tcp: rank processes exchanging over direct TCP connections (a c10d "
+         "TCPStore to rendezvous and for control). store: rank processes exchanging through a "
+         "c10d TCPStore. gloo: rank processes over c10d ProcessGroupGloo. nccl: rank processes "
+         "exchanging by NCCL all-gathers, one GPU per rank (rank r on GPU r % GPUs; the store "
+         "stays the bootstrap and out-of-band channel); one GPU holds one NCCL rank, so runs "
+         "with more ranks than GPUs share a GPU for workspaces and use tcp, store or gloo for "
+         "control. auto (default): threads, or tcp when torchrun/srun/mpirun started this "
+         "process. With tcp, store, gloo or nccl and no launcher, hmc-run starts world_size "
+         "local rank processes itself (like torchrun --standalone).")
+      ->check(CLI::IsMember(hmc::collective::transportNames()));
+  app.add_option_function<std::string>(
+         "--device",
+         [&options](const std::string& name) {
+           options.overrides.device = name == "cpu"    ? hmc::scenario::Device::kCpu
+                                      : name == "cuda" ? hmc::scenario::Device::kCuda
+                                                       : hmc::scenario::Device::kAuto;
+         },
+         "Replace the scenario's device: auto (cuda when usable), cpu or cuda")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  app.add_option_function<double>(
+         "--timeout", [&options](const double& seconds) { options.overrides.timeoutS = seconds; },
+         "Deadline of every collective in seconds, replacing timeout_s (0 < s <= 1e6), "
+         "e.g. --timeout 5")
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            try {
+              (void)hmc::collective::timeoutFromSeconds(std::stod(text));
+              return "";
+            } catch (const std::exception&) {
+              return "expected a number of seconds > 0 and <= 1e6, got '" + text + "'";
+            }
+          },
+          "SECONDS", "timeout"));
+  app.add_option("--repetitions", options.repetitions,
+                 "Run each scenario this many times (same ranks, fresh managers); the report "
+                 "keeps every repetition's raw timing samples, e.g. --repetitions 10")
+      ->check(CLI::Range(1, 10000));
+  app.add_option("--warmup", options.warmup,
+                 "Repetitions left out of the timings (default 1 when --repetitions > 1, else 0)")
+      ->check(CLI::Range(0, 9999));
+  app.add_option("--report", options.reportPath,
+                 "Write the hmc-report/1 JSON here (several scenarios: hmc-report-set/1); - for "
+                 "standard output (the console table then goes to standard error)");
+  app.add_option("--trace", options.tracePath,
+                 "Write a Chrome trace (one track per rank; opens in Perfetto) here; - for "
+                 "standard output");
+  app.add_option("--log-level", options.logLevel,
+                 "Library log level on stderr: trace, debug, info, warn, error, off")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}))
+      ->envname("HMC_LOG_LEVEL")
+      ->capture_default_str();
+  app.add_flag("-q,--quiet", options.quiet, "Print only the final OK/FAILED line (and errors)");
+  app.add_option("--master-addr", options.masterAddr,
+                 "Host of rank 0's store under srun/mpirun (default: MASTER_ADDR, or the first "
+                 "host of SLURM_JOB_NODELIST)");
+  app.add_option("--master-port", options.masterPort,
+                 "Port of rank 0's store: under a launcher (default: MASTER_PORT, else 29500), "
+                 "or of hmc-run's own rank processes (default: a free port)")
+      ->check(CLI::Range(1, 65535));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Before any thread exists, so that every thread inherits it: termination signals reach
+  // only the thread meant to take them (signals.hpp).
+  hmc::app::blockTerminationSignals();
   const std::vector<std::string> command(argv, argv + argc);
   CLI::App app{
       "hmc-run " HMC_VERSION
@@ -440,85 +688,27 @@ int main(int argc, char** argv) {
       "  hmc-run scenarios/reuse-churn.json --world-size 8 --trace trace.json\n"
       "                                                    open trace.json in ui.perfetto.dev\n"
       "  hmc-run scenarios/quickstart.json --transport tcp ranks as local processes\n"
-      "  torchrun --nproc-per-node 4 --no-python hmc-run scenarios/quickstart.json\n"
+      "  hmc-run scenarios/reuse-churn.json --repetitions 10 --report current.json\n"
+      "                                                    raw samples for a regression gate\n"
+      "  torchrun --nproc_per_node 4 --no_python hmc-run scenarios/quickstart.json\n"
       "                                                    each torchrun process is a rank\n"
+      "                                                    (torch 2.x: --nproc-per-node, "
+      "--no-python)\n"
       "  hmc-run validate scenarios/*.json                 check files without running them\n"
       "  hmc-run list scenarios/                           names and descriptions\n"
       "\n"
       "Exit codes: 0 every expectation met, 1 an expectation failed, 2 bad input or usage,\n"
-      "3 an unexpected hang. Formats: shared/scenario-format.md (hmc-scenario/1, hmc-report/1).\n"
-      "Environment: HMC_LOG_LEVEL (like --log-level).");
+      "3 an unexpected hang, 130 interrupted. Formats: docs/scenario-format.md (hmc-scenario/1,\n"
+      "hmc-report/1). Environment: HMC_LOG_LEVEL (like --log-level), TMPDIR.");
   app.set_version_flag("--version", std::string("hmc-run ") + HMC_VERSION);
 
   RunOptions options;
-  app.add_option("scenario", options.paths,
-                 "Scenario file(s) or directories (every *.json inside, in name order)");
-  app.add_option("-n,--world-size", options.worldSize,
-                 "Ranks to run, replacing the file's world_size (1..4096), e.g. --world-size 8")
-      ->check(CLI::Range(1, hmc::scenario::kMaxWorldSize));
-  app.add_option("--transport", options.transport,
-                 "How ranks talk. threads: every rank a thread of this process (fast, "
-                 "deterministic, up to 4096 ranks). tcp: rank processes exchanging over direct "
-                 "TCP connections (a c10d TCPStore to rendezvous and for control). store: rank "
-                 "processes exchanging through a c10d TCPStore. gloo: rank processes over c10d "
-                 "ProcessGroupGloo. nccl: rank "
-                 "processes exchanging by NCCL all-gathers, one GPU per rank (rank r on GPU r % "
-                 "GPUs; the store stays the bootstrap and out-of-band channel); one GPU holds "
-                 "one NCCL rank, so runs with more ranks than GPUs share a GPU for workspaces "
-                 "and use tcp, store or gloo for control. auto: threads, or tcp when "
-                 "torchrun/srun/mpirun started this process. With tcp, store, gloo or nccl and no "
-                 "launcher, hmc-run starts world_size local rank processes itself (like "
-                 "torchrun --standalone).")
-      ->check(CLI::IsMember({"auto", "threads", "tcp", "store", "gloo", "nccl"}))
-      ->capture_default_str();
-  app.add_option("--device", options.device,
-                 "Replace the scenario's device: auto (cuda when usable), cpu or cuda")
-      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
-  app.add_option("--timeout", options.timeoutS,
-                 "Deadline of every collective in seconds, replacing timeout_s (0 < s <= 1e6), "
-                 "e.g. --timeout 5")
-      ->check(CLI::Validator(
-          [](std::string& text) -> std::string {
-            try {
-              (void)hmc::collective::timeoutFromSeconds(std::stod(text));
-              return "";
-            } catch (const std::exception&) {
-              return "expected a number of seconds > 0 and <= 1e6, got '" + text + "'";
-            }
-          },
-          "SECONDS", "timeout"));
-  app.add_option("--report", options.reportPath,
-                 "Write the hmc-report/1 JSON here (several scenarios: hmc-report-set/1)");
-  app.add_option("--trace", options.tracePath,
-                 "Write a Chrome trace (one track per rank; opens in Perfetto) here");
-  app.add_option("--log-level", options.logLevel,
-                 "Library log level on stderr: trace, debug, info, warn, error, off")
-      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}))
-      ->envname("HMC_LOG_LEVEL")
-      ->capture_default_str();
-  app.add_flag("-q,--quiet", options.quiet, "Print only the final OK/FAILED line (and errors)");
-  app.add_option("--master-addr", options.masterAddr,
-                 "Host of rank 0's store under srun/mpirun (default: MASTER_ADDR, or the first "
-                 "host of SLURM_JOB_NODELIST)");
-  app.add_option("--master-port", options.masterPort,
-                 "Port of rank 0's store under a launcher (default: MASTER_PORT, else 29500)")
-      ->check(CLI::Range(1, 65535));
+  addRunOptions(app, options);
 
-  RankCommand rankCommand;
+  hmc::app::RankLaunch rankLaunch;
   auto* rankSub = app.add_subcommand("_rank", "internal: one rank process of a local launch");
   rankSub->group("");  // hidden from --help
-  rankSub->add_option("file", rankCommand.file)->required();
-  rankSub->add_option("--rank", rankCommand.rank)->required();
-  rankSub->add_option("--world-size", rankCommand.worldSize)->required();
-  rankSub->add_option("--master-addr", rankCommand.masterAddr);
-  rankSub->add_option("--master-port", rankCommand.masterPort)->required();
-  rankSub->add_option("--gloo-port", rankCommand.glooPort);
-  rankSub->add_option("--transport", rankCommand.transport);
-  rankSub->add_option("--result-file", rankCommand.resultFile)->required();
-  rankSub->add_option("--device", rankCommand.device);
-  rankSub->add_option("--timeout", rankCommand.timeoutS);
-  rankSub->add_option("--flight-capacity", rankCommand.flightCapacity);
-  rankSub->add_option("--log-level", options.logLevel);
+  rankLaunch.addOptions(*rankSub);
 
   std::vector<std::string> validateFilesArg;
   std::optional<int> validateWorld;
@@ -546,9 +736,13 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "Run 'hmc-run --help' for usage and examples.\n");
     return kExitUsage;
   }
-  setUpLogging(options.logLevel);
 
-  if (*rankSub) return runRankCommand(rankCommand);
+  if (*rankSub) {
+    setUpLogging(rankLaunch.logLevel);
+    return runRankCommand(rankLaunch);
+  }
+  setUpLogging(options.logLevel);
+  if (*validate || *list || options.paths.empty()) hmc::app::unblockTerminationSignals();
   if (*validate) return validateFiles(validateFilesArg, validateWorld);
   if (*list) return listDirectory(listDir);
   if (options.paths.empty()) {

@@ -1,35 +1,34 @@
 #include "rank_process.hpp"
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <thread>
 
 #include "hmc/collective/store_transport.hpp"
-#include "hmc/collective/tcp_transport.hpp"
-#include "hmc/config.hpp"
+#include "hmc/collective/transport_factory.hpp"
 #include "hmc/diagnostics/watchdog.hpp"
 #include "hmc/error.hpp"
-#if HMC_HAVE_GLOO
-#include "hmc/collective/gloo_transport.hpp"
-#endif
-#if HMC_HAVE_CUDA
-#include "hmc/collective/nccl_transport.hpp"
-#endif
+#include "hmc/scenario/output_file.hpp"
+#include "hmc/scenario/runner.hpp"
+#include "signals.hpp"
 
 namespace hmc::app {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::chrono::milliseconds timeoutOf(const scenario::Scenario& scenario) {
-  return collective::timeoutFromSeconds(scenario.timeoutS);
-}
+// How long rank 0 waits for the others' results after a termination signal: the launcher's
+// grace period (torchrun and mpirun give a few seconds) must leave time to report.
+constexpr std::chrono::milliseconds kInterruptGather{1200};
 
 // Polls for `keys` until all exist or `deadline` passes.
 bool waitForKeys(collective::KeyValueStore& kv, const std::vector<std::string>& keys,
@@ -81,110 +80,223 @@ scenario::RankResult missingRankResult(int rank, std::string reason, std::string
   return result;
 }
 
-RankProcessOutcome runRankProcess(const scenario::Scenario& scenario,
-                                  const RankProcessOptions& options, bool gatherOnRankZero) {
-  const auto timeout = timeoutOf(scenario);
-  collective::StoreTransportOptions storeOptions;
-  storeOptions.host = options.masterAddr;
-  storeOptions.port = options.masterPort;
-  storeOptions.rank = options.rank;
-  storeOptions.worldSize = options.worldSize;
-  storeOptions.timeout = timeout;
-  storeOptions.prefix = "hmc";
-  if (options.agentHostsStore) storeOptions.isServer = false;
-  // The control store: out-of-band votes and results, and the `store` transport itself.
-  auto control = std::make_shared<collective::StoreTransport>(storeOptions);
-  std::shared_ptr<collective::KeyValueStore> kv = control->keyValueStore();
+std::string rankResultsDocument(const std::vector<scenario::RankResult>& results) {
+  nlohmann::json repetitions = nlohmann::json::array();
+  for (const auto& result : results) repetitions.push_back(scenario::toJson(result));
+  return nlohmann::json{{"repetitions", std::move(repetitions)}}.dump();
+}
 
-  std::shared_ptr<collective::Collective> transport = control;
-  if (options.transport == "tcp") {
-    // Direct connections between the ranks; the control store is only the rendezvous and
-    // stays the out-of-band channel.
-    collective::TcpTransportOptions tcp;
-    tcp.control = control;
-    transport = std::make_shared<collective::TcpTransport>(tcp);
-  } else if (options.transport == "gloo") {
-#if HMC_HAVE_GLOO
-    collective::GlooTransportOptions gloo;
-    gloo.store = storeOptions;
-    gloo.store.port = options.glooPort != 0 ? options.glooPort : options.masterPort + 1;
-    gloo.store.prefix = "hmc-gloo";
-    gloo.deviceHost = options.masterAddr == "localhost" ? "127.0.0.1" : options.masterAddr;
-    transport = std::make_shared<collective::GlooTransport>(gloo);
-#else
-    throw BackendError(
-        "--transport gloo: this hmc-run was built without Gloo (HMC_WITH_GLOO=OFF or "
-        "ProcessGroupGloo.hpp missing); use --transport tcp or store");
-#endif
-  } else if (options.transport == "nccl") {
-#if HMC_HAVE_CUDA
-    // NCCL all-gathers between GPUs (rank r on device r % deviceCount); the store stays the
-    // bootstrap (the unique id) and the out-of-band channel, and names the ranks that did
-    // not arrive when an exchange times out.
-    collective::NcclTransportOptions nccl;
-    nccl.bootstrap = control;
-    nccl.timeout = timeout;
-    nccl.arrivals = control->keyValueStore();
-    transport = std::make_shared<collective::NcclTransport>(nccl);
-#else
-    throw BackendError(
-        "--transport nccl: this hmc-run was built without CUDA (HMC_WITH_CUDA=OFF, or the "
-        "CUDA toolkit or NCCL was not found); use --transport tcp, store or gloo");
-#endif
+namespace {
+
+std::vector<scenario::RankResult> parseRankResults(const std::string& text) {
+  std::vector<scenario::RankResult> results;
+  const auto document = nlohmann::json::parse(text);  // outlives the loop
+  for (const auto& entry : document.at("repetitions")) {
+    results.push_back(scenario::rankResultFromJson(entry));
+  }
+  return results;
+}
+
+// Rank 0 of an external launch: every rank's results, through the store (bounded by the
+// timeout; a rank without results is a crashed rank, with its flight record if it published
+// one).
+std::vector<std::vector<scenario::RankResult>> gatherResults(collective::KeyValueStore& kv,
+                                                             const RankLaunch& launch,
+                                                             std::chrono::milliseconds timeout) {
+  std::vector<std::vector<scenario::RankResult>> byRank(launch.worldSize);
+  const auto deadline = Clock::now() + timeout;
+  std::optional<std::map<int, diagnostics::PublishedFlight>> published;
+  std::size_t repetitions = 1;
+  for (int rank = 0; rank < launch.worldSize; ++rank) {
+    const std::string key = fmt::format("result/{}", rank);
+    if (!waitForKeys(kv, {key}, deadline)) continue;
+    try {
+      byRank[rank] = parseRankResults(kv.get(key, timeout));
+    } catch (const std::exception& error) {
+      spdlog::warn("rank {} sent unreadable results: {}", rank, error.what());
+    }
+    repetitions = std::max(repetitions, byRank[rank].size());
+  }
+  std::vector<std::vector<scenario::RankResult>> merged(
+      repetitions, std::vector<scenario::RankResult>(launch.worldSize));
+  for (int rank = 0; rank < launch.worldSize; ++rank) {
+    for (std::size_t r = 0; r < repetitions; ++r) {
+      if (r < byRank[rank].size()) {
+        merged[r][rank] = std::move(byRank[rank][r]);
+        continue;
+      }
+      // Where it was, if its watchdog published its flight record.
+      if (!published) published = diagnostics::readPublishedFlights(kv, launch.worldSize);
+      merged[r][rank] = missingRankResult(
+          rank,
+          fmt::format("no result from rank {} within {:g} s: it died, was stopped, or never "
+                      "finished its steps",
+                      rank, std::chrono::duration<double>(timeout).count()),
+          "no result from this rank: not checked", *published);
+    }
+  }
+  return merged;
+}
+
+// What the rank has done so far, for the termination watcher (another thread): the finished
+// repetitions, and the current one's finished steps and flight recorder.
+class RankProgress {
+ public:
+  void beginRepetition(std::shared_ptr<diagnostics::FlightRecorder> recorder) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    steps_.clear();
+    recorder_ = std::move(recorder);
+  }
+  void stepDone(const scenario::StepResult& step) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    steps_.push_back(step);
+  }
+  void repetitionDone(const scenario::RankResult& result) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    done_.push_back(result);
+    steps_.clear();
+    recorder_.reset();
   }
 
-  scenario::RankEnvironment env;
-  env.collective = transport;
-  env.recorder = std::make_shared<diagnostics::FlightRecorder>(options.flightCapacity, env.epoch);
-  env.crash = [] { _exit(kCrashExitStatus); };
-  env.agreeOnShutdown = [&](bool clean) {
-    kv->set(fmt::format("vote/{}", options.rank), clean ? "1" : "0");
-    // A dead rank never votes: stop waiting for it (it cannot shut down cleanly anyway).
-    if (!waitForRanks(*kv, "vote", options.worldSize, Clock::now() + timeout)) return false;
-    for (const auto& key : rankKeys("vote", options.worldSize)) {
-      if (kv->get(key, timeout) != "1") return false;
+  // Every finished repetition, plus the current one as far as it got when `signal` stopped
+  // the rank: a rank waiting in a collective records a hang there (so the report's hang
+  // diagnosis says where it waited); otherwise it is a rank stopped in a step.
+  std::vector<scenario::RankResult> snapshot(const scenario::Scenario& scenario, int rank,
+                                             int signal) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<scenario::RankResult> results = done_;
+    if (!recorder_) return results;
+    scenario::RankResult partial;
+    partial.rank = rank;
+    partial.steps = steps_;
+    partial.flight = recorder_->entries();
+    partial.leaks.reason = "the rank was stopped by a signal: not checked";
+    const int step = recorder_->step();
+    const auto last = recorder_->last();
+    const std::string by = fmt::format("stopped by signal {} ({})", signal, strsignal(signal));
+    if (last && last->status == "in_flight" && step >= 0 &&
+        step < static_cast<int>(scenario.steps.size())) {
+      const scenario::Step& definition = scenario.steps[step];
+      scenario::StepResult waiting;
+      waiting.index = step;
+      waiting.op = definition.op;
+      if (!definition.module.empty()) waiting.module = definition.module;
+      waiting.label = definition.label;
+      waiting.status = scenario::StepStatus::kHang;
+      waiting.startS = last->startS;
+      waiting.error = scenario::StepError{
+          ErrorKind::kRankFailure,
+          fmt::format("{} while waiting in '{}' #{}: the launcher or the user ended the run "
+                      "(did another rank exit?)",
+                      by, last->stage, last->sequence)};
+      waiting.expected = scenario::expectationMet(definition, waiting);
+      partial.steps.push_back(std::move(waiting));
+      partial.hung = true;
+    } else {
+      partial.crashed = true;
+      partial.crashReason =
+          step < 0 ? by + " after its steps" : fmt::format("{} in step {}", by, step);
     }
-    return true;
-  };
+    results.push_back(std::move(partial));
+    return results;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::vector<scenario::RankResult> done_;
+  std::vector<scenario::StepResult> steps_;
+  std::shared_ptr<diagnostics::FlightRecorder> recorder_;
+};
+
+}  // namespace
+
+RankProcessOutcome runRankProcess(const scenario::Scenario& scenario, const RankLaunch& launch,
+                                  bool gatherOnRankZero, const InterruptedReport& onInterrupted) {
+  const auto timeout = collective::timeoutFromSeconds(scenario.timeoutS);
+  RankProgress progress;
+  std::mutex storeMutex;
+  std::shared_ptr<collective::KeyValueStore> evidenceStore;  // the watcher's own connection
+  // A termination signal (the launcher tearing the job down, Ctrl-C, the local launcher's
+  // SIGTERM): hand on what this rank did, at once and bounded, then exit with the signal.
+  TerminationWatcher watcher([&](int signal) {
+    const auto results = progress.snapshot(scenario, launch.rank, signal);
+    if (!gatherOnRankZero) {
+      scenario::writeOutputFile(launch.resultFile, rankResultsDocument(results));
+      return;
+    }
+    std::shared_ptr<collective::KeyValueStore> kv;
+    {
+      std::lock_guard<std::mutex> lock(storeMutex);
+      kv = evidenceStore;
+    }
+    if (!kv) return;  // not connected yet: nothing to hand on
+    try {
+      kv->set(fmt::format("result/{}", launch.rank), rankResultsDocument(results));
+      if (launch.rank == 0 && onInterrupted) {
+        // The others publish theirs as they receive the same signal: wait briefly for them.
+        onInterrupted(gatherResults(*kv, launch, kInterruptGather), signal);
+      }
+    } catch (const std::exception& error) {
+      fmt::print(stderr, "hmc-run rank {}: cannot hand on the results after signal {}: {}\n",
+                 launch.rank, signal, error.what());
+    }
+  });
+  const collective::ProcessTransport transport =
+      collective::makeTransport(launch.transport, launch.transportOptions(timeout));
+  // The control store: out-of-band votes and results (and the `store` transport itself).
+  std::shared_ptr<collective::KeyValueStore> kv = transport.control->keyValueStore();
+  {
+    std::lock_guard<std::mutex> lock(storeMutex);
+    evidenceStore = transport.control->keyValueStore();
+  }
 
   RankProcessOutcome outcome;
-  {
-    // Publishes this rank's flight record out of band when a collective passes its deadline
-    // (diagnostics/watchdog.hpp); its own store connection.
-    diagnostics::WatchdogOptions watch;
-    watch.rank = options.rank;
-    watch.deadline = timeout;
-    diagnostics::Watchdog watchdog(env.recorder, control->keyValueStore(), watch);
-    outcome.result = scenario::runRank(scenario, env);
+  bool everyoneClean = true;
+  for (int repetition = 0; repetition < launch.repetitions && everyoneClean; ++repetition) {
+    scenario::RankEnvironment env;
+    env.collective = transport.collective;
+    env.recorder = std::make_shared<diagnostics::FlightRecorder>(launch.flightCapacity, env.epoch);
+    env.crash = [] { _exit(kCrashExitStatus); };
+    env.onStep = [&progress](const scenario::StepResult& step) { progress.stepDone(step); };
+    progress.beginRepetition(env.recorder);
+    env.agreeOnShutdown = [&, repetition](bool clean) {
+      const std::string stem = fmt::format("vote/{}", repetition);
+      kv->set(fmt::format("{}/{}", stem, launch.rank), clean ? "1" : "0");
+      // A dead rank never votes: stop waiting for it (it cannot shut down cleanly anyway).
+      everyoneClean = waitForRanks(*kv, stem, launch.worldSize, Clock::now() + timeout);
+      for (const auto& key : rankKeys(stem, launch.worldSize)) {
+        if (!everyoneClean) break;
+        everyoneClean = kv->get(key, timeout) == "1";
+      }
+      return everyoneClean;
+    };
+    {
+      // Publishes this rank's flight record out of band when a collective passes its deadline
+      // (diagnostics/watchdog.hpp); its own store connection.
+      diagnostics::WatchdogOptions watch;
+      watch.rank = launch.rank;
+      watch.deadline = timeout;
+      diagnostics::Watchdog watchdog(env.recorder, transport.control->keyValueStore(), watch);
+      outcome.results.push_back(scenario::runRank(scenario, env));
+    }
+    progress.repetitionDone(outcome.results.back());
+    if (!gatherOnRankZero) {
+      scenario::writeOutputFile(launch.resultFile, rankResultsDocument(outcome.results));
+    }
+    // After a hang or a crash (every rank knows from the vote) there is no world to repeat
+    // with.
   }
   // The hosting rank's transport waits (bounded) in its destructor until every rank left.
   if (!gatherOnRankZero) return outcome;
 
-  kv->set(fmt::format("result/{}", options.rank), outcome.result.toJson().dump());
-  if (options.rank != 0) {
+  kv->set(fmt::format("result/{}", launch.rank), rankResultsDocument(outcome.results));
+  if (launch.rank != 0) {
     // Wait (bounded) until rank 0 has read every result before the store may go away.
     waitForKeys(*kv, {"results-read"}, Clock::now() + timeout);
     return outcome;
   }
-  std::vector<scenario::RankResult> merged(options.worldSize);
-  const auto deadline = Clock::now() + timeout;
-  std::optional<std::map<int, diagnostics::PublishedFlight>> published;
-  for (int rank = 0; rank < options.worldSize; ++rank) {
-    const std::string key = fmt::format("result/{}", rank);
-    if (waitForKeys(*kv, {key}, deadline)) {
-      merged[rank] = scenario::RankResult::fromJson(nlohmann::json::parse(kv->get(key, timeout)));
-    } else {
-      // Where it was, if its watchdog published its flight record.
-      if (!published) published = diagnostics::readPublishedFlights(*kv, options.worldSize);
-      merged[rank] = missingRankResult(
-          rank,
-          fmt::format("no result from rank {} within {} s: it died or never finished its steps",
-                      rank, scenario.timeoutS),
-          "no result from this rank: not checked", *published);
-    }
-  }
+  outcome.merged = gatherResults(*kv, launch, timeout);
   kv->set("results-read", "1");
-  outcome.merged = std::move(merged);
   return outcome;
 }
 

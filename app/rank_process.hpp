@@ -1,37 +1,29 @@
 #pragma once
-// One rank as a process: builds the rank's transport (store, tcp, gloo or nccl) from a launcher's
-// variables or hmc-run's own local launch, runs the scenario's steps with a watchdog that
-// publishes its flight record out of band when a collective passes its deadline, agrees on
-// the end-of-run shutdown out of band through the store (not waiting for ranks announced
-// dead), and hands its results on.
+// One rank as a process: builds the rank's transport (collective::makeTransport) from its
+// RankLaunch, runs the scenario's steps (once per repetition, fresh managers each time) with a
+// watchdog that publishes its flight record out of band when a collective passes its
+// deadline, agrees on each repetition's end-of-run shutdown out of band through the store (not
+// waiting for ranks announced dead), and hands its results on.
 
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "hmc/diagnostics/watchdog.hpp"
-#include "hmc/scenario/runner.hpp"
+#include "hmc/scenario/rank_result.hpp"
 #include "hmc/scenario/scenario.hpp"
+#include "rank_launch.hpp"
 
 namespace hmc::app {
 
-struct RankProcessOptions {
-  std::string transport = "tcp";  // "tcp", "store", "gloo" or "nccl"
-  int rank = 0;
-  int worldSize = 1;
-  std::string masterAddr = "127.0.0.1";
-  int masterPort = 0;
-  int glooPort = 0;              // the gloo transport's own store; 0: masterPort + 1
-  bool agentHostsStore = false;  // torchrun's agent hosts the store: rank 0 is a client too
-  std::size_t flightCapacity = 64;
-};
-
-// What a rank process produced; `merged` is set on rank 0 of an external launch, which
-// gathers every rank's result through the store.
+// What a rank process produced: its results, one per repetition; `merged` is set on rank 0 of
+// an external launch, which gathers every rank's results through the store
+// (merged[repetition][rank]).
 struct RankProcessOutcome {
-  scenario::RankResult result;
-  std::optional<std::vector<scenario::RankResult>> merged;
+  std::vector<scenario::RankResult> results;
+  std::optional<std::vector<std::vector<scenario::RankResult>>> merged;
 };
 
 // The exit status of a rank process that ran the `crash` fault.
@@ -43,10 +35,23 @@ inline constexpr int kCrashExitStatus = 17;
 scenario::RankResult missingRankResult(int rank, std::string reason, std::string leakReason,
                                        const std::map<int, diagnostics::PublishedFlight>& flights);
 
-// Runs one rank. `gatherOnRankZero`: rank 0 collects every rank's result through the store
-// (external launchers); otherwise each rank just returns its own (the local launcher reads
-// result files). The `crash` fault ends the process at once with kCrashExitStatus.
-RankProcessOutcome runRankProcess(const scenario::Scenario& scenario,
-                                  const RankProcessOptions& options, bool gatherOnRankZero);
+// The document a rank writes to its result file and to the store: every repetition's result.
+std::string rankResultsDocument(const std::vector<scenario::RankResult>& results);
+
+// Rank 0 of an external launch stopped by `signal`: every rank's results so far (per
+// repetition), to report before the process exits.
+using InterruptedReport =
+    std::function<void(std::vector<std::vector<scenario::RankResult>> merged, int signal)>;
+
+// Runs one rank. The caller has blocked the termination signals (signals.hpp) before any
+// thread started: a SIGTERM, SIGINT or SIGHUP makes the rank hand on what it did so far (its
+// result file, or the store), rank 0 of an external launch then calls `onInterrupted`, and
+// the process exits with 128 + the signal within a few seconds. `gatherOnRankZero`: rank 0 collects
+// every rank's results through the store (external launchers); otherwise each rank writes its
+// results to launch.resultFile after every repetition (hmc-run's own launch reads them). The
+// `crash` fault ends the process at once with kCrashExitStatus.
+RankProcessOutcome runRankProcess(const scenario::Scenario& scenario, const RankLaunch& launch,
+                                  bool gatherOnRankZero,
+                                  const InterruptedReport& onInterrupted = nullptr);
 
 }  // namespace hmc::app

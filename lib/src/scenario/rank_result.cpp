@@ -1,43 +1,139 @@
-// RankResult <-> JSON: how a rank's results travel to rank 0 and into the report.
+// RankResult <-> JSON: the wire format `hmc-rank-result/1` in which rank processes hand their
+// results to the reporting process, and the leak check's JSON shape (shared with the report).
+
+#include "hmc/scenario/rank_result.hpp"
 
 #include <fmt/format.h>
 
-#include "hmc/scenario/runner.hpp"
+#include <algorithm>
 
 namespace hmc::scenario {
 namespace {
 
 using nlohmann::json;
 
-json stepToJson(const StepResult& step) {
-  json out = {{"index", step.index}, {"op", step.op}};
-  if (step.module) out["module"] = *step.module;
-  out["status"] = toString(step.status);
-  out["expected"] = step.expected;
-  out["seconds"] = step.seconds;
-  if (step.errorKind) out["error"] = {{"kind", *step.errorKind}, {"message", *step.errorMessage}};
-  if (step.bind) out["bind"] = *step.bind;
-  if (step.label) out["label"] = *step.label;
-  if (step.mismatch) out["mismatch"] = *step.mismatch;
-  out["start_s"] = step.startS;
+constexpr Op kOps[] = {Op::kCreate, Op::kShare,   Op::kForward,  Op::kBackward,
+                       Op::kDrop,   Op::kClose,   Op::kCloseAll, Op::kCheck,
+                       Op::kFault,  Op::kBarrier, Op::kSleep,    Op::kRepeat};
+constexpr ErrorKind kErrorKinds[] = {
+    ErrorKind::kRuntimeError, ErrorKind::kValueError,  ErrorKind::kTypeError,
+    ErrorKind::kTimeout,      ErrorKind::kCheckFailed, ErrorKind::kCollectiveMismatch,
+    ErrorKind::kRankFailure,  ErrorKind::kScenario,    ErrorKind::kBackend};
+
+json optionalJson(const std::optional<std::int64_t>& value) {
+  return value ? json(*value) : json(nullptr);
+}
+json optionalJson(const std::optional<std::string>& value) {
+  return value ? json(*value) : json(nullptr);
+}
+
+// Strict reading: `object[key]` must exist; the error names the field's path.
+class Reader {
+ public:
+  Reader(const json& object, std::string path) : object_(object), path_(std::move(path)) {
+    if (!object_.is_object()) {
+      throw ValueError(fmt::format("{}: {} {}: expected an object, got {}", kRankResultFormat,
+                                   "field", path_.empty() ? "/" : path_, object_.type_name()));
+    }
+  }
+  const json& at(const char* key) const {
+    const auto it = object_.find(key);
+    if (it == object_.end()) {
+      throw ValueError(
+          fmt::format("{}: missing field {}/{} (a rank process of another hmc "
+                      "version, or a truncated result?)",
+                      kRankResultFormat, path_, key));
+    }
+    return *it;
+  }
+  template <typename T>
+  T get(const char* key) const {
+    try {
+      return at(key).get<T>();
+    } catch (const json::exception& error) {
+      throw ValueError(
+          fmt::format("{}: field {}/{}: {}", kRankResultFormat, path_, key, error.what()));
+    }
+  }
+  template <typename T>
+  std::optional<T> optional(const char* key) const {
+    const json& value = at(key);
+    if (value.is_null()) return std::nullopt;
+    return get<T>(key);
+  }
+  bool has(const char* key) const { return object_.contains(key); }
+  Reader child(const char* key) const { return Reader(at(key), path_ + "/" + key); }
+  std::string path(const char* key) const { return path_ + "/" + key; }
+
+ private:
+  const json& object_;
+  std::string path_;
+};
+
+json toJson(const StepResult& step) {
+  json out = {{"index", step.index},
+              {"op", toString(step.op)},
+              {"module", optionalJson(step.module)},
+              {"label", optionalJson(step.label)},
+              {"status", toString(step.status)},
+              {"expected", step.expected},
+              {"seconds", step.seconds},
+              {"start_s", step.startS},
+              {"error", nullptr},
+              {"bind", nullptr},
+              {"mismatch", step.mismatch ? *step.mismatch : json(nullptr)}};
+  if (step.error)
+    out["error"] = {{"kind", toString(step.error->kind)}, {"message", step.error->message}};
+  if (step.bind) {
+    out["bind"] = {{"binding_id", step.bind->bindingId},
+                   {"reused", step.bind->reused},
+                   {"seconds", step.bind->seconds}};
+  }
   return out;
 }
 
-json optionalBytes(const std::optional<std::int64_t>& bytes) {
-  return bytes ? json(*bytes) : json();
+StepResult stepFromJson(const Reader& in) {
+  StepResult step;
+  step.index = in.get<int>("index");
+  step.op = opFromString(in.get<std::string>("op"));
+  step.module = in.optional<std::string>("module");
+  step.label = in.optional<std::string>("label");
+  step.status = stepStatusFromString(in.get<std::string>("status"));
+  step.expected = in.get<bool>("expected");
+  step.seconds = in.get<double>("seconds");
+  step.startS = in.get<double>("start_s");
+  if (!in.at("error").is_null()) {
+    const Reader error = in.child("error");
+    step.error = StepError{errorKindFromString(error.get<std::string>("kind")),
+                           error.get<std::string>("message")};
+  }
+  if (!in.at("bind").is_null()) {
+    const Reader bind = in.child("bind");
+    step.bind = BindInfo{bind.get<std::int64_t>("binding_id"), bind.get<bool>("reused"),
+                         bind.get<double>("seconds")};
+  }
+  if (!in.at("mismatch").is_null()) step.mismatch = in.at("mismatch");
+  return step;
 }
 
 // leaks.device: {"device", "free_bytes_before", "free_bytes_after", "free_bytes_delta",
 // "total_bytes", "memory_info_error", "bytes_allocated", "bytes_held", "streams_held",
 // "events_held", "communicators_held", "live", "leaked"}.
-json deviceLeaksToJson(const DeviceLeakCheck& device) {
+json toJson(const DeviceLeakCheck& device) {
   json delta;
   if (device.freeBytesBefore && device.freeBytesAfter) {
     delta = *device.freeBytesBefore - *device.freeBytesAfter;
   }
+  json live = json::array();
+  for (const auto& handle : device.live) {
+    live.push_back({{"kind", handle.kind},
+                    {"device", handle.device},
+                    {"bytes", handle.bytes},
+                    {"owner", handle.owner}});
+  }
   return {{"device", device.device},
-          {"free_bytes_before", optionalBytes(device.freeBytesBefore)},
-          {"free_bytes_after", optionalBytes(device.freeBytesAfter)},
+          {"free_bytes_before", optionalJson(device.freeBytesBefore)},
+          {"free_bytes_after", optionalJson(device.freeBytesAfter)},
           {"free_bytes_delta", std::move(delta)},
           {"total_bytes", device.totalBytes},
           {"memory_info_error", device.memoryInfoError},
@@ -46,134 +142,193 @@ json deviceLeaksToJson(const DeviceLeakCheck& device) {
           {"streams_held", device.streamsHeld},
           {"events_held", device.eventsHeld},
           {"communicators_held", device.communicatorsHeld},
-          {"live", device.live},
+          {"live", std::move(live)},
           {"leaked", device.leaked()}};
 }
 
-DeviceLeakCheck deviceLeaksFromJson(const json& value) {
+DeviceLeakCheck deviceLeaksFromJson(const Reader& in) {
   DeviceLeakCheck device;
-  device.device = value.value("device", 0);
-  if (value.contains("free_bytes_before") && !value["free_bytes_before"].is_null()) {
-    device.freeBytesBefore = value["free_bytes_before"].get<std::int64_t>();
+  device.device = in.get<int>("device");
+  device.freeBytesBefore = in.optional<std::int64_t>("free_bytes_before");
+  device.freeBytesAfter = in.optional<std::int64_t>("free_bytes_after");
+  device.totalBytes = in.get<std::int64_t>("total_bytes");
+  device.memoryInfoError = in.get<std::string>("memory_info_error");
+  device.bytesAllocated = in.get<std::int64_t>("bytes_allocated");
+  device.bytesHeld = in.get<std::int64_t>("bytes_held");
+  device.streamsHeld = in.get<std::int64_t>("streams_held");
+  device.eventsHeld = in.get<std::int64_t>("events_held");
+  device.communicatorsHeld = in.get<std::int64_t>("communicators_held");
+  const json& live = in.at("live");
+  for (std::size_t i = 0; i < live.size(); ++i) {
+    const Reader handle(live.at(i), fmt::format("{}/{}", in.path("live"), i));
+    device.live.push_back(
+        LiveDeviceHandle{handle.get<std::string>("kind"), handle.get<int>("device"),
+                         handle.get<std::int64_t>("bytes"), handle.get<std::string>("owner")});
   }
-  if (value.contains("free_bytes_after") && !value["free_bytes_after"].is_null()) {
-    device.freeBytesAfter = value["free_bytes_after"].get<std::int64_t>();
-  }
-  device.totalBytes = value.value("total_bytes", std::int64_t{0});
-  device.memoryInfoError = value.value("memory_info_error", "");
-  device.bytesAllocated = value.value("bytes_allocated", std::int64_t{0});
-  device.bytesHeld = value.value("bytes_held", std::int64_t{0});
-  device.streamsHeld = value.value("streams_held", std::int64_t{0});
-  device.eventsHeld = value.value("events_held", std::int64_t{0});
-  device.communicatorsHeld = value.value("communicators_held", std::int64_t{0});
-  device.live = value.value("live", json::array());
   return device;
 }
 
-StepResult stepFromJson(const json& value) {
-  StepResult step;
-  step.index = value.at("index").get<int>();
-  step.op = value.at("op").get<std::string>();
-  if (value.contains("module")) step.module = value["module"].get<std::string>();
-  step.status = stepStatusFromString(value.at("status").get<std::string>());
-  step.expected = value.at("expected").get<bool>();
-  step.seconds = value.value("seconds", 0.0);
-  if (value.contains("error")) {
-    step.errorKind = value["error"].at("kind").get<std::string>();
-    step.errorMessage = value["error"].at("message").get<std::string>();
+LeakCheck leaksFromJson(const Reader& in) {
+  LeakCheck leaks;
+  leaks.checked = in.get<bool>("checked");
+  leaks.reason = in.get<std::string>("reason");
+  leaks.shutdownError = in.optional<std::string>("shutdown_error");
+  leaks.groups = in.get<std::int64_t>("groups");
+  leaks.boundGroups = in.get<std::int64_t>("bound_groups");
+  leaks.runtimeLive = in.get<bool>("runtime_live");
+  leaks.bytesHeld = in.get<std::int64_t>("bytes_held");
+  leaks.workspacesHeld = in.get<std::int64_t>("workspaces_held");
+  leaks.bytesAllocated = in.get<std::int64_t>("bytes_allocated");
+  leaks.workspacesCreated = in.get<std::int64_t>("workspaces_created");
+  const json& held = in.at("held_by");
+  for (std::size_t i = 0; i < held.size(); ++i) {
+    const Reader entry(held.at(i), fmt::format("{}/{}", in.path("held_by"), i));
+    HeldWorkspace workspace;
+    workspace.bindingId = entry.optional<std::int64_t>("binding_id");
+    workspace.module = entry.optional<std::string>("module");
+    workspace.bytes = entry.get<std::int64_t>("bytes");
+    workspace.pendingBackward = entry.get<std::int64_t>("pending_backward");
+    workspace.closing = entry.get<bool>("closing");
+    if (held.at(i).contains("device")) workspace.device = entry.get<std::string>("device");
+    leaks.heldBy.push_back(std::move(workspace));
   }
-  if (value.contains("bind")) step.bind = value["bind"];
-  if (value.contains("label")) step.label = value["label"].get<std::string>();
-  if (value.contains("mismatch")) step.mismatch = value["mismatch"];
-  step.startS = value.value("start_s", 0.0);
-  return step;
+  if (in.has("device")) leaks.device = deviceLeaksFromJson(in.child("device"));
+  return leaks;
 }
 
 }  // namespace
 
-json RankResult::toJson() const {
-  json steps_ = json::array();
-  for (const auto& step : steps) steps_.push_back(stepToJson(step));
-  json flight_ = json::array();
-  for (const auto& entry : flight) flight_.push_back(entry.toJson());
-  json out = {
-      {"rank", rank},
-      {"steps", std::move(steps_)},
-      {"final",
-       {{"groups", final.groups},
-        {"bound_groups", final.boundGroups},
-        {"runtime_live", final.runtimeLive}}},
-  };
-  if (crashed) {
-    out["crashed"] = true;
-    out["crash_reason"] = crashReason.value_or("");
+std::string_view toString(StepStatus status) noexcept {
+  switch (status) {
+    case StepStatus::kOk:
+      return "ok";
+    case StepStatus::kError:
+      return "error";
+    case StepStatus::kHang:
+      return "hang";
+    case StepStatus::kSkipped:
+      return "skipped";
+    case StepStatus::kNotRun:
+      return "not_run";
   }
-  out["hung"] = hung;
-  out["leaks"] = {{"checked", leaks.checked},
-                  {"reason", leaks.reason},
-                  {"shutdown_error", leaks.shutdownError ? json(*leaks.shutdownError) : json()},
-                  {"groups", leaks.groups},
-                  {"bound_groups", leaks.boundGroups},
-                  {"runtime_live", leaks.runtimeLive},
-                  {"bytes_held", leaks.bytesHeld},
-                  {"workspaces_held", leaks.workspacesHeld},
-                  {"bytes_allocated", leaks.bytesAllocated},
-                  {"workspaces_created", leaks.workspacesCreated},
-                  {"held_by", leaks.heldBy},
-                  {"leaked", leaks.leaked()}};
-  if (leaks.device) out["leaks"]["device"] = deviceLeaksToJson(*leaks.device);
-  out["timing_samples"] = {{"fresh_bind", timings.freshBind},
-                           {"reused_bind", timings.reusedBind},
-                           {"close", timings.close},
-                           {"exchange", timings.exchange}};
-  out["flight"] = std::move(flight_);
-  out["collectives"] = collectives;
+  return "error";
+}
+
+StepStatus stepStatusFromString(std::string_view text) {
+  for (StepStatus status : {StepStatus::kOk, StepStatus::kError, StepStatus::kHang,
+                            StepStatus::kSkipped, StepStatus::kNotRun}) {
+    if (toString(status) == text) return status;
+  }
+  throw ValueError(fmt::format("unknown step status '{}'", text));
+}
+
+Op opFromString(std::string_view text) {
+  for (Op op : kOps) {
+    if (toString(op) == text) return op;
+  }
+  throw ValueError(fmt::format("unknown step op '{}'", text));
+}
+
+ErrorKind errorKindFromString(std::string_view text) {
+  for (ErrorKind kind : kErrorKinds) {
+    if (toString(kind) == text) return kind;
+  }
+  throw ValueError(fmt::format("unknown error kind '{}'", text));
+}
+
+std::vector<double> TimingSamples::exchange() const {
+  std::vector<double> all;
+  for (const auto& [stage, samples] : collectives)
+    all.insert(all.end(), samples.begin(), samples.end());
+  return all;
+}
+
+json toJson(const LeakCheck& leaks) {
+  json heldBy = json::array();
+  for (const auto& held : leaks.heldBy) {
+    json entry = {{"binding_id", optionalJson(held.bindingId)},
+                  {"module", optionalJson(held.module)},
+                  {"bytes", held.bytes},
+                  {"pending_backward", held.pendingBackward},
+                  {"closing", held.closing}};
+    if (held.device) entry["device"] = *held.device;
+    heldBy.push_back(std::move(entry));
+  }
+  json out = {{"checked", leaks.checked},
+              {"reason", leaks.reason},
+              {"shutdown_error", optionalJson(leaks.shutdownError)},
+              {"groups", leaks.groups},
+              {"bound_groups", leaks.boundGroups},
+              {"runtime_live", leaks.runtimeLive},
+              {"bytes_held", leaks.bytesHeld},
+              {"workspaces_held", leaks.workspacesHeld},
+              {"bytes_allocated", leaks.bytesAllocated},
+              {"workspaces_created", leaks.workspacesCreated},
+              {"held_by", std::move(heldBy)},
+              {"leaked", leaks.leaked()}};
+  // Absent on CPU runs (the report's documented shape), so optional on reading too.
+  if (leaks.device) out["device"] = toJson(*leaks.device);
   return out;
 }
 
-RankResult RankResult::fromJson(const json& value) {
+json toJson(const RankResult& result) {
+  json steps = json::array();
+  for (const auto& step : result.steps) steps.push_back(toJson(step));
+  json flight = json::array();
+  for (const auto& entry : result.flight) flight.push_back(entry.toJson());
+  return {{"format", kRankResultFormat},
+          {"rank", result.rank},
+          {"crashed", result.crashed},
+          {"crash_reason", optionalJson(result.crashReason)},
+          {"hung", result.hung},
+          {"steps", std::move(steps)},
+          {"final",
+           {{"groups", result.final.groups},
+            {"bound_groups", result.final.boundGroups},
+            {"runtime_live", result.final.runtimeLive}}},
+          {"leaks", toJson(result.leaks)},
+          {"timing_samples",
+           {{"fresh_bind", result.timings.freshBind},
+            {"reused_bind", result.timings.reusedBind},
+            {"close", result.timings.close},
+            {"collectives", result.timings.collectives}}},
+          {"flight", std::move(flight)},
+          {"collectives", result.collectives}};
+}
+
+RankResult rankResultFromJson(const json& value) {
+  const Reader in(value, "");
+  const auto format = in.get<std::string>("format");
+  if (format != kRankResultFormat) {
+    throw ValueError(
+        fmt::format("a rank result in format '{}', expected '{}': every rank must "
+                    "run the same hmc-run version",
+                    format, kRankResultFormat));
+  }
   RankResult result;
-  result.rank = value.at("rank").get<int>();
-  for (const auto& step : value.at("steps")) result.steps.push_back(stepFromJson(step));
-  const json& final = value.at("final");
-  result.final = FinalState{final.at("groups").get<std::int64_t>(),
-                            final.at("bound_groups").get<std::int64_t>(),
-                            final.at("runtime_live").get<bool>()};
-  result.crashed = value.value("crashed", false);
-  if (value.contains("crash_reason")) result.crashReason = value["crash_reason"].get<std::string>();
-  result.hung = value.value("hung", false);
-  if (value.contains("leaks")) {
-    const json& leaks = value["leaks"];
-    result.leaks.checked = leaks.value("checked", false);
-    result.leaks.reason = leaks.value("reason", "");
-    if (leaks.contains("shutdown_error") && !leaks["shutdown_error"].is_null()) {
-      result.leaks.shutdownError = leaks["shutdown_error"].get<std::string>();
-    }
-    result.leaks.groups = leaks.value("groups", 0);
-    result.leaks.boundGroups = leaks.value("bound_groups", 0);
-    result.leaks.runtimeLive = leaks.value("runtime_live", false);
-    result.leaks.bytesHeld = leaks.value("bytes_held", 0);
-    result.leaks.workspacesHeld = leaks.value("workspaces_held", 0);
-    result.leaks.bytesAllocated = leaks.value("bytes_allocated", 0);
-    result.leaks.workspacesCreated = leaks.value("workspaces_created", 0);
-    result.leaks.heldBy = leaks.value("held_by", json::array());
-    if (leaks.contains("device") && leaks["device"].is_object()) {
-      result.leaks.device = deviceLeaksFromJson(leaks["device"]);
-    }
+  result.rank = in.get<int>("rank");
+  result.crashed = in.get<bool>("crashed");
+  result.crashReason = in.optional<std::string>("crash_reason");
+  result.hung = in.get<bool>("hung");
+  const json& steps = in.at("steps");
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    result.steps.push_back(stepFromJson(Reader(steps.at(i), fmt::format("/steps/{}", i))));
   }
-  if (value.contains("timing_samples")) {
-    const json& t = value["timing_samples"];
-    result.timings.freshBind = t.value("fresh_bind", std::vector<double>{});
-    result.timings.reusedBind = t.value("reused_bind", std::vector<double>{});
-    result.timings.close = t.value("close", std::vector<double>{});
-    result.timings.exchange = t.value("exchange", std::vector<double>{});
+  const Reader final = in.child("final");
+  result.final =
+      FinalState{final.get<std::int64_t>("groups"), final.get<std::int64_t>("bound_groups"),
+                 final.get<bool>("runtime_live")};
+  result.leaks = leaksFromJson(in.child("leaks"));
+  const Reader timings = in.child("timing_samples");
+  result.timings.freshBind = timings.get<std::vector<double>>("fresh_bind");
+  result.timings.reusedBind = timings.get<std::vector<double>>("reused_bind");
+  result.timings.close = timings.get<std::vector<double>>("close");
+  result.timings.collectives =
+      timings.get<std::map<std::string, std::vector<double>>>("collectives");
+  for (const auto& entry : in.at("flight")) {
+    result.flight.push_back(diagnostics::FlightEntry::fromJson(entry));
   }
-  if (value.contains("flight")) {
-    for (const auto& entry : value["flight"]) {
-      result.flight.push_back(diagnostics::FlightEntry::fromJson(entry));
-    }
-  }
-  result.collectives = value.value("collectives", std::uint64_t{0});
+  result.collectives = in.get<std::uint64_t>("collectives");
   return result;
 }
 

@@ -4,24 +4,19 @@
 #include <fmt/ostream.h>
 #include <fmt/ranges.h>
 
-#include <cerrno>
-#include <cstdio>
-#include <cstring>
-#include <fstream>
 #include <map>
 #include <ostream>
 
-#include "hmc/error.hpp"
-#include "hmc/scenario/report.hpp"
+#include "hmc/scenario/output_file.hpp"
 
 namespace hmc::scenario {
 namespace {
 
 using nlohmann::json;
 
-std::string formatSeconds(const json& value) {
-  if (value.is_null()) return "-";
-  const double s = value.get<double>();
+std::string formatSeconds(const std::optional<double>& seconds) {
+  if (!seconds) return "-";
+  const double s = *seconds;
   if (s < 1e-3) return fmt::format("{:.1f} us", s * 1e6);
   if (s < 1.0) return fmt::format("{:.2f} ms", s * 1e3);
   return fmt::format("{:.2f} s", s);
@@ -30,10 +25,9 @@ std::string formatSeconds(const json& value) {
 std::string cellOf(const StepResult& step) {
   std::string text(toString(step.status));
   if (step.bind) {
-    text += fmt::format(" #{} {}", (*step.bind)["binding_id"].get<std::int64_t>(),
-                        (*step.bind)["reused"].get<bool>() ? "reused" : "fresh");
+    text += fmt::format(" #{} {}", step.bind->bindingId, step.bind->reused ? "reused" : "fresh");
   }
-  if (step.errorKind) text += " " + *step.errorKind;
+  if (step.error) text += fmt::format(" {}", toString(step.error->kind));
   if (!step.expected) text += " (!)";
   return text;
 }
@@ -50,54 +44,67 @@ std::string rankRanges(const std::vector<int>& ranks) {
   return fmt::format("{}", fmt::join(parts, ","));
 }
 
+std::string stats(const TimingStats& timing) {
+  return fmt::format("{}/{} n={}", formatSeconds(timing.p50), formatSeconds(timing.p95),
+                     timing.count);
+}
+
 class ConsoleReporter final : public Reporter {
  public:
   ConsoleReporter(std::ostream& out, ConsoleOptions options) : out_(out), options_(options) {}
 
-  void scenarioFinished(const Scenario& scenario, const json& report,
-                        const std::vector<RankResult>& ranks) override {
-    const std::string outcome = report["outcome"].get<std::string>();
-    summary_.push_back({scenario.name, outcome, report["environment"]["wall_seconds"].get<double>(),
-                        scenario.worldSize, scenario.file});
-    if (options_.quiet) return;
-    const json& env = report["environment"];
-    fmt::print(out_, "# hmc-run: {} ({} ranks, transport {}, device {}, timeout {} s)\n",
-               scenario.name, scenario.worldSize, env["transport"].get<std::string>(),
-               env["device"].get<std::string>(), scenario.timeoutS);
-    if (!scenario.description.empty()) fmt::print(out_, "# {}\n", scenario.description);
-    printSteps(scenario, ranks);
-    printDetails(report, ranks);
-    fmt::print(out_, "# outcome: {} in {}\n", outcome, formatSeconds(env["wall_seconds"]));
+  void report(const ScenarioReport& report) override {
+    summary_.push_back({report.invalid ? report.file : report.name, report.outcome,
+                        report.info.wallSeconds, report.worldSize});
+    if (report.invalid) {
+      const auto& invalid = *report.invalid;
+      fmt::print(out_, "# invalid scenario {}: {}{}\n", invalid.file,
+                 invalid.path.empty() ? "" : invalid.path + ": ", invalid.message);
+    } else if (!options_.quiet) {
+      fmt::print(out_, "# hmc-run: {} ({} ranks, transport {}, device {}, timeout {} s)\n",
+                 report.name, report.worldSize, report.info.transport, report.info.device,
+                 report.timeoutS);
+      if (!report.description.empty()) fmt::print(out_, "# {}\n", report.description);
+      if (report.samples.repetitions > 1) {
+        fmt::print(out_, "# {} repetitions ({} warm-up); the table shows repetition {}\n",
+                   report.samples.repetitions, report.samples.warmup, report.shownRepetition);
+      }
+      printSteps(report);
+      printDetails(report);
+      fmt::print(out_, "# outcome: {} in {}\n", toString(report.outcome),
+                 formatSeconds(report.info.wallSeconds));
+    }
+    if (options_.directory && !options_.quiet && !report.invalid) {
+      fmt::print(out_, "# [{}/{}] {}: {}\n", summary_.size(), options_.total, report.name,
+                 toString(report.outcome));
+    }
     out_.flush();
   }
 
-  void scenarioInvalid(const std::string& file, const json& report) override {
-    summary_.push_back({file, "invalid", 0.0, 0, file});
-    const json& error = report["error"];
-    const std::string path = error["path"].get<std::string>();
-    fmt::print(out_, "# invalid scenario {}: {}{}\n", file, path.empty() ? "" : path + ": ",
-               error["message"].get<std::string>());
-  }
-
-  void finish() override {
+  void finish(bool interrupted) override {
     if (options_.directory && !options_.quiet) {
       fmt::print(out_, "#\n# {:<40} {:>5} {:>8} {:>10}\n", "scenario", "ranks", "outcome", "wall");
       for (const auto& row : summary_) {
-        fmt::print(out_, "  {:<40} {:>5} {:>8} {:>10}\n", row.name, row.world, row.outcome,
-                   formatSeconds(json(row.seconds)));
+        fmt::print(out_, "  {:<40} {:>5} {:>8} {:>10}\n", row.name, row.world,
+                   toString(row.outcome), formatSeconds(row.seconds));
       }
     }
-    std::map<std::string, int> counts;
+    std::map<Outcome, int> counts;
     for (const auto& row : summary_) ++counts[row.outcome];
-    const int bad = static_cast<int>(summary_.size()) - counts["pass"];
-    if (bad == 0) {
-      fmt::print(out_, "# OK: {} scenario{} passed\n", summary_.size(),
-                 summary_.size() == 1 ? "" : "s");
-    } else {
+    const std::size_t total = summary_.size();
+    const int bad = static_cast<int>(total) - counts[Outcome::kPass];
+    const char* plural = total == 1 ? "" : "s";
+    if (interrupted) {
       fmt::print(out_,
-                 "# FAILED: {} of {} scenario{} did not pass ({} fail, {} hang, {} invalid)\n", bad,
-                 summary_.size(), summary_.size() == 1 ? "" : "s", counts["fail"], counts["hang"],
-                 counts["invalid"]);
+                 "# INTERRUPTED: stopped by a signal after {} scenario{} ({} passed, {} did not "
+                 "pass); the rest did not run\n",
+                 total, plural, counts[Outcome::kPass], bad);
+    } else if (bad == 0) {
+      fmt::print(out_, "# OK: {} scenario{} passed\n", total, plural);
+    } else {
+      fmt::print(
+          out_, "# FAILED: {} of {} scenario{} did not pass ({} fail, {} hang, {} invalid)\n", bad,
+          total, plural, counts[Outcome::kFail], counts[Outcome::kHang], counts[Outcome::kInvalid]);
     }
     out_.flush();
   }
@@ -105,13 +112,13 @@ class ConsoleReporter final : public Reporter {
  private:
   struct Row {
     std::string name;
-    std::string outcome;
+    Outcome outcome;
     double seconds;
     int world;
-    std::string file;
   };
 
-  void printSteps(const Scenario& scenario, const std::vector<RankResult>& ranks) {
+  void printSteps(const ScenarioReport& report) {
+    const auto& ranks = report.ranks;
     const bool wide = static_cast<int>(ranks.size()) > options_.maxRankColumns;
     std::string header = fmt::format("# {:>4}  {:<10} {:<10} ", "step", "op", "module");
     if (wide) {
@@ -121,10 +128,10 @@ class ConsoleReporter final : public Reporter {
         header += fmt::format("{:<22}", fmt::format("rank {}", rank.rank));
     }
     fmt::print(out_, "{}\n", header);
-    for (std::size_t index = 0; index < scenario.steps.size(); ++index) {
-      const Step& step = scenario.steps[index];
-      std::string line = fmt::format("  {:>4}  {:<10} {:<10} ", index, toString(step.op),
-                                     step.module.empty() ? "" : step.module);
+    for (std::size_t index = 0; index < report.steps.size(); ++index) {
+      const StepOutline& step = report.steps[index];
+      std::string line =
+          fmt::format("  {:>4}  {:<10} {:<10} ", index, toString(step.op), step.module);
       if (wide) {
         std::map<std::string, std::vector<int>> groups;
         for (const auto& rank : ranks) {
@@ -148,19 +155,20 @@ class ConsoleReporter final : public Reporter {
     }
   }
 
-  void printDetails(const json& report, const std::vector<RankResult>& ranks) {
+  void printDetails(const ScenarioReport& report) {
     // Unexpected results, grouped by identical text so 1,024 ranks print one line.
     std::map<std::string, std::vector<int>> problems;
-    for (const auto& rank : ranks) {
+    for (const auto& rank : report.ranks) {
       if (rank.crashed) {
         problems[fmt::format("crashed: {}", rank.crashReason.value_or("exited"))].push_back(
             rank.rank);
       }
       for (const auto& step : rank.steps) {
-        if (step.expected && !step.errorKind) continue;
+        if (step.expected && !step.error) continue;
         const std::string text = fmt::format(
-            "step {} {}: {}{}{}", step.index, step.op, toString(step.status),
-            step.errorKind ? " " + *step.errorKind + ": " + step.errorMessage.value_or("") : "",
+            "step {} {}: {}{}{}", step.index, toString(step.op), toString(step.status),
+            step.error ? fmt::format(" {}: {}", toString(step.error->kind), step.error->message)
+                       : "",
             step.expected ? " (expected)" : " (unexpected)");
         problems[text].push_back(rank.rank);
       }
@@ -168,58 +176,43 @@ class ConsoleReporter final : public Reporter {
     for (const auto& [text, members] : problems) {
       fmt::print(out_, "# ranks {}: {}\n", rankRanges(members), text);
     }
-    for (const auto& mismatch : report["mismatches"]) {
-      if (mismatch["rank"].get<int>() != 0) continue;
-      const json& first = mismatch["diagnosis"]["first_difference"];
-      if (first.is_null()) continue;
+    for (const auto& mismatch : report.mismatches) {
+      if (mismatch.rank != 0 || !mismatch.firstDifference) continue;
+      const ManifestDifference& first = *mismatch.firstDifference;
       fmt::print(out_,
                  "# mismatch at step {} ('{}'): rank {} differs from rank 0 at {}: rank 0 has "
                  "{}, rank {} has {}\n",
-                 mismatch["step"].get<int>(), mismatch["diagnosis"]["stage"].get<std::string>(),
-                 first["rank"].get<int>(),
-                 first.contains("index") ? fmt::format("manifest entry {}", first["index"].dump())
-                                         : std::string("the signature"),
-                 first["rank0"].dump(), first["rank"].get<int>(), first["this_rank"].dump());
+                 mismatch.step, mismatch.stage, first.rank,
+                 first.index ? fmt::format("manifest entry {}", first.index->dump())
+                             : std::string("the signature"),
+                 first.rank0.dump(), first.rank, first.thisRank.dump());
     }
-    if (!report["hang"].is_null()) {
-      fmt::print(out_, "# hang: {}\n", report["hang"]["diagnosis"].get<std::string>());
-    }
-    const json& timings = report["timings"];
-    fmt::print(
-        out_,
-        "# timings (p50/p95, n): fresh bind {}/{} n={}, reused bind {}/{} n={}, "
-        "close {}/{} n={}, collectives {}/{} n={}\n",
-        formatSeconds(timings["fresh_bind"]["p50"]), formatSeconds(timings["fresh_bind"]["p95"]),
-        timings["fresh_bind"]["count"].get<int>(), formatSeconds(timings["reused_bind"]["p50"]),
-        formatSeconds(timings["reused_bind"]["p95"]), timings["reused_bind"]["count"].get<int>(),
-        formatSeconds(timings["close"]["p50"]), formatSeconds(timings["close"]["p95"]),
-        timings["close"]["count"].get<int>(), formatSeconds(timings["exchange"]["p50"]),
-        formatSeconds(timings["exchange"]["p95"]), timings["exchange"]["count"].get<int>());
+    if (report.hang) fmt::print(out_, "# hang: {}\n", report.hang->diagnosis);
+    const Timings& timings = report.timings;
+    fmt::print(out_,
+               "# timings (p50/p95, n): fresh bind {}, reused bind {}, close {}, collectives {}\n",
+               stats(timings.freshBind), stats(timings.reusedBind), stats(timings.close),
+               stats(timings.exchange));
     std::map<std::string, std::vector<int>> leakLines;
-    for (const auto& leak : report["leaks"]["ranks"]) {
-      const int rank = leak["rank"].get<int>();
-      if (!leak["checked"].get<bool>()) {
-        leakLines["not checked: " + leak["reason"].get<std::string>()].push_back(rank);
+    for (const auto& rank : report.ranks) {
+      const LeakCheck& leak = rank.leaks;
+      if (!leak.checked) {
+        leakLines["not checked: " + leak.reason].push_back(rank.rank);
         continue;
       }
-      if (!leak["leaked"].get<bool>() && leak["shutdown_error"].is_null()) continue;
+      if (!leak.leaked() && !leak.shutdownError) continue;
       std::string text = fmt::format(
           "left after shutdown: {} groups, {} bound, {} bytes in {} workspaces, runtime {}",
-          leak["groups"].get<std::int64_t>(), leak["bound_groups"].get<std::int64_t>(),
-          leak["bytes_held"].get<std::int64_t>(), leak["workspaces_held"].get<std::int64_t>(),
-          leak["runtime_live"].get<bool>() ? "live" : "released");
-      if (leak.contains("device") && leak["device"].value("leaked", false)) {
-        const auto& device = leak["device"];
+          leak.groups, leak.boundGroups, leak.bytesHeld, leak.workspacesHeld,
+          leak.runtimeLive ? "live" : "released");
+      if (leak.device && leak.device->leaked()) {
+        const DeviceLeakCheck& device = *leak.device;
         text += fmt::format("; on cuda:{}: {} bytes, {} streams, {} events, {} communicators",
-                            device["device"].get<int>(), device["bytes_held"].get<std::int64_t>(),
-                            device["streams_held"].get<std::int64_t>(),
-                            device["events_held"].get<std::int64_t>(),
-                            device["communicators_held"].get<std::int64_t>());
+                            device.device, device.bytesHeld, device.streamsHeld, device.eventsHeld,
+                            device.communicatorsHeld);
       }
-      if (!leak["shutdown_error"].is_null()) {
-        text += "; shutdown failed: " + leak["shutdown_error"].get<std::string>();
-      }
-      leakLines[text].push_back(rank);
+      if (leak.shutdownError) text += "; shutdown failed: " + *leak.shutdownError;
+      leakLines[text].push_back(rank.rank);
     }
     if (leakLines.empty()) {
       fmt::print(out_, "# leaks: none (automatic shutdown closed everything)\n");
@@ -237,31 +230,25 @@ class ConsoleReporter final : public Reporter {
 class JsonReporter final : public Reporter {
  public:
   explicit JsonReporter(std::string path) : path_(std::move(path)) {}
-  void scenarioFinished(const Scenario&, const json& report,
-                        const std::vector<RankResult>&) override {
-    reports_.push_back(report);
-  }
-  void scenarioInvalid(const std::string&, const json& report) override {
-    reports_.push_back(report);
-  }
-  void finish() override {
-    const json document = reports_.size() == 1
-                              ? reports_.front()
-                              : json{{"format", "hmc-report-set/1"}, {"reports", reports_}};
-    writeFileAtomically(path_, document.dump(1) + "\n");
+  void report(const ScenarioReport& report) override { reports_.push_back(report); }
+  void finish(bool interrupted) override {
+    if (reports_.empty()) return;
+    json document = toJson(reports_);
+    if (interrupted && reports_.size() > 1) document["interrupted"] = true;
+    writeOutputFile(path_, document.dump(1) + "\n");
   }
 
  private:
   std::string path_;
-  std::vector<json> reports_;
+  std::vector<ScenarioReport> reports_;
 };
 
 class TraceReporter final : public Reporter {
  public:
   explicit TraceReporter(std::string path) : path_(std::move(path)) {}
-  void scenarioFinished(const Scenario& scenario, const json&,
-                        const std::vector<RankResult>& ranks) override {
-    json trace = buildChromeTrace(scenario, ranks);
+  void report(const ScenarioReport& report) override {
+    if (report.invalid) return;
+    json trace = buildChromeTrace(report);
     const int pidBase = static_cast<int>(scenarios_) * 100000;
     for (auto& event : trace["traceEvents"]) {
       event["pid"] = event["pid"].get<int>() + pidBase;
@@ -269,10 +256,8 @@ class TraceReporter final : public Reporter {
     }
     ++scenarios_;
   }
-  void scenarioInvalid(const std::string&, const json&) override {}
-  void finish() override {
-    writeFileAtomically(path_,
-                        json{{"traceEvents", events_}, {"displayTimeUnit", "ms"}}.dump() + "\n");
+  void finish(bool) override {
+    writeOutputFile(path_, json{{"traceEvents", events_}, {"displayTimeUnit", "ms"}}.dump() + "\n");
   }
 
  private:
@@ -283,18 +268,18 @@ class TraceReporter final : public Reporter {
 
 }  // namespace
 
-json buildChromeTrace(const Scenario& scenario, const std::vector<RankResult>& ranks) {
+json buildChromeTrace(const ScenarioReport& report) {
   json events = json::array();
   auto us = [](double seconds) { return seconds * 1e6; };
   // Per sequence number: the (rank, start) of each rank's slice, for flow arrows.
   std::map<std::uint64_t, std::vector<std::pair<int, double>>> bySequence;
-  for (const auto& rank : ranks) {
+  for (const auto& rank : report.ranks) {
     const int pid = rank.rank;
     events.push_back({{"ph", "M"},
                       {"name", "process_name"},
                       {"pid", pid},
                       {"tid", 0},
-                      {"args", {{"name", fmt::format("{} rank {}", scenario.name, rank.rank)}}}});
+                      {"args", {{"name", fmt::format("{} rank {}", report.name, rank.rank)}}}});
     events.push_back({{"ph", "M"},
                       {"name", "process_sort_index"},
                       {"pid", pid},
@@ -313,12 +298,19 @@ json buildChromeTrace(const Scenario& scenario, const std::vector<RankResult>& r
     for (const auto& step : rank.steps) {
       if (step.status == StepStatus::kSkipped || step.status == StepStatus::kNotRun) continue;
       json args = {{"status", toString(step.status)}, {"expected", step.expected}};
-      if (step.errorKind) args["error"] = *step.errorKind + ": " + step.errorMessage.value_or("");
-      if (step.bind) args["bind"] = *step.bind;
+      if (step.error) {
+        args["error"] = fmt::format("{}: {}", toString(step.error->kind), step.error->message);
+      }
+      if (step.bind) {
+        args["bind"] = {{"binding_id", step.bind->bindingId},
+                        {"reused", step.bind->reused},
+                        {"seconds", step.bind->seconds}};
+      }
+      const std::string op(toString(step.op));
       events.push_back({{"ph", "X"},
                         {"pid", pid},
                         {"tid", 1},
-                        {"name", step.module ? step.op + " " + *step.module : step.op},
+                        {"name", step.module ? op + " " + *step.module : op},
                         {"cat", "step"},
                         {"ts", us(step.startS)},
                         {"dur", std::max(us(step.seconds), 1.0)},
@@ -330,7 +322,7 @@ json buildChromeTrace(const Scenario& scenario, const std::vector<RankResult>& r
                           {"s", "p"},
                           {"name", fmt::format("{} at step {}", toString(step.status), step.index)},
                           {"ts", us(step.startS + step.seconds)},
-                          {"args", {{"message", step.errorMessage.value_or("")}}}});
+                          {"args", {{"message", step.error ? step.error->message : ""}}}});
       }
     }
     for (const auto& entry : rank.flight) {
@@ -381,26 +373,6 @@ std::unique_ptr<Reporter> makeJsonReporter(std::string path) {
 
 std::unique_ptr<Reporter> makeTraceReporter(std::string path) {
   return std::make_unique<TraceReporter>(std::move(path));
-}
-
-void writeFileAtomically(const std::string& path, const std::string& text) {
-  const std::string temporary = path + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    if (!out) {
-      throw RuntimeError(fmt::format("cannot write {}: {}", temporary, std::strerror(errno)));
-    }
-    out << text;
-    out.flush();
-    if (!out) {
-      throw RuntimeError(fmt::format("cannot write {}: {}", temporary, std::strerror(errno)));
-    }
-  }
-  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
-    const std::string reason = std::strerror(errno);
-    std::remove(temporary.c_str());
-    throw RuntimeError(fmt::format("cannot write {}: {}", path, reason));
-  }
 }
 
 }  // namespace hmc::scenario

@@ -27,7 +27,6 @@
 namespace hmc::scenario {
 namespace {
 
-using nlohmann::json;
 using Clock = collective::Clock;
 
 std::string pythonBool(bool value) { return value ? "True" : "False"; }
@@ -118,25 +117,25 @@ class RankState {
     modules_.clear();
   }
 
-  json heldBy() const {
-    json out = json::array();
+  std::vector<HeldWorkspace> heldBy() const {
+    std::vector<HeldWorkspace> out;
     for (const auto& group : manager_->groups()) {
       if (!group->resources) continue;
       const auto* workspace = dynamic_cast<const resources::Workspace*>(group->resources.get());
-      std::string owner;
+      HeldWorkspace held;
+      held.bindingId = group->bindingId;
       for (const auto& [name, module] : modules_) {
-        if (module->resourceGroup() == group) owner = name;
+        if (module->resourceGroup() == group) held.module = name;
       }
-      out.push_back({{"binding_id", group->bindingId ? json(*group->bindingId) : json(nullptr)},
-                     {"module", owner.empty() ? json(nullptr) : json(owner)},
-                     {"bytes", workspace ? workspace->nbytes() : 0},
-                     {"pending_backward", workspace ? workspace->pending() : 0},
-                     {"closing", group->closing}});
+      held.bytes = workspace ? static_cast<std::int64_t>(workspace->nbytes()) : 0;
+      held.pendingBackward = workspace ? static_cast<std::int64_t>(workspace->pending()) : 0;
+      held.closing = group->closing;
 #if HMC_HAVE_CUDA
       if (const auto* cuda = dynamic_cast<const resources::CudaWorkspace*>(workspace)) {
-        out.back()["device"] = fmt::format("cuda:{}", cuda->device());
+        held.device = fmt::format("cuda:{}", cuda->device());
       }
 #endif
+      out.push_back(std::move(held));
     }
     return out;
   }
@@ -206,8 +205,8 @@ class RankState {
           const double seconds = bind->seconds.count();
           (bind->reused ? timings_.reusedBind : timings_.freshBind).push_back(seconds);
           if (entry != nullptr) {
-            entry->bind = json{
-                {"binding_id", bind->bindingId}, {"reused", bind->reused}, {"seconds", seconds}};
+            entry->bind =
+                BindInfo{static_cast<std::int64_t>(bind->bindingId), bind->reused, seconds};
           }
         }
         if (step.backward) {
@@ -362,38 +361,13 @@ void recordError(StepResult& entry, const std::exception& error) {
     message = error.what();
   }
   const ErrorKind kind = kindOf(error);
-  entry.errorKind = std::string(toString(kind));
-  entry.errorMessage = std::move(message);
+  entry.error = StepError{kind, std::move(message)};
   entry.status = (kind == ErrorKind::kTimeout || kind == ErrorKind::kRankFailure)
                      ? StepStatus::kHang
                      : StepStatus::kError;
 }
 
 }  // namespace
-
-std::string_view toString(StepStatus status) noexcept {
-  switch (status) {
-    case StepStatus::kOk:
-      return "ok";
-    case StepStatus::kError:
-      return "error";
-    case StepStatus::kHang:
-      return "hang";
-    case StepStatus::kSkipped:
-      return "skipped";
-    case StepStatus::kNotRun:
-      return "not_run";
-  }
-  return "error";
-}
-
-StepStatus stepStatusFromString(std::string_view text) {
-  for (StepStatus status : {StepStatus::kOk, StepStatus::kError, StepStatus::kHang,
-                            StepStatus::kSkipped, StepStatus::kNotRun}) {
-    if (toString(status) == text) return status;
-  }
-  throw ValueError(fmt::format("unknown step status '{}'", text));
-}
 
 void limitTorchThreads(int threads) { at::set_num_threads(std::max(1, threads)); }
 
@@ -425,9 +399,8 @@ bool expectationMet(const Step& step, const StepResult& result) {
     case Expect::kAny:
       return true;
     case Expect::kError:
-      return result.status == StepStatus::kError &&
-             result.errorMessage.value_or("").find(step.expectError.value_or("")) !=
-                 std::string::npos;
+      return result.status == StepStatus::kError && result.error &&
+             result.error->message.find(step.expectError.value_or("")) != std::string::npos;
     case Expect::kOk:
       return result.status == StepStatus::kOk;
     case Expect::kHang:
@@ -436,82 +409,109 @@ bool expectationMet(const Step& step, const StepResult& result) {
   return false;
 }
 
-RankResult runRank(const Scenario& scenario, RankEnvironment& env) {
-  const int rank = env.collective->rank();
-  RankResult result;
-  result.rank = rank;
-  const auto recorderPtr =
-      env.recorder ? env.recorder
-                   : std::make_shared<diagnostics::FlightRecorder>(env.flightCapacity, env.epoch);
-  diagnostics::FlightRecorder& recorder = *recorderPtr;
-  env.collective->setObserver(&recorder);
-  struct Detach {
-    collective::Collective& c;
-    ~Detach() { c.setObserver(nullptr); }
-  } detach{*env.collective};
+namespace {
 
-  RankState state(scenario, env);
-  // Device leak accounting: the free device memory before, and the registry's handles that
-  // exist already (a transport's own), which the run does not answer for.
-  std::optional<DeviceLeakCheck> device;
-  std::vector<std::uint64_t> handlesBefore;
-  if (usesCuda(scenario) && torch::cuda::is_available()) {
-    device.emplace();
-    device->device = cudaDeviceOf(rank);
+// Device leak accounting of a rank whose inputs are on CUDA: the free device memory before,
+// and the registry's handles that exist already (a transport's own), which the run does not
+// answer for.
+class DeviceLeakProbe {
+ public:
+  DeviceLeakProbe(const Scenario& scenario, int rank) : rank_(rank) {
+    if (!usesCuda(scenario) || !torch::cuda::is_available()) return;
+    check_.emplace();
+    check_->device = cudaDeviceOf(rank);
     try {
-      const resources::DeviceMemoryInfo info = resources::deviceMemoryInfo(device->device);
-      device->freeBytesBefore = info.freeBytes;
-      device->totalBytes = info.totalBytes;
+      const resources::DeviceMemoryInfo info = resources::deviceMemoryInfo(check_->device);
+      check_->freeBytesBefore = info.freeBytes;
+      check_->totalBytes = info.totalBytes;
     } catch (const std::exception& error) {
-      device->memoryInfoError = error.what();
+      check_->memoryInfoError = error.what();
     }
     for (const auto& record : resources::DeviceRegistry::instance().snapshot().live) {
-      handlesBefore.push_back(record.id);
+      handlesBefore_.push_back(record.id);
     }
   }
-  for (int index = 0; index < static_cast<int>(scenario.steps.size()); ++index) {
-    const Step& step = scenario.steps[index];
-    StepResult entry;
-    entry.index = index;
-    entry.op = std::string(toString(step.op));
-    if (!step.module.empty()) entry.module = step.module;
-    entry.label = step.label;
-    if (!inRanks(step, rank)) {
-      entry.status = StepStatus::kSkipped;
-    } else if (result.hung || result.crashed) {
-      entry.status = StepStatus::kNotRun;
-    } else {
-      recorder.setStep(index);
-      const auto start = Clock::now();
-      entry.startS = std::chrono::duration<double>(start - env.epoch).count();
-      try {
-        state.run(step, &entry);
-        entry.status = StepStatus::kOk;
-      } catch (const RankCrashed&) {
-        result.crashed = true;
-        result.crashReason = "fault crash at step " + std::to_string(index);
-        entry.status = StepStatus::kOk;  // it did what it was asked to
-      } catch (const std::exception& error) {
-        recordError(entry, error);
-        if (entry.status == StepStatus::kHang) result.hung = true;
-      }
-      if (const auto& mismatch = state.manager().lastMismatch()) {
-        entry.mismatch = *mismatch;
-        state.manager().clearLastMismatch();
-      }
-      entry.seconds = secondsSince(start);
-    }
-    entry.expected = expectationMet(step, entry);
-    if (env.onStep) env.onStep(entry);
-    result.steps.push_back(std::move(entry));
-  }
-  recorder.setStep(-1);
-  result.final = state.finalState();
 
-  // Leak check: an automatic shutdown (collective) when every rank ended cleanly.
+  // What the run left on the device after the shutdown; nullopt on CPU runs.
+  std::optional<DeviceLeakCheck> finish(const resources::RankResources& resources) {
+    if (!check_) return std::nullopt;
+    DeviceLeakCheck device = std::move(*check_);
+    try {
+      device.freeBytesAfter = resources::deviceMemoryInfo(device.device).freeBytes;
+    } catch (const std::exception& error) {
+      device.memoryInfoError = error.what();
+    }
+    const auto& accounting = resources.accounting();
+    device.bytesAllocated = accounting.deviceBytesAllocated;
+    device.bytesHeld = accounting.deviceBytesHeld();
+    device.streamsHeld = accounting.streamsHeld();
+    device.eventsHeld = accounting.eventsHeld();
+    const std::string prefix = fmt::format("rank {} ", rank_);
+    for (const auto& record : resources::DeviceRegistry::instance().snapshot().live) {
+      if (record.owner.rfind(prefix, 0) != 0 ||
+          std::find(handlesBefore_.begin(), handlesBefore_.end(), record.id) !=
+              handlesBefore_.end()) {
+        continue;
+      }
+      if (record.kind == resources::DeviceHandleKind::kCommunicator) ++device.communicatorsHeld;
+      device.live.push_back(LiveDeviceHandle{std::string(resources::toString(record.kind)),
+                                             record.device, static_cast<std::int64_t>(record.bytes),
+                                             record.owner});
+    }
+    return device;
+  }
+
+ private:
+  int rank_;
+  std::optional<DeviceLeakCheck> check_;
+  std::vector<std::uint64_t> handlesBefore_;
+};
+
+// Runs top-level step `index` on this rank (or records why it did not run).
+StepResult runStep(const Scenario& scenario, int index, RankState& state, RankResult& result,
+                   diagnostics::FlightRecorder& recorder, const RankEnvironment& env) {
+  const Step& step = scenario.steps[index];
+  StepResult entry;
+  entry.index = index;
+  entry.op = step.op;
+  if (!step.module.empty()) entry.module = step.module;
+  entry.label = step.label;
+  if (!inRanks(step, result.rank)) {
+    entry.status = StepStatus::kSkipped;
+  } else if (result.hung || result.crashed) {
+    entry.status = StepStatus::kNotRun;
+  } else {
+    recorder.setStep(index);
+    const auto start = Clock::now();
+    entry.startS = std::chrono::duration<double>(start - env.epoch).count();
+    try {
+      state.run(step, &entry);
+      entry.status = StepStatus::kOk;
+    } catch (const RankCrashed&) {
+      result.crashed = true;
+      result.crashReason = "fault crash at step " + std::to_string(index);
+      entry.status = StepStatus::kOk;  // it did what it was asked to
+    } catch (const std::exception& error) {
+      recordError(entry, error);
+      if (entry.status == StepStatus::kHang) result.hung = true;
+    }
+    if (const auto& mismatch = state.manager().lastMismatch()) {
+      entry.mismatch = *mismatch;
+      state.manager().clearLastMismatch();
+    }
+    entry.seconds = secondsSince(start);
+  }
+  entry.expected = expectationMet(step, entry);
+  return entry;
+}
+
+// The leak check: an automatic shutdown (collective) when every rank ended cleanly, then
+// what is left.
+LeakCheck checkLeaks(RankState& state, const RankResult& result, const RankEnvironment& env,
+                     DeviceLeakProbe& device) {
+  LeakCheck leaks;
   const bool clean = !result.hung && !result.crashed;
   const bool everyone = env.agreeOnShutdown ? env.agreeOnShutdown(clean) : clean;
-  LeakCheck& leaks = result.leaks;
   if (everyone) {
     try {
       state.manager().shutdown();
@@ -534,34 +534,38 @@ RankResult runRank(const Scenario& scenario, RankEnvironment& env) {
   leaks.workspacesHeld = accounting.workspacesHeld();
   leaks.bytesAllocated = accounting.bytesAllocated;
   leaks.workspacesCreated = accounting.workspacesCreated;
-  if (device) {
-    try {
-      device->freeBytesAfter = resources::deviceMemoryInfo(device->device).freeBytes;
-    } catch (const std::exception& error) {
-      device->memoryInfoError = error.what();
-    }
-    device->bytesAllocated = accounting.deviceBytesAllocated;
-    device->bytesHeld = accounting.deviceBytesHeld();
-    device->streamsHeld = accounting.streamsHeld();
-    device->eventsHeld = accounting.eventsHeld();
-    const std::string prefix = fmt::format("rank {} ", rank);
-    for (const auto& record : resources::DeviceRegistry::instance().snapshot().live) {
-      if (record.owner.rfind(prefix, 0) != 0 ||
-          std::find(handlesBefore.begin(), handlesBefore.end(), record.id) != handlesBefore.end()) {
-        continue;
-      }
-      if (record.kind == resources::DeviceHandleKind::kCommunicator) ++device->communicatorsHeld;
-      device->live.push_back({{"kind", resources::toString(record.kind)},
-                              {"device", record.device},
-                              {"bytes", record.bytes},
-                              {"owner", record.owner}});
-    }
-    leaks.device = std::move(device);
-  }
+  leaks.device = device.finish(state.resources());
+  return leaks;
+}
 
+}  // namespace
+
+RankResult runRank(const Scenario& scenario, RankEnvironment& env) {
+  RankResult result;
+  result.rank = env.collective->rank();
+  const auto recorderPtr =
+      env.recorder ? env.recorder
+                   : std::make_shared<diagnostics::FlightRecorder>(env.flightCapacity, env.epoch);
+  diagnostics::FlightRecorder& recorder = *recorderPtr;
+  env.collective->setObserver(&recorder);
+  struct Detach {
+    collective::Collective& c;
+    ~Detach() { c.setObserver(nullptr); }
+  } detach{*env.collective};
+
+  RankState state(scenario, env);
+  DeviceLeakProbe device(scenario, result.rank);
+  for (int index = 0; index < static_cast<int>(scenario.steps.size()); ++index) {
+    StepResult entry = runStep(scenario, index, state, result, recorder, env);
+    if (env.onStep) env.onStep(entry);
+    result.steps.push_back(std::move(entry));
+  }
+  recorder.setStep(-1);
+  result.final = state.finalState();
+  result.leaks = checkLeaks(state, result, env, device);
   result.timings = state.timings();
   for (const auto& [stage, seconds] : recorder.durations()) {
-    result.timings.exchange.push_back(seconds);
+    result.timings.collectives[stage].push_back(seconds);
   }
   result.flight = recorder.entries();
   result.collectives = env.collective->sequence();

@@ -901,8 +901,14 @@ Scenario parseScenario(const json& document, const std::string& file, const Pars
   return Parser(file, options).parse(document);
 }
 
+std::string readScenarioFile(const std::string& path) { return readFile(path); }
+
 Scenario loadScenario(const std::string& path, const ParseOptions& options) {
-  const std::string text = readFile(path);
+  return parseScenarioText(readFile(path), path, options);
+}
+
+Scenario parseScenarioText(const std::string& text, const std::string& path,
+                           const ParseOptions& options) {
   if (text.find_first_not_of(" \t\r\n") == std::string::npos) {
     throw ScenarioError(
         path, "",

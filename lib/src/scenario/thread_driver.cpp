@@ -35,6 +35,31 @@ class ShutdownVote {
 
 }  // namespace
 
+void ThreadInterrupt::interrupt(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!reason_) reason_ = reason;
+  if (!world_) return;
+  for (int rank = 0; rank < world_->worldSize(); ++rank) world_->markFailed(rank, *reason_);
+}
+
+bool ThreadInterrupt::interrupted() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return reason_.has_value();
+}
+
+void ThreadInterrupt::attach(std::shared_ptr<collective::ThreadWorld> world) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  world_ = std::move(world);
+  if (reason_) {
+    for (int rank = 0; rank < world_->worldSize(); ++rank) world_->markFailed(rank, *reason_);
+  }
+}
+
+void ThreadInterrupt::detach() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  world_.reset();
+}
+
 std::vector<RankResult> runOnThreads(const Scenario& scenario, const ThreadRunOptions& options) {
   const int worldSize = scenario.worldSize;
   const auto timeout = collective::timeoutFromSeconds(scenario.timeoutS);
@@ -42,6 +67,7 @@ std::vector<RankResult> runOnThreads(const Scenario& scenario, const ThreadRunOp
   ShutdownVote vote(worldSize);
   const auto epoch = collective::Clock::now();
   std::vector<RankResult> results(worldSize);
+  if (options.interrupt != nullptr) options.interrupt->attach(world);
   std::vector<std::thread> threads;
   threads.reserve(worldSize);
   for (int rank = 0; rank < worldSize; ++rank) {
@@ -69,6 +95,7 @@ std::vector<RankResult> runOnThreads(const Scenario& scenario, const ThreadRunOp
     });
   }
   for (auto& thread : threads) thread.join();
+  if (options.interrupt != nullptr) options.interrupt->detach();
   return results;
 }
 

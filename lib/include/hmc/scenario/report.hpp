@@ -1,23 +1,32 @@
 #pragma once
-// Merging the ranks' results into an `hmc-report/1` document (scenario-format.md), with
-// hmc's own sections: mismatches, leaks, timings, hang, environment.
+// The report of one scenario run, as data (ScenarioReport), built once from the ranks'
+// results by buildReport; toJson is the only writer of the `hmc-report/1` document
+// (docs/scenario-format.md) and the reporters (reporters.hpp) read the struct. Like
+// google/benchmark's Run: a failed, hung or invalid scenario is a report too, never a crash.
 
+#include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "hmc/diagnostics/flight_recorder.hpp"
 #include "hmc/error.hpp"
-#include "hmc/scenario/runner.hpp"
+#include "hmc/scenario/rank_result.hpp"
 #include "hmc/scenario/scenario.hpp"
 
 namespace hmc::scenario {
 
 inline constexpr const char* kReportFormat = "hmc-report/1";
+inline constexpr const char* kReportSetFormat = "hmc-report-set/1";
 
 enum class Outcome { kPass, kFail, kHang, kInvalid };
 std::string_view toString(Outcome outcome) noexcept;
 // Exit code of hmc-run for an outcome: 0 pass, 1 fail, 3 hang, 2 invalid.
 int exitCodeOf(Outcome outcome) noexcept;
+// The worse of two outcomes: invalid > hang > fail > pass (the order of hmc-run's exit codes
+// over a directory).
+Outcome worse(Outcome a, Outcome b) noexcept;
 
 struct RunInfo {
   std::string transport;
@@ -29,6 +38,103 @@ struct RunInfo {
   std::vector<std::string> command;
 };
 
+// count, p50, p95 and max of samples in seconds (nearest rank); no figures without samples.
+struct TimingStats {
+  std::size_t count = 0;
+  std::optional<double> p50;
+  std::optional<double> p95;
+  std::optional<double> max;
+};
+TimingStats timingStats(std::vector<double> samples);
+
+struct Timings {
+  TimingStats freshBind;
+  TimingStats reusedBind;
+  TimingStats close;
+  TimingStats exchange;                   // every collective
+  std::optional<double> reuseSpeedupP50;  // fresh p50 / reused p50, when both exist
+};
+
+// The first manifest entry (or the signature) where a rank differs from rank 0.
+struct ManifestDifference {
+  int rank = 0;
+  std::optional<nlohmann::json> index;  // the manifest entry; nullopt: the signature differs
+  nlohmann::json rank0;
+  nlohmann::json thisRank;
+};
+
+// A manifest mismatch a rank's manager diagnosed at a step.
+struct MismatchReport {
+  int step = 0;
+  int rank = 0;
+  std::string message;  // the step's error message
+  std::string stage;    // the collective that found it: "recycle" or "close validation"
+  std::optional<ManifestDifference> firstDifference;
+  nlohmann::json diagnosis;  // the manager's whole document (every rank's manifest)
+};
+
+struct RankFlight {
+  int rank = 0;
+  std::vector<diagnostics::FlightEntry> lastCollectives;  // at most the last 8
+};
+
+struct HangReport {
+  // "rank 0 waits in 'close validation' #3 (step 4); rank 1 never arrived: last completed
+  // 'recycle' #2 (step 1), finished its steps"
+  std::string diagnosis;
+  std::vector<RankFlight> ranks;
+};
+
+// Where a scenario file failed to parse or cannot run here.
+struct InvalidScenario {
+  std::string file;
+  std::string path;  // JSON path, or ""
+  std::string message;
+};
+
+// Raw timing samples of one metric, per repetition (the first `warmup` are warm-up).
+struct MetricSamples {
+  std::string unit = "s";
+  std::vector<std::vector<double>> perRepetition;
+};
+
+// The raw samples of every timing metric: "fresh_bind", "reused_bind", "close", "exchange",
+// "collective/<stage>", and "repeat/<label>" (a labelled step's per-cycle seconds, one value
+// per rank that ran it).
+struct Samples {
+  int repetitions = 1;
+  int warmup = 0;
+  std::map<std::string, MetricSamples> metrics;
+};
+
+// A top-level step of the scenario as tables show it.
+struct StepOutline {
+  Op op = Op::kBarrier;
+  std::string module;  // "" when the step names none
+  std::optional<std::string> label;
+};
+
+struct ScenarioReport {
+  Outcome outcome = Outcome::kPass;
+  std::string name;  // "" for a file that did not parse far enough to have one
+  std::string file;
+  std::string description;
+  int worldSize = 0;
+  double timeoutS = 0;
+  std::vector<StepOutline> steps;
+  RunInfo info;
+  // The ranks of the reported repetition: the first one that did not pass, else the last.
+  std::vector<RankResult> ranks;
+  int shownRepetition = 0;  // its index (0-based, warm-up repetitions included)
+  std::vector<MismatchReport> mismatches;
+  bool leaked = false;
+  Timings timings;  // over every measured repetition
+  std::optional<HangReport> hang;
+  std::optional<InvalidScenario> invalid;  // set iff outcome is kInvalid
+  Samples samples;
+  bool interrupted = false;  // Ctrl-C or SIGTERM stopped the run
+};
+
 // The reference runner's rule: a crashed rank fails a scenario without a top-level fault
 // step; else pass when every step met its expectation; else hang when some step hung
 // unexpectedly; else fail.
@@ -38,13 +144,22 @@ Outcome computeOutcome(const Scenario& scenario, const std::vector<RankResult>& 
 // 'recycle' #2 (step 1), finished its steps". Empty when no rank hung.
 std::string diagnoseHang(const std::vector<RankResult>& ranks);
 
-// {count, p50, p95, max} of samples in seconds (count 0 and nulls when empty).
-nlohmann::json timingStats(std::vector<double> samples);
-
-nlohmann::json buildReport(const Scenario& scenario, const std::vector<RankResult>& ranks,
-                           const RunInfo& info);
-// The report of a scenario that did not parse: outcome "invalid", no rank ran.
-nlohmann::json invalidReport(const std::string& file, const std::string& name,
+// The report of one run.
+ScenarioReport buildReport(const Scenario& scenario, std::vector<RankResult> ranks, RunInfo info);
+// The report of `repetitions.size()` runs of the same scenario, the first `warmup` of them
+// not counted in timings: the outcome is the worst repetition's; ranks, mismatches and hang
+// come from the first repetition that did not pass (else the last).
+ScenarioReport buildReport(const Scenario& scenario,
+                           std::vector<std::vector<RankResult>> repetitions, int warmup,
+                           RunInfo info);
+// The report of a scenario that did not parse or cannot run here: outcome "invalid", no rank
+// ran. `name` may be "".
+ScenarioReport invalidReport(const std::string& file, const std::string& name,
                              const ScenarioError& error);
+
+// The `hmc-report/1` document: the only writer of its keys.
+nlohmann::json toJson(const ScenarioReport& report);
+// One report's document, or {"format": "hmc-report-set/1", "reports": [...]} for several.
+nlohmann::json toJson(const std::vector<ScenarioReport>& reports);
 
 }  // namespace hmc::scenario

@@ -1,6 +1,7 @@
 #pragma once
 // Reporters: one interface, a console and a JSON implementation, plus the Chrome trace
-// writer. They read finished results; only rank 0 (the merging process) calls them.
+// writer. They read finished ScenarioReports (report.hpp); only the reporting process (rank 0
+// of a launch, or hmc-run itself) makes them.
 
 #include <iosfwd>
 #include <memory>
@@ -8,45 +9,40 @@
 #include <string>
 #include <vector>
 
-#include "hmc/scenario/runner.hpp"
-#include "hmc/scenario/scenario.hpp"
+#include "hmc/scenario/report.hpp"
 
 namespace hmc::scenario {
 
 class Reporter {
  public:
   virtual ~Reporter() = default;
-  // One finished scenario: its merged `hmc-report/1` document and the ranks' results.
-  virtual void scenarioFinished(const Scenario& scenario, const nlohmann::json& report,
-                                const std::vector<RankResult>& ranks) = 0;
-  // A scenario that did not parse.
-  virtual void scenarioInvalid(const std::string& file, const nlohmann::json& report) = 0;
-  // After the last scenario.
-  virtual void finish() = 0;
+  // One finished scenario, also one that did not parse (report.invalid is set).
+  virtual void report(const ScenarioReport& report) = 0;
+  // After the last scenario; `interrupted`: Ctrl-C or SIGTERM ended the run early.
+  virtual void finish(bool interrupted) = 0;
 };
 
 struct ConsoleOptions {
   bool quiet = false;      // only the final line(s)
   int maxRankColumns = 8;  // above it, a step's statuses are summarised
-  bool directory = false;  // several scenarios: also print a summary table
+  bool directory = false;  // several scenarios: a progress line each and a summary table
+  std::size_t total = 0;   // how many scenarios the run has (for "# [3/12] name: pass")
 };
 
-// Human-readable tables on `out`: non-data lines start with "# "; ends with "# OK" or
-// "# FAILED (...)".
+// Human-readable tables on `out`: non-data lines start with "# "; ends with "# OK",
+// "# FAILED (...)" or "# INTERRUPTED (...)". Names from files are printed with their control
+// characters escaped.
 std::unique_ptr<Reporter> makeConsoleReporter(std::ostream& out, ConsoleOptions options);
 
-// Writes every report to `path` on finish(): one `hmc-report/1` document for one scenario,
-// {"format": "hmc-report-set/1", "reports": [...]} for several.
+// Writes every report to `path` on finish() (output_file.hpp: "-" is stdout, streams and FIFOs
+// are written directly, regular files atomically): one `hmc-report/1` document for one
+// scenario, {"format": "hmc-report-set/1", "reports": [...]} for several.
 std::unique_ptr<Reporter> makeJsonReporter(std::string path);
 
 // Chrome trace event JSON (opens in Perfetto / chrome://tracing): one process track per
 // rank, steps and collectives as slices, flow arrows joining one collective across ranks,
 // error and hang markers.
-nlohmann::json buildChromeTrace(const Scenario& scenario, const std::vector<RankResult>& ranks);
+nlohmann::json buildChromeTrace(const ScenarioReport& report);
 std::unique_ptr<Reporter> makeTraceReporter(std::string path);
-
-// Writes `text` to `path` through a temporary file and rename, so that a reader never sees
-// half a file. Throws hmc::RuntimeError naming the path and the OS reason.
-void writeFileAtomically(const std::string& path, const std::string& text);
 
 }  // namespace hmc::scenario

@@ -121,6 +121,12 @@ Scenario parseScenario(const nlohmann::json& document, const std::string& file,
 // Reads and parses a file: empty, truncated, binary and non-object files are
 // ScenarioErrors too. Never hangs, never crashes on bad input.
 Scenario loadScenario(const std::string& path, const ParseOptions& options = {});
+// The two halves of loadScenario: reading a file's bytes (bounded; FIFO- and /dev/zero-safe),
+// and parsing them (`file` names them in errors). hmc-run reads a file once and hands the same
+// bytes to its rank processes, so every rank runs exactly the scenario the parent parsed.
+std::string readScenarioFile(const std::string& path);
+Scenario parseScenarioText(const std::string& text, const std::string& file,
+                           const ParseOptions& options = {});
 
 // The scenario dtypes: "float32", "float64", "float16", "bfloat16".
 bool isScenarioDtype(std::string_view dtype) noexcept;

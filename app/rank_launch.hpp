@@ -1,0 +1,67 @@
+#pragma once
+// The configuration of one rank process, written once: hmc-run's parent fills a RankLaunch,
+// turns it into the hidden `_rank` command line (toArgs), and the rank process reads it back
+// (addOptions) — the same struct on both sides. Under torchrun/srun/mpirun each process fills
+// it from the launcher's variables instead.
+//
+// ScenarioOverrides are what the command line replaces in a scenario (--world-size, --device,
+// --timeout); loadScenario applies them in the one place where every process reads a scenario.
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "hmc/collective/transport.hpp"
+#include "hmc/collective/transport_factory.hpp"
+#include "hmc/scenario/scenario.hpp"
+
+namespace CLI {
+class App;
+}
+
+namespace hmc::app {
+
+struct ScenarioOverrides {
+  std::optional<int> worldSize;            // --world-size (applied while parsing)
+  std::optional<scenario::Device> device;  // --device
+  std::optional<double> timeoutS;          // --timeout
+
+  // `text` (a scenario file's bytes, read once) parsed with the overrides applied. `file` names
+  // it in errors and reports. Throws ScenarioError.
+  scenario::Scenario parse(const std::string& text, const std::string& file) const;
+  // The options that carry these overrides to a rank process.
+  std::vector<std::string> toArgs() const;
+};
+
+struct RankLaunch {
+  // What to run: a file holding the exact bytes the parent parsed, and the path the user gave
+  // (for errors and reports).
+  std::string scenarioFile;
+  std::string displayFile;
+  ScenarioOverrides overrides;
+  int repetitions = 1;
+
+  // Where this rank sits.
+  collective::Transport transport = collective::Transport::kTcp;
+  int rank = 0;
+  int worldSize = 1;
+  std::string masterAddr = "127.0.0.1";
+  int masterPort = 0;
+  int glooPort = 0;              // the gloo transport's own store; 0: masterPort + 1
+  bool agentHostsStore = false;  // torchrun's agent hosts the store: rank 0 is a client too
+
+  // What to keep and where to put it.
+  std::size_t flightCapacity = 64;
+  std::string resultFile;  // hmc-run's own launch: the rank writes its results here
+  std::string logLevel = "warn";
+
+  // The `_rank` command line after the executable ("_rank", file, options...).
+  std::vector<std::string> toArgs() const;
+  // Declares the `_rank` command's arguments on `command`, writing into this struct.
+  void addOptions(CLI::App& command);
+  // The transport factory's options for this rank, with the scenario's collective timeout.
+  collective::TransportOptions transportOptions(std::chrono::milliseconds timeout) const;
+};
+
+}  // namespace hmc::app

@@ -1,0 +1,46 @@
+#pragma once
+// One rank of a world of processes: its control store and the collective its lifecycle runs
+// on, built for a Transport (transport.hpp). Used by hmc-run's rank processes, the transport
+// tests' peers and the benchmarks, so that the choice of transport is made in one place.
+//
+// Construction is collective (every rank must call it with the same transport, world size,
+// master and prefix) and bounded by `timeout`.
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "hmc/collective/collective.hpp"
+#include "hmc/collective/store_transport.hpp"
+#include "hmc/collective/transport.hpp"
+
+namespace hmc::collective {
+
+struct TransportOptions {
+  int rank = 0;
+  int worldSize = 1;
+  std::string masterAddr = "127.0.0.1";
+  int masterPort = 0;  // the control store's port (0 on the hosting rank: a free port)
+  int glooPort = 0;    // the gloo transport's own store; 0: masterPort + 1
+  // Whether rank 0 hosts the control store (false: a launcher's agent hosts it, as torchrun's
+  // does, and every rank is a client).
+  bool rankZeroHostsStore = true;
+  std::chrono::milliseconds timeout = std::chrono::seconds(30);
+  std::string prefix = "hmc";  // the control store's key namespace
+  int glooThreads = 2;         // ProcessGroupGloo worker threads
+};
+
+struct ProcessTransport {
+  // The control store: rendezvous, out-of-band votes, results and diagnosis. It is also the
+  // collective of the `store` transport.
+  std::shared_ptr<StoreTransport> control;
+  // What the ranks exchange through (== control for `store`).
+  std::shared_ptr<Collective> collective;
+};
+
+// Throws ValueError for kAuto or kThreads (not a rank-process transport), BackendError when
+// this build lacks the transport (gloo without Gloo, nccl without CUDA), and what the
+// transports throw when connecting fails.
+ProcessTransport makeTransport(Transport transport, const TransportOptions& options);
+
+}  // namespace hmc::collective

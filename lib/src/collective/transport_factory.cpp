@@ -1,0 +1,83 @@
+#include "hmc/collective/transport_factory.hpp"
+
+#include <fmt/format.h>
+
+#include "hmc/collective/tcp_transport.hpp"
+#include "hmc/config.hpp"
+#include "hmc/error.hpp"
+#if HMC_HAVE_GLOO
+#include "hmc/collective/gloo_transport.hpp"
+#endif
+#if HMC_HAVE_CUDA
+#include "hmc/collective/nccl_transport.hpp"
+#endif
+
+namespace hmc::collective {
+
+ProcessTransport makeTransport(Transport transport, const TransportOptions& options) {
+  if (!ranksAreProcesses(transport)) {
+    throw ValueError(fmt::format(
+        "makeTransport: '{}' is not a transport of rank processes (tcp, store, gloo or nccl)",
+        toString(transport)));
+  }
+  StoreTransportOptions store;
+  store.host = options.masterAddr;
+  store.port = options.masterPort;
+  store.rank = options.rank;
+  store.worldSize = options.worldSize;
+  store.timeout = options.timeout;
+  store.prefix = options.prefix;
+  if (!options.rankZeroHostsStore) store.isServer = false;
+
+  ProcessTransport out;
+  out.control = std::make_shared<StoreTransport>(store);
+  out.collective = out.control;
+  switch (transport) {
+    case Transport::kTcp: {
+      // Direct connections between the ranks; the control store is only the rendezvous and
+      // stays the out-of-band channel.
+      TcpTransportOptions tcp;
+      tcp.control = out.control;
+      out.collective = std::make_shared<TcpTransport>(tcp);
+      break;
+    }
+    case Transport::kGloo: {
+#if HMC_HAVE_GLOO
+      GlooTransportOptions gloo;
+      gloo.store = store;
+      gloo.store.port = options.glooPort != 0 ? options.glooPort : options.masterPort + 1;
+      gloo.store.prefix = options.prefix + "-gloo";
+      gloo.deviceHost = options.masterAddr == "localhost" ? "127.0.0.1" : options.masterAddr;
+      gloo.threads = options.glooThreads;
+      out.collective = std::make_shared<GlooTransport>(gloo);
+#else
+      throw BackendError(
+          "--transport gloo: this build has no Gloo (HMC_WITH_GLOO=OFF or ProcessGroupGloo.hpp "
+          "missing); use --transport tcp or store");
+#endif
+      break;
+    }
+    case Transport::kNccl: {
+#if HMC_HAVE_CUDA
+      // NCCL all-gathers between GPUs (rank r on device r % deviceCount); the store stays the
+      // bootstrap (the unique id) and the out-of-band channel, and names the ranks that did
+      // not arrive when an exchange times out.
+      NcclTransportOptions nccl;
+      nccl.bootstrap = out.control;
+      nccl.timeout = options.timeout;
+      nccl.arrivals = out.control->keyValueStore();
+      out.collective = std::make_shared<NcclTransport>(nccl);
+#else
+      throw BackendError(
+          "--transport nccl: this build has no CUDA (HMC_WITH_CUDA=OFF, or the CUDA toolkit or "
+          "NCCL was not found); use --transport tcp, store or gloo");
+#endif
+      break;
+    }
+    default:
+      break;  // kStore: the control store is the collective
+  }
+  return out;
+}
+
+}  // namespace hmc::collective

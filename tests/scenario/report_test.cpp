@@ -1,0 +1,410 @@
+// The report model (report.hpp), the rank-result wire format (rank_result.hpp), the console
+// reporter and output files: what hmc-run prints and writes, without running ranks.
+#include "hmc/scenario/report.hpp"
+
+#include <doctest/doctest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "hmc/scenario/output_file.hpp"
+#include "hmc/scenario/rank_result.hpp"
+#include "hmc/scenario/reporters.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace hmc::scenario;
+using nlohmann::json;
+
+Scenario twoSteps(bool withFault = false) {
+  Scenario scenario;
+  scenario.name = "two-steps";
+  scenario.file = "two-steps.json";
+  scenario.worldSize = 2;
+  scenario.timeoutS = 5;
+  Step create;
+  create.op = Op::kCreate;
+  create.module = "a";
+  Step close;
+  close.op = withFault ? Op::kFault : Op::kCloseAll;
+  scenario.steps = {create, close};
+  return scenario;
+}
+
+StepResult step(int index, Op op, StepStatus status, bool expected = true) {
+  StepResult result;
+  result.index = index;
+  result.op = op;
+  result.status = status;
+  result.expected = expected;
+  return result;
+}
+
+RankResult rank(int index, std::vector<StepResult> steps) {
+  RankResult result;
+  result.rank = index;
+  result.steps = std::move(steps);
+  result.leaks.checked = true;
+  return result;
+}
+
+hmc::diagnostics::FlightEntry entry(std::uint64_t sequence, std::string stage, int step,
+                                    std::string status) {
+  hmc::diagnostics::FlightEntry flight;
+  flight.sequence = sequence;
+  flight.stage = std::move(stage);
+  flight.step = step;
+  flight.status = std::move(status);
+  flight.startS = 0.1 * static_cast<double>(sequence);
+  if (flight.status != "in_flight") flight.endS = flight.startS + 0.01;
+  return flight;
+}
+
+// Every field of a rank result set, so a round trip would notice a field it drops.
+RankResult fullResult() {
+  RankResult result = rank(1, {});
+  StepResult forward = step(0, Op::kForward, StepStatus::kOk);
+  forward.module = "a";
+  forward.label = "first bind";
+  forward.seconds = 0.25;
+  forward.startS = 1.5;
+  forward.bind = BindInfo{3, true, 0.125};
+  StepResult failed = step(1, Op::kCloseAll, StepStatus::kError, false);
+  failed.error = StepError{hmc::ErrorKind::kValueError, "multicore resource manifests differ"};
+  failed.mismatch = json{{"stage", "close validation"}, {"first_difference", {{"rank", 1}}}};
+  result.steps = {forward, failed, step(2, Op::kBarrier, StepStatus::kNotRun)};
+  result.crashed = true;
+  result.crashReason = "exited with status 17 (fault crash)";
+  result.hung = true;
+  result.final = FinalState{2, 1, true};
+  result.leaks.reason = "";
+  result.leaks.shutdownError = "close failed";
+  result.leaks.groups = 1;
+  result.leaks.boundGroups = 1;
+  result.leaks.runtimeLive = true;
+  result.leaks.bytesHeld = 4096;
+  result.leaks.workspacesHeld = 1;
+  result.leaks.bytesAllocated = 8192;
+  result.leaks.workspacesCreated = 2;
+  result.leaks.heldBy = {HeldWorkspace{7, std::string("a"), 4096, 1, false, std::string("cuda:0")},
+                         HeldWorkspace{std::nullopt, std::nullopt, 0, 0, true, std::nullopt}};
+  DeviceLeakCheck device;
+  device.device = 0;
+  device.freeBytesBefore = 1000;
+  device.totalBytes = 5000;
+  device.bytesHeld = 4096;
+  device.live = {LiveDeviceHandle{"memory", 0, 4096, "rank 1 ScratchLinear cuda:0"}};
+  result.leaks.device = device;
+  result.timings.freshBind = {0.5};
+  result.timings.reusedBind = {0.125, 0.25};
+  result.timings.close = {0.75};
+  result.timings.collectives = {{"recycle", {0.01, 0.02}}, {"close validation", {0.03}}};
+  result.flight = {entry(0, "recycle", 0, "ok"), entry(1, "close validation", 1, "timeout")};
+  result.collectives = 2;
+  return result;
+}
+
+std::string console(const ScenarioReport& report, bool interrupted = false) {
+  std::ostringstream out;
+  auto reporter = makeConsoleReporter(out, ConsoleOptions{});
+  reporter->report(report);
+  reporter->finish(interrupted);
+  return out.str();
+}
+
+std::string readAll(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return buffer.str();
+}
+
+// A fresh folder under the build's temporary directory, removed at the end.
+struct TempFolder {
+  TempFolder() {
+    std::string pattern = (fs::temp_directory_path() / "hmc-report-test-XXXXXX").string();
+    REQUIRE(mkdtemp(pattern.data()) != nullptr);
+    path = pattern;
+  }
+  ~TempFolder() { fs::remove_all(path); }
+  fs::path path;
+};
+
+}  // namespace
+
+TEST_SUITE("report") {
+  TEST_CASE("the outcome follows the reference runner's table") {
+    const Scenario plain = twoSteps();
+    auto ok = [](int r) {
+      return rank(r,
+                  {step(0, Op::kCreate, StepStatus::kOk), step(1, Op::kCloseAll, StepStatus::kOk)});
+    };
+    CHECK((computeOutcome(plain, {ok(0), ok(1)}) == Outcome::kPass));
+    // An expected error or hang still passes.
+    CHECK((computeOutcome(plain, {ok(0), rank(1, {step(0, Op::kCreate, StepStatus::kError,
+                                                       true)})}) == Outcome::kPass));
+    CHECK((computeOutcome(plain, {ok(0), rank(1, {step(0, Op::kCreate, StepStatus::kError,
+                                                       false)})}) == Outcome::kFail));
+    // An unexpected hang wins over an unexpected error.
+    CHECK((computeOutcome(plain, {rank(0, {step(1, Op::kCloseAll, StepStatus::kError, false)}),
+                                  rank(1, {step(1, Op::kCloseAll, StepStatus::kHang, false)})}) ==
+           Outcome::kHang));
+    // A crash without a fault step fails even when every step met its expectation.
+    RankResult crashed = ok(1);
+    crashed.crashed = true;
+    CHECK((computeOutcome(plain, {ok(0), crashed}) == Outcome::kFail));
+    CHECK((computeOutcome(twoSteps(true), {ok(0), crashed}) == Outcome::kPass));
+  }
+
+  TEST_CASE("outcomes order as hmc-run's exit codes: invalid > hang > fail > pass") {
+    CHECK((worse(Outcome::kPass, Outcome::kFail) == Outcome::kFail));
+    CHECK((worse(Outcome::kHang, Outcome::kFail) == Outcome::kHang));
+    CHECK((worse(Outcome::kHang, Outcome::kInvalid) == Outcome::kInvalid));
+    CHECK((worse(Outcome::kInvalid, Outcome::kPass) == Outcome::kInvalid));
+    CHECK((exitCodeOf(Outcome::kPass) == 0));
+    CHECK((exitCodeOf(Outcome::kFail) == 1));
+    CHECK((exitCodeOf(Outcome::kInvalid) == 2));
+    CHECK((exitCodeOf(Outcome::kHang) == 3));
+  }
+
+  TEST_CASE("the hang diagnosis names who waits where and who never arrived") {
+    RankResult waiting = rank(0, {step(0, Op::kCreate, StepStatus::kOk),
+                                  step(1, Op::kCloseAll, StepStatus::kHang, false)});
+    waiting.hung = true;
+    waiting.flight = {entry(2, "recycle", 0, "ok"), entry(3, "close validation", 1, "timeout")};
+    RankResult absent = rank(
+        1, {step(0, Op::kCreate, StepStatus::kOk), step(1, Op::kCloseAll, StepStatus::kSkipped)});
+    absent.flight = {entry(2, "recycle", 0, "ok")};
+    RankResult crashed = rank(2, {});
+    crashed.crashed = true;
+    crashed.crashReason = "killed by signal 9 (Killed)";
+    CHECK(diagnoseHang({waiting, absent, crashed}) ==
+          "rank 0 waits in 'close validation' #3 (step 1); rank 1 never arrived: last completed "
+          "'recycle' #2 (step 0), finished its steps; rank 2 crashed (killed by signal 9 "
+          "(Killed)); no collective completed");
+    // No rank hung: nothing to diagnose.
+    CHECK(diagnoseHang({absent}).empty());
+  }
+
+  TEST_CASE("timing percentiles are nearest-rank over the samples") {
+    std::vector<double> samples;
+    for (int i = 20; i >= 1; --i) samples.push_back(i);
+    const TimingStats stats = timingStats(samples);
+    CHECK(stats.count == 20);
+    CHECK(*stats.p50 == 10);
+    CHECK(*stats.p95 == 19);
+    CHECK(*stats.max == 20);
+    const TimingStats one = timingStats({0.5});
+    CHECK(*one.p50 == 0.5);
+    CHECK(*one.p95 == 0.5);
+    const TimingStats none = timingStats({});
+    CHECK(none.count == 0);
+    CHECK_FALSE(none.p50.has_value());
+  }
+
+  TEST_CASE("a rank result survives the wire format unchanged") {
+    const RankResult original = fullResult();
+    const json wire = toJson(original);
+    CHECK(wire["format"] == std::string(kRankResultFormat));
+    const RankResult back = rankResultFromJson(json::parse(wire.dump()));
+    CHECK(toJson(back) == wire);
+    CHECK(back.steps[0].bind->bindingId == 3);
+    CHECK((back.steps[1].error->kind == hmc::ErrorKind::kValueError));
+    CHECK(back.leaks.device->live.at(0).owner == "rank 1 ScratchLinear cuda:0");
+    CHECK(back.timings.collectives.at("recycle").size() == 2);
+  }
+
+  TEST_CASE("a rank result with a missing or foreign field is refused, naming it") {
+    const json wire = toJson(fullResult());
+    json missing = wire;
+    missing["leaks"].erase("bytes_held");
+    CHECK_THROWS_WITH_AS(rankResultFromJson(missing),
+                         doctest::Contains("missing field /leaks/bytes_held"), hmc::ValueError);
+    json stepless = wire;
+    stepless["steps"][1].erase("status");
+    CHECK_THROWS_WITH_AS(rankResultFromJson(stepless),
+                         doctest::Contains("missing field /steps/1/status"), hmc::ValueError);
+    json mistyped = wire;
+    mistyped["rank"] = "one";
+    CHECK_THROWS_WITH_AS(rankResultFromJson(mistyped), doctest::Contains("field /rank"),
+                         hmc::ValueError);
+    json foreign = wire;
+    foreign["format"] = "hmc-rank-result/0";
+    CHECK_THROWS_WITH_AS(rankResultFromJson(foreign), doctest::Contains("same hmc-run version"),
+                         hmc::ValueError);
+    json badOp = wire;
+    badOp["steps"][0]["op"] = "explode";
+    CHECK_THROWS_AS(rankResultFromJson(badOp), hmc::ValueError);
+  }
+
+  TEST_CASE("the report document carries the contract's fields and hmc's sections") {
+    RankResult r0 = fullResult();
+    r0.rank = 0;
+    r0.crashed = false;
+    r0.hung = false;
+    RankResult r1 =
+        rank(1, {step(0, Op::kCreate, StepStatus::kOk), step(1, Op::kCloseAll, StepStatus::kOk)});
+    RunInfo info;
+    info.transport = "threads";
+    const ScenarioReport report = buildReport(twoSteps(), {r0, r1}, info);
+    const json document = toJson(report);
+    CHECK(document["format"] == std::string(kReportFormat));
+    CHECK(document["scenario"] == "two-steps");
+    CHECK(document["world_size"] == 2);
+    CHECK(document["outcome"] == "fail");
+    CHECK(document["ranks"][0]["steps"][0]["bind"]["reused"] == true);
+    CHECK(document["ranks"][0]["steps"][1]["error"]["kind"] == "value_error");
+    CHECK(document["ranks"][0]["final"]["groups"] == 2);
+    CHECK(document["mismatches"].size() == 1);
+    CHECK(document["mismatches"][0]["rank"] == 0);
+    CHECK(document["leaks"]["leaked"] == true);
+    CHECK(document["leaks"]["ranks"][0]["device"]["bytes_held"] == 4096);
+    CHECK_FALSE(document["leaks"]["ranks"][1].contains("device"));  // a CPU rank
+    CHECK(document["timings"]["fresh_bind"]["count"] == 1);
+    CHECK(document["timings"]["reuse_speedup_p50"] == doctest::Approx(0.5 / 0.125));
+    CHECK(document["hang"].is_null());
+    CHECK(document["environment"]["transport"] == "threads");
+    CHECK(document["samples"]["repetitions"] == 1);
+    CHECK(document["samples"]["metrics"]["collective/recycle"]["per_repetition"][0].size() == 2);
+  }
+
+  TEST_CASE(
+      "repetitions: the worst outcome, the first failing repetition shown, warm-up left out") {
+    auto run = [](double bind, StepStatus status, bool expected) {
+      RankResult r = rank(
+          0, {step(0, Op::kCreate, StepStatus::kOk), step(1, Op::kCloseAll, status, expected)});
+      r.timings.freshBind = {bind};
+      RankResult other =
+          rank(1, {step(0, Op::kCreate, StepStatus::kOk), step(1, Op::kCloseAll, StepStatus::kOk)});
+      other.timings.freshBind = {bind};
+      return std::vector<RankResult>{r, other};
+    };
+    std::vector<std::vector<RankResult>> repetitions = {
+        run(100.0, StepStatus::kOk, true),  // warm-up: its 100 s must not reach the timings
+        run(1.0, StepStatus::kError, false), run(2.0, StepStatus::kOk, true)};
+    const ScenarioReport report = buildReport(twoSteps(), repetitions, 1, RunInfo{});
+    CHECK((report.outcome == Outcome::kFail));
+    CHECK(report.shownRepetition == 1);
+    CHECK((report.ranks[0].steps[1].status == StepStatus::kError));
+    CHECK(report.timings.freshBind.count == 4);
+    CHECK(*report.timings.freshBind.max == 2.0);
+    const auto& fresh = report.samples.metrics.at("fresh_bind").perRepetition;
+    REQUIRE(fresh.size() == 3);
+    CHECK(fresh[0] == std::vector<double>{100.0, 100.0});
+    CHECK(report.samples.warmup == 1);
+  }
+
+  TEST_CASE("a labelled repeat step gives per-cycle samples") {
+    Scenario scenario = twoSteps();
+    scenario.steps[1].op = Op::kRepeat;
+    scenario.steps[1].count = 4;
+    scenario.steps[1].label = "cycle";
+    StepResult repeated = step(1, Op::kRepeat, StepStatus::kOk);
+    repeated.label = "cycle";
+    repeated.seconds = 2.0;
+    const ScenarioReport report = buildReport(
+        scenario, {rank(0, {step(0, Op::kCreate, StepStatus::kOk), repeated})}, RunInfo{});
+    CHECK(report.samples.metrics.at("repeat/cycle").perRepetition.at(0) ==
+          std::vector<double>{0.5});
+  }
+
+  TEST_CASE("an invalid scenario's report names file, path and message") {
+    const hmc::ScenarioError error("bad.json", "/steps/0/featres", "unknown key 'featres'");
+    const ScenarioReport report = invalidReport("bad.json", "", error);
+    CHECK((report.outcome == Outcome::kInvalid));
+    const json document = toJson(report);
+    CHECK(document["outcome"] == "invalid");
+    CHECK(document["scenario"].is_null());
+    CHECK(document["error"]["path"] == "/steps/0/featres");
+    CHECK(console(report).find("# invalid scenario bad.json: /steps/0/featres: ") !=
+          std::string::npos);
+    const json set = toJson(std::vector<ScenarioReport>{report, report});
+    CHECK(set["format"] == std::string(kReportSetFormat));
+    CHECK(set["reports"].size() == 2);
+  }
+
+  TEST_CASE("the console prints the step table, the hang and the closing line") {
+    RankResult waiting = rank(0, {step(0, Op::kCreate, StepStatus::kOk),
+                                  step(1, Op::kCloseAll, StepStatus::kHang, false)});
+    waiting.hung = true;
+    waiting.steps[1].error = StepError{hmc::ErrorKind::kTimeout, "close validation timed out"};
+    waiting.flight = {entry(0, "close validation", 1, "timeout")};
+    RankResult skipped = rank(
+        1, {step(0, Op::kCreate, StepStatus::kOk), step(1, Op::kCloseAll, StepStatus::kSkipped)});
+    RunInfo info;
+    info.transport = "tcp";
+    info.device = "cpu";
+    const ScenarioReport report = buildReport(twoSteps(), {waiting, skipped}, info);
+    const std::string text = console(report);
+    CHECK(text.find("# hmc-run: two-steps (2 ranks, transport tcp, device cpu, timeout 5 s)") == 0);
+    CHECK(text.find("hang timeout (!)") != std::string::npos);
+    CHECK(text.find("# ranks 0: step 1 close_all: hang timeout: close validation timed out "
+                    "(unexpected)") != std::string::npos);
+    CHECK(text.find("# hang: rank 0 waits in 'close validation' #0 (step 1); rank 1 never "
+                    "arrived: no collective completed, finished its steps") != std::string::npos);
+    CHECK(text.find("# outcome: hang") != std::string::npos);
+    CHECK(text.find("# FAILED: 1 of 1 scenario did not pass (0 fail, 1 hang, 0 invalid)\n") !=
+          std::string::npos);
+    // Every line is a "# " comment or a table row.
+    std::istringstream lines(text);
+    for (std::string line; std::getline(lines, line);) {
+      CHECK((line.rfind("# ", 0) == 0 || line == "#" || line.rfind("  ", 0) == 0));
+    }
+    CHECK(console(report, true).find("# INTERRUPTED: stopped by a signal after 1 scenario") !=
+          std::string::npos);
+  }
+}
+
+TEST_SUITE("output_file") {
+  TEST_CASE("a regular file is replaced atomically and no temporary file is left") {
+    TempFolder folder;
+    const std::string path = (folder.path / "report.json").string();
+    CHECK(checkOutputPath(path).empty());
+    writeOutputFile(path, "first\n");
+    writeOutputFile(path, "second\n");
+    CHECK(readAll(path) == "second\n");
+    CHECK(std::distance(fs::directory_iterator(folder.path), fs::directory_iterator()) == 1);
+  }
+
+  TEST_CASE("a symlink to a file is written through, and stays a symlink") {
+    TempFolder folder;
+    const fs::path target = folder.path / "target.json";
+    const fs::path link = folder.path / "link.json";
+    std::ofstream(target) << "old";
+    fs::create_symlink(target, link);
+    writeOutputFile(link.string(), "new");
+    CHECK(fs::is_symlink(link));
+    CHECK(readAll(target.string()) == "new");
+  }
+
+  TEST_CASE("a FIFO is written directly, never renamed over") {
+    TempFolder folder;
+    const std::string fifo = (folder.path / "stream").string();
+    REQUIRE(mkfifo(fifo.c_str(), 0600) == 0);
+    std::string received;
+    std::thread reader([&] { received = readAll(fifo); });
+    CHECK(checkOutputPath(fifo).empty());
+    writeOutputFile(fifo, "through the pipe\n");
+    reader.join();
+    CHECK(received == "through the pipe\n");
+    struct stat info {};
+    REQUIRE(lstat(fifo.c_str(), &info) == 0);
+    CHECK(S_ISFIFO(info.st_mode));
+  }
+
+  TEST_CASE("an unwritable path is refused up front, naming the path") {
+    TempFolder folder;
+    const std::string nowhere = (folder.path / "missing" / "report.json").string();
+    CHECK(checkOutputPath(nowhere).find("cannot write " + nowhere + ": the folder") == 0);
+    CHECK(checkOutputPath(folder.path.string()).find("it is a directory") != std::string::npos);
+    CHECK(checkOutputPath("").find("empty path") != std::string::npos);
+    CHECK_THROWS_WITH_AS(writeOutputFile(nowhere, "x"),
+                         doctest::Contains(("cannot write " + nowhere).c_str()), hmc::RuntimeError);
+  }
+}
