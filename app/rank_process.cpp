@@ -193,9 +193,16 @@ class RankProgress {
       partial.steps.push_back(std::move(waiting));
       partial.hung = true;
     } else {
-      partial.crashed = true;
-      partial.crashReason =
-          step < 0 ? by + " after its steps" : fmt::format("{} in step {}", by, step);
+      // A rank that hung earlier is reported as hung (where it waited is in its steps and
+      // flight record); any other rank was stopped in the middle of its work.
+      partial.hung = std::any_of(partial.steps.begin(), partial.steps.end(), [](const auto& s) {
+        return s.status == scenario::StepStatus::kHang;
+      });
+      if (!partial.hung) {
+        partial.crashed = true;
+        partial.crashReason =
+            step < 0 ? by + " after its steps" : fmt::format("{} in step {}", by, step);
+      }
     }
     results.push_back(std::move(partial));
     return results;
