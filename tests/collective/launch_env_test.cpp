@@ -193,8 +193,7 @@ TEST_SUITE("launch") {
           "127.0.0.1");
     CHECK(hmc::collective::routeAddressToward("localhost", 1) == "127.0.0.1");
     // Unresolvable: the name itself, for the caller's error to name.
-    CHECK(hmc::collective::routeAddressToward("no-such-host.invalid", 1) ==
-          "no-such-host.invalid");
+    CHECK(hmc::collective::routeAddressToward("no-such-host.invalid", 1) == "no-such-host.invalid");
   }
 
   TEST_CASE("torchrun wins over Slurm variables of the same process") {

@@ -67,8 +67,8 @@ void choosePort(LaunchEnv& launch, const EnvLookup& env, const LaunchOverrides& 
   } else if (const auto job = jobVar ? env(jobVar) : std::nullopt; job && !job->empty()) {
     const auto step = stepVar ? env(stepVar) : std::nullopt;
     launch.masterPort = derivedMasterPort(*job, step.value_or(""));
-    launch.masterPortOrigin = fmt::format("derived from {}{}{}", jobVar, step ? " and " : "",
-                                          step ? stepVar : "");
+    launch.masterPortOrigin =
+        fmt::format("derived from {}{}{}", jobVar, step ? " and " : "", step ? stepVar : "");
   } else {
     launch.masterPort = kDefaultMasterPort;
     launch.masterPortOrigin = "the default";
@@ -167,8 +167,7 @@ std::optional<LaunchEnv> detectLaunch(const EnvLookup& env, const LaunchOverride
     std::tie(launch.rank, launch.worldSize) = *mpi;
     if (!explicitAddr(launch, env, overrides)) {
       const auto local = env("OMPI_COMM_WORLD_LOCAL_SIZE");
-      const int localSize =
-          local ? parseInt("OMPI_COMM_WORLD_LOCAL_SIZE", *local, 1, 1 << 20) : 0;
+      const int localSize = local ? parseInt("OMPI_COMM_WORLD_LOCAL_SIZE", *local, 1, 1 << 20) : 0;
       if (localSize != launch.worldSize) {
         throw ValueError(fmt::format(
             "OMPI_COMM_WORLD_RANK is set (an mpirun launch) and the ranks span several nodes "
@@ -279,8 +278,8 @@ std::string routeAddressToward(const std::string& host, int port) {
     socklen_t length = sizeof local;
     char numeric[NI_MAXHOST] = {};
     if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &length) == 0 &&
-        ::getnameinfo(reinterpret_cast<sockaddr*>(&local), length, numeric, sizeof numeric,
-                      nullptr, 0, NI_NUMERICHOST) == 0) {
+        ::getnameinfo(reinterpret_cast<sockaddr*>(&local), length, numeric, sizeof numeric, nullptr,
+                      0, NI_NUMERICHOST) == 0) {
       out = numeric;
     }
   }
@@ -289,8 +288,7 @@ std::string routeAddressToward(const std::string& host, int port) {
   return out;
 }
 
-std::string advertiseAddress(const std::string& masterHost, int masterPort,
-                             const EnvLookup& env) {
+std::string advertiseAddress(const std::string& masterHost, int masterPort, const EnvLookup& env) {
   if (const auto addr = env(kAdvertiseAddrVariable); addr && !addr->empty()) return *addr;
   return routeAddressToward(masterHost, masterPort);
 }

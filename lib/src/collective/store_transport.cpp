@@ -126,8 +126,8 @@ std::string osReason(int error) { return std::system_category().message(error); 
 int pollMillis(Clock::time_point deadline) {
   const auto left = deadline - Clock::now();
   if (left <= Clock::duration::zero()) return 0;
-  return static_cast<int>(std::min<std::int64_t>(
-      std::chrono::ceil<std::chrono::milliseconds>(left).count(), INT_MAX));
+  return static_cast<int>(
+      std::min<std::int64_t>(std::chrono::ceil<std::chrono::milliseconds>(left).count(), INT_MAX));
 }
 
 struct Fd {
@@ -168,8 +168,8 @@ void probeStore(const StoreTransportOptions& options, int port, Clock::time_poin
   for (;;) {
     Fd socket{::socket(family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0)};
     if (socket.fd < 0) {
-      throw BackendError(fmt::format("{} probing the store at {}: socket: {}", who, endpoint,
-                                     osReason(errno)));
+      throw BackendError(
+          fmt::format("{} probing the store at {}: socket: {}", who, endpoint, osReason(errno)));
     }
     int error = 0;
     if (::connect(socket.fd, reinterpret_cast<const sockaddr*>(&address), length) != 0) {
@@ -281,8 +281,8 @@ c10::intrusive_ptr<c10d::TCPStore> connectTcpStore(const StoreTransportOptions& 
     // Workers are awaited below, after the probe: c10d's own wait reads its first reply
     // without a deadline.
     store = c10::make_intrusive<c10d::TCPStore>(
-        options.host, c10d_compat::tcpStoreOptions(port, asServer, options.worldSize, false,
-                                                   options.timeout));
+        options.host,
+        c10d_compat::tcpStoreOptions(port, asServer, options.worldSize, false, options.timeout));
     if (asServer) probeStore(options, store->getPort(), deadline);
     if (waitWorkers) store->waitForWorkers();
   } catch (const Error&) {

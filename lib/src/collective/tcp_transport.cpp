@@ -231,19 +231,20 @@ TcpTransport::TcpTransport(const TcpTransportOptions& options,
   // The address this rank binds and announces: options.host, else HMC_ADVERTISE_ADDR, else
   // the interface that routes to the store's host (as torch chooses a rank's address).
   const auto advertised = collective::processEnvironment()(collective::kAdvertiseAddrVariable);
-  const std::string origin =
-      !options.host.empty()
-          ? std::string("the tcp transport's host option")
-          : advertised && !advertised->empty()
-                ? fmt::format("{}={}", collective::kAdvertiseAddrVariable, *advertised)
-                : fmt::format("the local address that routes to the store's host {}",
-                              s.control->host());
-  s.host = options.host.empty()
-               ? collective::advertiseAddress(s.control->host(), s.control->port())
-               : options.host;
+  std::string origin;
+  if (!options.host.empty()) {
+    s.host = options.host;
+    origin = "the tcp transport's host option";
+  } else {
+    s.host = collective::advertiseAddress(s.control->host(), s.control->port());
+    origin = advertised && !advertised->empty()
+                 ? fmt::format("{}={}", collective::kAdvertiseAddrVariable, *advertised)
+                 : fmt::format("the local address that routes to the store's host {}",
+                               s.control->host());
+  }
 
-  const Address bindAddress = resolve(s.host, 0, SOCK_STREAM,
-                                      fmt::format("{}: the address to listen on ({})", what, origin));
+  const Address bindAddress = resolve(
+      s.host, 0, SOCK_STREAM, fmt::format("{}: the address to listen on ({})", what, origin));
   Socket listener(::socket(bindAddress.storage.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (listener.get() < 0) throw BackendError(fmt::format("{}: socket: {}", what, osReason(errno)));
   if (::bind(listener.get(), bindAddress.get(), bindAddress.length) != 0) {
