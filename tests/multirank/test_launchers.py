@@ -156,9 +156,15 @@ def launch(command, bound=90, env=None, report=None):
 
 # --- the real launchers -------------------------------------------------------------------
 
+_TORCH_DISTRIBUTED = []  # whether torch.distributed.run imports, asked once (an import takes seconds)
+
+
 def torchrun_command(world, args):
-    if subprocess.run([PYTHON, "-c", "import torch.distributed.run"], capture_output=True,
-                      timeout=60).returncode != 0:
+    if not _TORCH_DISTRIBUTED:
+        _TORCH_DISTRIBUTED.append(subprocess.run(
+            [PYTHON, "-c", "import torch.distributed.run"], capture_output=True,
+            timeout=120).returncode == 0)
+    if not _TORCH_DISTRIBUTED[0]:
         raise Skip("torchrun: python3-torch is not installed (import torch.distributed.run "
                    "failed)")
     return [PYTHON, TORCHRUN, "--nnodes", "1", "--nproc_per_node", str(world),
