@@ -14,6 +14,7 @@
 #include <mutex>
 #include <system_error>
 #include <thread>
+#include <vector>
 
 #include "c10d_compat.hpp"
 #include "hmc/error.hpp"
@@ -158,26 +159,41 @@ void probeStore(const StoreTransportOptions& options, int port, Clock::time_poin
     throw BackendError(fmt::format("{} cannot resolve the store's host '{}' ({}): {}", who,
                                    options.host, ::gai_strerror(rc), kCheckMaster));
   }
-  sockaddr_storage address{};
-  const socklen_t length = found->ai_addrlen;
-  std::memcpy(&address, found->ai_addr, length);
-  const int family = found->ai_family;
+  // Every address of the host, tried in order each round (as c10d does): a name may resolve
+  // to an IPv6 address first that the store does not listen on.
+  struct Candidate {
+    sockaddr_storage address{};
+    socklen_t length = 0;
+    int family = 0;
+  };
+  std::vector<Candidate> candidates;
+  for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    Candidate candidate;
+    std::memcpy(&candidate.address, a->ai_addr, a->ai_addrlen);
+    candidate.length = a->ai_addrlen;
+    candidate.family = a->ai_family;
+    candidates.push_back(candidate);
+  }
   ::freeaddrinfo(found);
 
   std::string lastReason = "no connection yet";
-  for (;;) {
-    Fd socket{::socket(family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0)};
-    if (socket.fd < 0) {
-      throw BackendError(
-          fmt::format("{} probing the store at {}: socket: {}", who, endpoint, osReason(errno)));
-    }
-    int error = 0;
-    if (::connect(socket.fd, reinterpret_cast<const sockaddr*>(&address), length) != 0) {
+  for (std::size_t attempt = 0;; ++attempt) {
+    const Candidate& candidate = candidates[attempt % candidates.size()];
+    Fd socket{::socket(candidate.family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0)};
+    const auto address = &candidate.address;
+    const auto length = candidate.length;
+    // One address may swallow the connection (a firewall): give it at most 2 s of the deadline
+    // when there are others to try.
+    const auto connectBy =
+        candidates.size() > 1 ? std::min(deadline, Clock::now() + std::chrono::seconds(2))
+                              : deadline;
+    int error = socket.fd < 0 ? errno : 0;  // e.g. IPv6 disabled: try the next address
+    if (error == 0 && ::connect(socket.fd, reinterpret_cast<const sockaddr*>(address), length) != 0) {
       error = errno;
       if (error == EINPROGRESS) {
         pollfd p{socket.fd, POLLOUT, 0};
         int ready = 0;
-        while ((ready = ::poll(&p, 1, pollMillis(deadline))) < 0 && errno == EINTR) {
+        while ((ready = ::poll(&p, 1, pollMillis(connectBy))) < 0 && errno == EINTR) {
         }
         error = ETIMEDOUT;
         if (ready > 0) {
@@ -231,7 +247,9 @@ void probeStore(const StoreTransportOptions& options, int port, Clock::time_poin
       throw TimeoutError(fmt::format("{} found no c10d store at {} within {} ({}): {}", who,
                                      endpoint, budget, lastReason, kCheckMaster));
     }
-    // Refused (nothing listens yet) or unreachable: try again shortly, as c10d would.
+    // Refused (nothing listens yet) or unreachable: after a round of every address, try
+    // again shortly, as c10d would.
+    if ((attempt + 1) % candidates.size() != 0) continue;
     std::this_thread::sleep_for(
         std::min(std::chrono::duration_cast<Clock::duration>(std::chrono::milliseconds(100)),
                  std::max(Clock::duration::zero(), deadline - Clock::now())));
