@@ -83,12 +83,117 @@ TEST_SUITE("launch") {
     CHECK_THROWS_AS(
         detectLaunch(fakeEnv({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"}})),
         hmc::ValueError);
+    CHECK_THROWS_WITH_AS(
+        detectLaunch(fakeEnv({{"OMPI_COMM_WORLD_RANK", "0"},
+                              {"OMPI_COMM_WORLD_SIZE", "4"},
+                              {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}})),
+        "OMPI_COMM_WORLD_RANK is set (an mpirun launch) and the ranks span several nodes "
+        "(OMPI_COMM_WORLD_LOCAL_SIZE=2, OMPI_COMM_WORLD_SIZE=4) but no master host is known: "
+        "pass --master-addr HOST (the host of rank 0) or set MASTER_ADDR (mpirun -x "
+        "MASTER_ADDR=HOST)",
+        hmc::ValueError);
     hmc::collective::LaunchOverrides overrides{std::string("10.0.0.1"), 1234};
     auto launch = detectLaunch(
         fakeEnv({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"}}), overrides);
     CHECK(launch->launcher == "mpirun");
     CHECK(launch->masterAddr == "10.0.0.1");
     CHECK(launch->masterPort == 1234);
+  }
+
+  TEST_CASE("mpirun on one node needs no flags: master 127.0.0.1, a port derived from the job") {
+    const std::map<std::string, std::string> rank0{{"OMPI_COMM_WORLD_RANK", "0"},
+                                                   {"OMPI_COMM_WORLD_SIZE", "4"},
+                                                   {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"},
+                                                   {"OMPI_MCA_ess_base_jobid", "1113456641"}};
+    auto rank3 = rank0;
+    rank3["OMPI_COMM_WORLD_RANK"] = "3";
+    const auto first = detectLaunch(fakeEnv(rank0));
+    const auto last = detectLaunch(fakeEnv(rank3));
+    REQUIRE(first);
+    REQUIRE(last);
+    CHECK(first->masterAddr == "127.0.0.1");
+    CHECK(first->masterAddrOrigin == "one node: every rank is local");
+    CHECK(first->masterPort == last->masterPort);  // every rank agrees without flags
+    CHECK(first->masterPort == hmc::collective::derivedMasterPort("1113456641"));
+    CHECK(first->masterPortOrigin == "derived from OMPI_MCA_ess_base_jobid");
+
+    auto otherJob = rank0;
+    otherJob["OMPI_MCA_ess_base_jobid"] = "1113522177";
+    CHECK(detectLaunch(fakeEnv(otherJob))->masterPort != first->masterPort);
+
+    auto noJob = rank0;
+    noJob.erase("OMPI_MCA_ess_base_jobid");
+    CHECK(detectLaunch(fakeEnv(noJob))->masterPort == 29500);
+    noJob["MASTER_PORT"] = "31000";
+    noJob["MASTER_ADDR"] = "10.1.2.3";
+    const auto given = detectLaunch(fakeEnv(noJob));
+    CHECK(given->masterPort == 31000);
+    CHECK(given->masterAddr == "10.1.2.3");  // an explicit master wins over the one-node default
+    CHECK(given->masterAddrOrigin == "MASTER_ADDR");
+  }
+
+  TEST_CASE("derived master ports are even, below the ephemeral range, and spread out") {
+    std::map<int, int> seen;
+    for (int job = 0; job < 200; ++job) {
+      const int port = hmc::collective::derivedMasterPort(std::to_string(1113456641 + 65536 * job));
+      CHECK(port >= 20000);
+      CHECK(port <= 29998);
+      CHECK(port % 2 == 0);
+      ++seen[port];
+    }
+    CHECK(seen.size() >= 190);  // 200 jobs in 5,000 slots: a few collisions at most
+    CHECK(hmc::collective::derivedMasterPort("7", "0") !=
+          hmc::collective::derivedMasterPort("7", "1"));
+    CHECK(hmc::collective::derivedMasterPort("") == 29500);
+  }
+
+  TEST_CASE("srun on one node needs no flags; on several it takes the first host") {
+    auto one = detectLaunch(fakeEnv({{"SLURM_PROCID", "1"},
+                                     {"SLURM_NTASKS", "4"},
+                                     {"SLURM_NNODES", "1"},
+                                     {"SLURM_JOB_NODELIST", "gpu07"},
+                                     {"SLURM_JOB_ID", "4242"},
+                                     {"SLURM_STEP_ID", "0"}}));
+    CHECK(one->masterAddr == "127.0.0.1");
+    CHECK(one->masterPort == hmc::collective::derivedMasterPort("4242", "0"));
+    CHECK(one->masterPortOrigin == "derived from SLURM_JOB_ID and SLURM_STEP_ID");
+    // A node list of one host is enough without SLURM_NNODES.
+    CHECK(detectLaunch(fakeEnv({{"SLURM_PROCID", "0"},
+                                {"SLURM_NTASKS", "2"},
+                                {"SLURM_JOB_NODELIST", "gpu[07]"}}))
+              ->masterAddr == "127.0.0.1");
+    // The step's nodes come before the job's.
+    auto step = detectLaunch(fakeEnv({{"SLURM_PROCID", "0"},
+                                      {"SLURM_NTASKS", "8"},
+                                      {"SLURM_NNODES", "4"},
+                                      {"SLURM_JOB_NODELIST", "gpu[01-04]"},
+                                      {"SLURM_STEP_NUM_NODES", "2"},
+                                      {"SLURM_STEP_NODELIST", "gpu[03-04]"}}));
+    CHECK(step->masterAddr == "gpu03");
+    CHECK(step->masterAddrOrigin == "first host of SLURM_STEP_NODELIST");
+  }
+
+  TEST_CASE("Slurm node lists are counted host by host") {
+    using hmc::collective::slurmHostCount;
+    CHECK(slurmHostCount("gpu07") == 1);
+    CHECK(slurmHostCount("gpu[07]") == 1);
+    CHECK(slurmHostCount("node[01-04,07],gpu5") == 6);
+    CHECK(slurmHostCount("a,b,c") == 3);
+    CHECK(slurmHostCount("a[1-2],b[5-6]") == 4);
+    CHECK(slurmHostCount("") == 0);
+  }
+
+  TEST_CASE("HMC_ADVERTISE_ADDR overrides the address that routes to the master") {
+    using hmc::collective::advertiseAddress;
+    CHECK(advertiseAddress("127.0.0.2", 29500, fakeEnv({{"HMC_ADVERTISE_ADDR", "127.0.0.3"}})) ==
+          "127.0.0.3");
+    // Without it, the local end of the route to the master: on loopback, 127.0.0.1.
+    CHECK(advertiseAddress("127.0.0.2", 29500, fakeEnv({})) == "127.0.0.1");
+    CHECK(advertiseAddress("127.0.0.2", 29500, fakeEnv({{"HMC_ADVERTISE_ADDR", ""}})) ==
+          "127.0.0.1");
+    CHECK(hmc::collective::routeAddressToward("localhost", 1) == "127.0.0.1");
+    // Unresolvable: the name itself, for the caller's error to name.
+    CHECK(hmc::collective::routeAddressToward("no-such-host.invalid", 1) == "no-such-host.invalid");
   }
 
   TEST_CASE("torchrun wins over Slurm variables of the same process") {

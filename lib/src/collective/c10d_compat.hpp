@@ -69,6 +69,30 @@ inline std::vector<std::vector<std::uint8_t>> getExisting(c10d::Store& store,
   return values;
 }
 
+// A request that a c10d store server answers at once, sent on a connection of hmc's own
+// before c10d's client connects, to tell a store from another listener on its port: 1.13's
+// client reads its first reply (TCPStore's constructor, waitForWorkers) without a deadline,
+// so a listener that accepts and stays silent would block a rank for good.
+//   1.13: GETNUMKEYS (query type 6 of c10d::detail::QueryType), answered with an int64.
+//   2.x: the protocol changed (a VALIDATE query with a magic number comes first, the query
+//   types are renumbered) and its client bounds its reads: empty, hmc only checks that
+//   something accepts connections there.
+inline std::string storeProbeRequest() {
+#if HMC_TORCH_AT_LEAST(2, 0)
+  return {};
+#else
+  return std::string(1, '\x06');
+#endif
+}
+inline constexpr std::size_t kStoreProbeReplyBytes = 8;
+
+// c10d's message when the server's port is taken (1.13: "failed to bind to [::]:P (errno:
+// 98 - Address already in use)"; 2.x words it alike).
+inline bool isAddressInUse(std::string_view text) {
+  return text.find("Address already in use") != std::string_view::npos ||
+         text.find("EADDRINUSE") != std::string_view::npos;
+}
+
 // The message of an error from c10d (c10::Error without its backtrace) or from the socket
 // layer under it (std::system_error: "Connection reset by peer").
 inline std::string messageOf(const std::exception& error) {

@@ -1,10 +1,20 @@
 #include "hmc/collective/store_transport.hpp"
 
 #include <fmt/format.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstring>
 #include <mutex>
+#include <system_error>
 #include <thread>
+#include <vector>
 
 #include "c10d_compat.hpp"
 #include "hmc/error.hpp"
@@ -107,15 +117,197 @@ void StoreTransportOptions::validate() const {
 
 namespace hmc::detail {
 
+namespace {
+
+using collective::Clock;
+
+std::string osReason(int error) { return std::system_category().message(error); }
+
+// Milliseconds until `deadline` for poll(), rounded up so that poll never returns early.
+int pollMillis(Clock::time_point deadline) {
+  const auto left = deadline - Clock::now();
+  if (left <= Clock::duration::zero()) return 0;
+  return static_cast<int>(
+      std::min<std::int64_t>(std::chrono::ceil<std::chrono::milliseconds>(left).count(), INT_MAX));
+}
+
+struct Fd {
+  int fd = -1;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+const char* kCheckMaster =
+    "check that MASTER_ADDR (--master-addr) is the host of rank 0 and MASTER_PORT "
+    "(--master-port) the port of its store, and that rank 0 is running";
+
+// Before c10d's client connects: something at host:port must accept a connection and answer
+// one store request (c10d_compat::storeProbeRequest) before `deadline`. A refused or
+// unroutable connection is retried (rank 0 may not listen yet), as c10d does.
+void probeStore(const StoreTransportOptions& options, int port, Clock::time_point deadline) {
+  const std::string endpoint = fmt::format("{}:{}", options.host, port);
+  const std::string who = fmt::format("rank {}", options.rank);
+  const auto budget = collective::formatSeconds(options.timeout);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  const int rc = ::getaddrinfo(options.host.c_str(), std::to_string(port).c_str(), &hints, &found);
+  if (rc != 0 || found == nullptr) {
+    throw BackendError(fmt::format("{} cannot resolve the store's host '{}' ({}): {}", who,
+                                   options.host, ::gai_strerror(rc), kCheckMaster));
+  }
+  // Every address of the host, tried in order each round (as c10d does): a name may resolve
+  // to an IPv6 address first that the store does not listen on.
+  struct Candidate {
+    sockaddr_storage address{};
+    socklen_t length = 0;
+    int family = 0;
+  };
+  std::vector<Candidate> candidates;
+  for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    Candidate candidate;
+    std::memcpy(&candidate.address, a->ai_addr, a->ai_addrlen);
+    candidate.length = a->ai_addrlen;
+    candidate.family = a->ai_family;
+    candidates.push_back(candidate);
+  }
+  ::freeaddrinfo(found);
+
+  std::string lastReason = "no connection yet";
+  for (std::size_t attempt = 0;; ++attempt) {
+    const Candidate& candidate = candidates[attempt % candidates.size()];
+    Fd socket{::socket(candidate.family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0)};
+    const auto address = &candidate.address;
+    const auto length = candidate.length;
+    // One address may swallow the connection (a firewall): give it at most 2 s of the deadline
+    // when there are others to try.
+    const auto connectBy =
+        candidates.size() > 1 ? std::min(deadline, Clock::now() + std::chrono::seconds(2))
+                              : deadline;
+    int error = socket.fd < 0 ? errno : 0;  // e.g. IPv6 disabled: try the next address
+    if (error == 0 && ::connect(socket.fd, reinterpret_cast<const sockaddr*>(address), length) != 0) {
+      error = errno;
+      if (error == EINPROGRESS) {
+        pollfd p{socket.fd, POLLOUT, 0};
+        int ready = 0;
+        while ((ready = ::poll(&p, 1, pollMillis(connectBy))) < 0 && errno == EINTR) {
+        }
+        error = ETIMEDOUT;
+        if (ready > 0) {
+          socklen_t size = sizeof(error);
+          ::getsockopt(socket.fd, SOL_SOCKET, SO_ERROR, &error, &size);
+        }
+      }
+    }
+    if (error == 0) {
+      const std::string request = c10d_compat::storeProbeRequest();
+      if (request.empty()) return;
+      if (::send(socket.fd, request.data(), request.size(), MSG_NOSIGNAL) !=
+          static_cast<ssize_t>(request.size())) {
+        error = errno;
+      } else {
+        char reply[c10d_compat::kStoreProbeReplyBytes];
+        std::size_t got = 0;
+        while (got < sizeof(reply)) {
+          const ssize_t n = ::recv(socket.fd, reply + got, sizeof(reply) - got, 0);
+          if (n > 0) {
+            got += static_cast<std::size_t>(n);
+            continue;
+          }
+          if (n == 0) {
+            throw BackendError(fmt::format(
+                "{}: the listener at {} closed the connection instead of answering as a c10d "
+                "store: another service holds that port, or it is not hmc's master; {}",
+                who, endpoint, kCheckMaster));
+          }
+          if (errno == EINTR) continue;
+          if (errno != EAGAIN && errno != EWOULDBLOCK) {
+            throw BackendError(fmt::format(
+                "{}: the listener at {} failed the c10d store's handshake ({}): another service "
+                "holds that port, or it is not hmc's master; {}",
+                who, endpoint, osReason(errno), kCheckMaster));
+          }
+          pollfd p{socket.fd, POLLIN, 0};
+          if (::poll(&p, 1, pollMillis(deadline)) == 0 && Clock::now() >= deadline) {
+            throw TimeoutError(fmt::format(
+                "{}: the listener at {} accepted a connection but did not answer as a c10d "
+                "store within {}: another service holds that port, or it is not hmc's master; "
+                "{}",
+                who, endpoint, budget, kCheckMaster));
+          }
+        }
+        return;
+      }
+    }
+    lastReason = osReason(error);
+    if (Clock::now() >= deadline) {
+      throw TimeoutError(fmt::format("{} found no c10d store at {} within {} ({}): {}", who,
+                                     endpoint, budget, lastReason, kCheckMaster));
+    }
+    // Refused (nothing listens yet) or unreachable: after a round of every address, try
+    // again shortly, as c10d would.
+    if ((attempt + 1) % candidates.size() != 0) continue;
+    std::this_thread::sleep_for(
+        std::min(std::chrono::duration_cast<Clock::duration>(std::chrono::milliseconds(100)),
+                 std::max(Clock::duration::zero(), deadline - Clock::now())));
+  }
+}
+
+// The hosting rank's port taken by another process (c10d 1.13 binds [::] with IPV6_V6ONLY, so a
+// listener on 127.0.0.1 alone would shadow hmc's store for loopback clients instead of
+// failing): a bind of 0.0.0.0:port tells. Throws BackendError naming the port.
+[[noreturn]] void portInUse(const StoreTransportOptions& options, int port) {
+  throw BackendError(fmt::format(
+      "rank {} cannot host the c10d store: port {} is already in use on this host (another job, "
+      "another hmc-run or a leftover process holds it; `ss -ltnp 'sport = :{}'` shows which): "
+      "pass --master-port with a free port or set MASTER_PORT",
+      options.rank, port, port));
+}
+
+void checkPortFree(const StoreTransportOptions& options, int port) {
+  if (port == 0) return;
+  Fd socket{::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)};
+  if (socket.fd < 0) return;  // c10d reports what fails next
+  const int one = 1;
+  ::setsockopt(socket.fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  sockaddr_in any{};
+  any.sin_family = AF_INET;
+  any.sin_addr.s_addr = htonl(INADDR_ANY);
+  any.sin_port = htons(static_cast<std::uint16_t>(port));
+  if (::bind(socket.fd, reinterpret_cast<const sockaddr*>(&any), sizeof(any)) != 0 &&
+      errno == EADDRINUSE) {
+    portInUse(options, port);
+  }
+}
+
+}  // namespace
+
 c10::intrusive_ptr<c10d::TCPStore> connectTcpStore(const StoreTransportOptions& options,
                                                    bool asServer, bool waitWorkers, int port) {
   const std::string endpoint = fmt::format("{}:{}", options.host, port);
+  const auto deadline = Clock::now() + options.timeout;
+  c10::intrusive_ptr<c10d::TCPStore> store;
   try {
-    return c10::make_intrusive<c10d::TCPStore>(
-        options.host, c10d_compat::tcpStoreOptions(port, asServer, options.worldSize, waitWorkers,
-                                                   options.timeout));
+    if (asServer) {
+      checkPortFree(options, port);
+    } else {
+      probeStore(options, port, deadline);
+    }
+    // Workers are awaited below, after the probe: c10d's own wait reads its first reply
+    // without a deadline.
+    store = c10::make_intrusive<c10d::TCPStore>(
+        options.host,
+        c10d_compat::tcpStoreOptions(port, asServer, options.worldSize, false, options.timeout));
+    if (asServer) probeStore(options, store->getPort(), deadline);
+    if (waitWorkers) store->waitForWorkers();
+  } catch (const Error&) {
+    throw;
   } catch (const std::exception& error) {
     const std::string reason = c10d_compat::messageOf(error);
+    if (asServer && c10d_compat::isAddressInUse(reason)) portInUse(options, port);
     if (c10d_compat::isTimeout(reason)) {
       throw TimeoutError(fmt::format(
           "rank {} timed out after {} ms connecting to the c10d store at {} ({} ranks): {}",
@@ -124,6 +316,7 @@ c10::intrusive_ptr<c10d::TCPStore> connectTcpStore(const StoreTransportOptions& 
     throw BackendError(fmt::format("rank {} could not {} the c10d store at {}: {}", options.rank,
                                    asServer ? "start" : "connect to", endpoint, reason));
   }
+  return store;
 }
 
 KeyJanitor::KeyJanitor(c10::intrusive_ptr<c10d::TCPStore> store)

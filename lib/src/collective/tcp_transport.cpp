@@ -18,7 +18,9 @@
 #include <system_error>
 #include <utility>
 
+#include "hmc/collective/launch_env.hpp"
 #include "hmc/error.hpp"
+#include "hmc/log.hpp"
 
 namespace hmc::detail {
 namespace {
@@ -115,25 +117,6 @@ std::pair<std::string, int> numeric(const Address& address) {
     return {"", 0};
   }
   return {host, std::atoi(service)};
-}
-
-// The local address that routes to the store's host: a UDP "connect" sends nothing.
-std::string localAddressToward(const std::string& host, int port) {
-  try {
-    const Address remote = resolve(host, port == 0 ? 1 : port, SOCK_DGRAM, "tcp transport");
-    Socket probe(::socket(remote.storage.ss_family, SOCK_DGRAM | SOCK_CLOEXEC, 0));
-    if (probe.get() < 0 || ::connect(probe.get(), remote.get(), remote.length) != 0) return host;
-    Address local;
-    local.length = sizeof(local.storage);
-    if (::getsockname(probe.get(), reinterpret_cast<sockaddr*>(&local.storage), &local.length) !=
-        0) {
-      return host;
-    }
-    const std::string numericHost = numeric(local).first;
-    return numericHost.empty() ? host : numericHost;
-  } catch (const Error&) {
-    return host;
-  }
 }
 
 // Writes or reads exactly `size` bytes on a nonblocking socket before `deadline`. Returns
@@ -245,14 +228,34 @@ TcpTransport::TcpTransport(const TcpTransportOptions& options,
   const int world = worldSize();
   const auto deadline = Clock::now() + timeout();
   const std::string what = fmt::format("rank {} setting up the tcp transport", self);
-  s.host = options.host.empty() ? localAddressToward(s.control->host(), s.control->port())
-                                : options.host;
+  // The address this rank binds and announces: options.host, else HMC_ADVERTISE_ADDR, else
+  // the interface that routes to the store's host (as torch chooses a rank's address).
+  const auto advertised = collective::processEnvironment()(collective::kAdvertiseAddrVariable);
+  std::string origin;
+  if (!options.host.empty()) {
+    s.host = options.host;
+    origin = "the tcp transport's host option";
+  } else {
+    s.host = collective::advertiseAddress(s.control->host(), s.control->port());
+    origin = advertised && !advertised->empty()
+                 ? fmt::format("{}={}", collective::kAdvertiseAddrVariable, *advertised)
+                 : fmt::format("the local address that routes to the store's host {}",
+                               s.control->host());
+  }
 
-  const Address bindAddress = resolve(s.host, 0, SOCK_STREAM, what);
+  const Address bindAddress = resolve(
+      s.host, 0, SOCK_STREAM, fmt::format("{}: the address to listen on ({})", what, origin));
   Socket listener(::socket(bindAddress.storage.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (listener.get() < 0) throw BackendError(fmt::format("{}: socket: {}", what, osReason(errno)));
   if (::bind(listener.get(), bindAddress.get(), bindAddress.length) != 0) {
-    throw BackendError(fmt::format("{}: bind to {}: {}", what, s.host, osReason(errno)));
+    const int error = errno;
+    throw BackendError(fmt::format(
+        "{}: cannot listen on {} ({}): {}{}", what, s.host, origin, osReason(error),
+        error == EADDRNOTAVAIL
+            ? fmt::format("; it is not an address of this host: set {} to one that is (ip -brief "
+                          "address lists them) or unset it",
+                          collective::kAdvertiseAddrVariable)
+            : std::string()));
   }
   if (::listen(listener.get(), SOMAXCONN) != 0) {
     throw BackendError(fmt::format("{}: listen: {}", what, osReason(errno)));
@@ -263,6 +266,8 @@ TcpTransport::TcpTransport(const TcpTransportOptions& options,
   ::getsockname(listener.get(), reinterpret_cast<sockaddr*>(&bound.storage), &bound.length);
   const auto [boundHost, boundPort] = numeric(bound);
   s.port = boundPort;
+  hmc::logger()->info("rank {} of the tcp transport listens on {} port {} ({})", self, boundHost,
+                      boundPort, origin);
 
   s.peers.resize(world - 1);
   for (int peer = 0, i = 0; peer < world; ++peer) {

@@ -1,8 +1,20 @@
 #pragma once
 // Which rank this process is, when a launcher started it: torchrun (RANK, WORLD_SIZE,
-// MASTER_ADDR, MASTER_PORT), Slurm srun (SLURM_PROCID, SLURM_NTASKS, master from
-// --master-addr or the first host of SLURM_JOB_NODELIST), Open MPI mpirun
-// (OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, master from --master-addr or MASTER_ADDR).
+// MASTER_ADDR, MASTER_PORT), Slurm srun (SLURM_PROCID, SLURM_NTASKS), Open MPI mpirun
+// (OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE).
+//
+// The master (the host and port of rank 0's store), first match wins:
+//   host  --master-addr; MASTER_ADDR; 127.0.0.1 when every rank runs on this node (mpirun:
+//         OMPI_COMM_WORLD_LOCAL_SIZE == OMPI_COMM_WORLD_SIZE; srun: SLURM_STEP_NUM_NODES or
+//         SLURM_NNODES is 1, or the node list names one host); srun: the first host of
+//         SLURM_STEP_NODELIST, else SLURM_JOB_NODELIST. torchrun always sets MASTER_ADDR.
+//   port  --master-port; MASTER_PORT; mpirun: derivedMasterPort(OMPI_MCA_ess_base_jobid),
+//         srun: derivedMasterPort(SLURM_JOB_ID, SLURM_STEP_ID), the same number on every rank
+//         of one job and (almost always) different for two jobs sharing a node; else 29500.
+//
+// A rank's own address (what the tcp transport binds and announces to its peers) is
+// HMC_ADVERTISE_ADDR when set, else the local address that routes to the master
+// (advertiseAddress).
 //
 // Precedence when several are present: torchrun, then Open MPI, then Slurm (torchrun under
 // srun is common: its RANK is the global rank, SLURM_PROCID the node's). A pair given half
@@ -24,6 +36,10 @@ struct LaunchEnv {
   int worldSize = 1;
   std::string masterAddr;
   int masterPort = kDefaultMasterPort;
+  // Where masterAddr and masterPort came from, for messages: "--master-addr", "MASTER_ADDR",
+  // "one node: every rank is local", "first host of SLURM_JOB_NODELIST", ...
+  std::string masterAddrOrigin;
+  std::string masterPortOrigin;
   // torchrun's agent already hosts a store on the master port (TORCHELASTIC_USE_AGENT_STORE):
   // every rank connects as a client.
   bool agentHostsStore = false;
@@ -48,5 +64,29 @@ int freeLoopbackPort();
 
 // The first host of a Slurm node list: "node[01-04,07],gpu5" -> "node01".
 std::string firstSlurmHost(const std::string& nodeList);
+
+// How many hosts a Slurm node list names: "node[01-04,07],gpu5" -> 6.
+int slurmHostCount(const std::string& nodeList);
+
+// The master port every rank of one job computes alike from the job's identity (a decimal
+// job id, optionally a step id): in 20000..29998, below Linux's ephemeral range, and even so
+// that the gloo transport's port (master port + 1) stays in range. kDefaultMasterPort when
+// `jobId` is not a number.
+int derivedMasterPort(const std::string& jobId, const std::string& stepId = "");
+
+// The variable that overrides a rank's advertised address (advertiseAddress).
+inline constexpr const char* kAdvertiseAddrVariable = "HMC_ADVERTISE_ADDR";
+
+// The address this process announces to its peers and binds its listeners to: the value of
+// HMC_ADVERTISE_ADDR when set and not empty, else routeAddressToward(masterHost, masterPort)
+// (as torch picks a rank's address). Does not check the value: binding to an address that is
+// not this host's fails there, naming the variable.
+std::string advertiseAddress(const std::string& masterHost, int masterPort,
+                             const EnvLookup& env = processEnvironment());
+
+// The local address of the interface that routes to host:port (a UDP socket "connected" to
+// it, read back with getsockname; nothing is sent). `host` itself when it cannot be resolved
+// or routed.
+std::string routeAddressToward(const std::string& host, int port);
 
 }  // namespace hmc::collective

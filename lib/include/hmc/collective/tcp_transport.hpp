@@ -60,8 +60,10 @@ struct TcpTransportOptions {
   std::shared_ptr<StoreTransport> control;
   // Used only when `control` is null.
   StoreTransportOptions store;
-  // The address to listen on and announce to the peers. Empty: the local address this host
-  // uses to reach the store's host (127.0.0.1 for a loopback store).
+  // The address to listen on and announce to the peers (ranks on several hosts each announce
+  // their own). Empty: HMC_ADVERTISE_ADDR when set, else the local address this host uses to
+  // reach the store's host (collective::advertiseAddress; 127.0.0.1 for a loopback store).
+  // An address that is not this host's fails construction with BackendError naming it.
   std::string host;
   // Namespace of the rendezvous keys in the store's key-value view; transports sharing a
   // store need distinct names.

@@ -1,0 +1,524 @@
+#!/usr/bin/python3
+"""hmc-run under the real launchers, and ranks on several "hosts" (CTest label multirank).
+
+Usage: test_launchers.py HMC_RUN SOURCE_DIR [-k NAME] [--teardown-cases]
+
+Real launchers, each at 2 and 4 ranks:
+  - torchrun: Debian's torch 1.13 through tests/support/torchrun (its Python 3.11 workaround),
+    with a c10d rendezvous on a free 127.0.0.1 port (--standalone would take the fixed 29400);
+  - mpirun (openmpi-bin), with no --master-addr/--master-port: one node needs no flags.
+  quickstart passes (exit 0, a report with every rank); an unexpected skipped close hangs
+  (exit 3, the diagnosis names the rank that never arrived and the stage).
+Hosts (simulated launcher variables, each process one rank): the master on 127.0.0.2, ranks
+advertising their own loopback alias through HMC_ADVERTISE_ADDR, for tcp and store; and the
+connect faults: no store at the master, a silent listener on the master port, a taken master
+port, an advertised address that is not this host's.
+
+--teardown-cases adds what needs evidence that survives the launcher's teardown (issue 9,
+item 1): a crashed rank (the diagnosis printed, --report naming the dead rank and where every
+other rank was) and SIGTERM to the launcher. They are off by default until that lands.
+
+Exit 0 when every case passed, 1 when one failed, 77 (CTest skip) when none failed but a
+launcher is not installed (the reason printed). Every wait is bounded; a launcher still
+running at its bound is killed with its whole process group. Python 3 standard library only.
+"""
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+HMC_RUN = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else "build/app/hmc-run")
+SOURCE_DIR = os.path.abspath(sys.argv[2] if len(sys.argv) > 2 else ".")
+ONLY = sys.argv[sys.argv.index("-k") + 1] if "-k" in sys.argv else None
+TEARDOWN = "--teardown-cases" in sys.argv
+TMP = tempfile.mkdtemp(prefix="hmc-launchers-")
+TORCHRUN = os.path.join(SOURCE_DIR, "tests", "support", "torchrun")
+QUICKSTART = os.path.join(SOURCE_DIR, "scenarios", "quickstart.json")
+PYTHON = "/usr/bin/python3"
+
+# Variables of a launcher around this test must not leak into the launches it makes.
+LAUNCH_VARS = re.compile(r"^(RANK|WORLD_SIZE|LOCAL_RANK|LOCAL_WORLD_SIZE|MASTER_ADDR|MASTER_PORT|"
+                         r"GROUP_RANK|TORCHELASTIC_.*|SLURM_.*|OMPI_.*|PMI_.*|PMIX_.*|HMC_.*)$")
+
+
+class Skip(Exception):
+    """A launcher this case needs is not installed."""
+
+
+def clean_env(extra=None):
+    env = {k: v for k, v in os.environ.items() if not LAUNCH_VARS.match(k)}
+    env.update(extra or {})
+    return env
+
+
+def free_port(host="127.0.0.1"):
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def scenario(name, steps, world_size=2, timeout_s=3):
+    path = os.path.join(TMP, name + ".json")
+    with open(path, "w") as f:
+        json.dump({"format": "hmc-scenario/1", "name": name, "world_size": world_size,
+                   "device": "cpu", "timeout_s": timeout_s, "steps": steps}, f)
+    return path
+
+
+def hmc_processes():
+    """Pids of live hmc-run processes started from this build (not zombies)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv0 = f.read().split(b"\0")[0]
+        except (OSError, IndexError):
+            continue
+        if state != "Z" and argv0 == HMC_RUN.encode():
+            out.append(int(entry))
+    return out
+
+
+def descendants(pid):
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    out, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - out
+        out |= frontier
+    return out
+
+
+class Run:
+    def __init__(self, command, returncode, stdout, stderr, seconds, report):
+        self.command, self.returncode = command, returncode
+        self.stdout, self.stderr, self.seconds, self.report = stdout, stderr, seconds, report
+
+    def __repr__(self):
+        return (f"{' '.join(self.command)}\nexit {self.returncode} after {self.seconds:.1f} s"
+                f"\n--- stdout\n{self.stdout[-4000:]}\n--- stderr\n{self.stderr[-4000:]}")
+
+
+def start(command, env=None):
+    return subprocess.Popen(command, env=clean_env(env), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True, cwd=TMP)
+
+
+def kill_group(proc):
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def finish(proc, command, began, bound, report_path):
+    try:
+        stdout, stderr = proc.communicate(timeout=max(1, began + bound - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        kill_group(proc)
+        stdout, stderr = proc.communicate()
+        raise AssertionError(f"still running after {bound} s: {' '.join(command)}\n"
+                             f"{stdout[-3000:]}\n{stderr[-3000:]}")
+    report = None
+    if report_path and os.path.exists(report_path):
+        with open(report_path) as f:
+            report = json.load(f)
+    return Run(command, proc.returncode, stdout, stderr, time.monotonic() - began, report)
+
+
+def report_path(tag):
+    return os.path.join(TMP, f"report-{tag}-{time.monotonic_ns()}.json")
+
+
+def launch(command, bound=90, env=None, report=None):
+    began = time.monotonic()
+    return finish(start(command, env), command, began, bound, report)
+
+
+# --- the real launchers -------------------------------------------------------------------
+
+_TORCH_DISTRIBUTED = []  # whether torch.distributed.run imports, asked once (an import takes seconds)
+
+
+def torchrun_command(world, args):
+    if not _TORCH_DISTRIBUTED:
+        _TORCH_DISTRIBUTED.append(subprocess.run(
+            [PYTHON, "-c", "import torch.distributed.run"], capture_output=True,
+            timeout=120).returncode == 0)
+    if not _TORCH_DISTRIBUTED[0]:
+        raise Skip("torchrun: python3-torch is not installed (import torch.distributed.run "
+                   "failed)")
+    return [PYTHON, TORCHRUN, "--nnodes", "1", "--nproc_per_node", str(world),
+            "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{free_port()}",
+            "--rdzv_id", f"hmc-test-{os.getpid()}-{time.monotonic_ns()}",
+            "--monitor_interval", "0.5",  # sees a worker's exit in 0.5 s rather than 5 s
+            "--no_python",
+            HMC_RUN] + args
+
+
+def mpirun_command(world, args):
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        raise Skip("mpirun: openmpi-bin is not installed (scripts/setup installs it)")
+    # Root needs --allow-run-as-root; 4 ranks on 2 cores need --oversubscribe. No master flags:
+    # on one node hmc-run finds 127.0.0.1 and a port derived from the job id by itself.
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    return [mpirun] + root + ["--oversubscribe", "-np", str(world), HMC_RUN] + args
+
+
+LAUNCHERS = {"torchrun": torchrun_command, "mpirun": mpirun_command}
+
+
+def assert_all_ranks(run, world):
+    assert run.report is not None, f"no report was written:\n{run}"
+    assert [r["rank"] for r in run.report["ranks"]] == list(range(world)), run.report["ranks"]
+
+
+def assert_no_hmc_left(before, within=10.0):
+    end = time.monotonic() + within
+    while True:
+        left = sorted(set(hmc_processes()) - before)
+        if not left:
+            return
+        assert time.monotonic() < end, f"hmc-run processes {left} outlived their launcher"
+        time.sleep(0.1)
+
+
+def check_quickstart(launcher, world):
+    before = set(hmc_processes())
+    path = report_path(f"{launcher}-quickstart-{world}")
+    run = launch(LAUNCHERS[launcher](world, [QUICKSTART, "--report", path]), report=path)
+    assert_rank0_exit(launcher, run, 0)
+    assert f"# hmc-run: quickstart ({world} ranks, transport tcp" in run.stdout, run
+    assert "# OK: 1 scenario passed" in run.stdout, run
+    assert run.report["outcome"] == "pass", run
+    assert_all_ranks(run, world)
+    assert_no_hmc_left(before)
+
+
+def skipped_close(world):
+    """The last rank skips a close_all that every other rank runs, unexpectedly."""
+    return scenario(f"skipped-close-{world}", [
+        {"op": "create", "module": "a"},
+        {"op": "forward", "module": "a"},
+        {"op": "close_all", "ranks": list(range(world - 1))},
+        {"op": "check", "ranks": [world - 1], "groups": 1},
+    ], world_size=world, timeout_s=2)
+
+
+def assert_rank0_exit(launcher, run, code):
+    """mpirun exits with the first failing rank's status; torchrun exits 1 for any failed
+    worker and logs each one's status."""
+    if launcher == "mpirun" or code == 0:
+        assert run.returncode == code, run
+    else:
+        assert run.returncode == 1, run
+        assert re.search(rf"failed \(exitcode: {code}\) local_rank: 0 ", run.stderr), run
+
+
+def check_skipped_close(launcher, world):
+    before = set(hmc_processes())
+    path = report_path(f"{launcher}-skipped-{world}")
+    run = launch(LAUNCHERS[launcher](world, [skipped_close(world), "--report", path]), report=path)
+    assert_rank0_exit(launcher, run, 3)
+    assert run.report["outcome"] == "hang", run
+    assert_all_ranks(run, world)
+    diagnosis = run.report["hang"]["diagnosis"]
+    missing = world - 1
+    assert re.search(rf"rank {missing} never arrived: last completed 'recycle' #\d+ \(step 1\)",
+                     diagnosis), diagnosis
+    for rank in range(missing):
+        assert re.search(rf"rank {rank} waits in 'close validation' #\d+ \(step 2\)", diagnosis), \
+            diagnosis
+    assert f"rank {missing} never arrived" in run.stdout, run  # the console says it too
+    assert_no_hmc_left(before)
+
+
+TESTS = []
+
+
+def test(fn):
+    TESTS.append(fn)
+    return fn
+
+
+@test
+def torchrun_quickstart_passes_at_2_and_4_ranks():
+    for world in (2, 4):
+        check_quickstart("torchrun", world)
+
+
+@test
+def torchrun_skipped_close_names_the_missing_rank_at_2_and_4():
+    for world in (2, 4):
+        check_skipped_close("torchrun", world)
+
+
+@test
+def mpirun_quickstart_passes_at_2_and_4_ranks_without_master_flags():
+    for world in (2, 4):
+        check_quickstart("mpirun", world)
+
+
+@test
+def mpirun_skipped_close_names_the_missing_rank_at_2_and_4():
+    for world in (2, 4):
+        check_skipped_close("mpirun", world)
+
+
+# --- evidence that survives the launcher's teardown (--teardown-cases) --------------------
+
+def crash_scenario(world):
+    if world == 2:
+        return os.path.join(SOURCE_DIR, "scenarios", "crashed-rank.json")
+    return scenario(f"crashed-rank-{world}", [
+        {"op": "create", "module": "a"},
+        {"op": "forward", "module": "a"},
+        {"op": "fault", "kind": "crash", "ranks": [1]},
+        {"op": "close_all", "expect": "hang"},
+        {"op": "check", "groups": 0},
+    ], world_size=world, timeout_s=2)
+
+
+def check_crash(launcher, world):
+    before = set(hmc_processes())
+    path = report_path(f"{launcher}-crash-{world}")
+    run = launch(LAUNCHERS[launcher](world, [crash_scenario(world), "--report", path]),
+                 report=path)
+    assert run.returncode != 0, run  # the launcher reports the dead rank
+    text = run.stdout + run.stderr
+    assert re.search(r"rank 1 (exited|was killed|crashed)", text), f"no diagnosis printed:\n{run}"
+    assert_all_ranks(run, world)
+    assert run.report["outcome"] in ("fail", "hang"), run.report["outcome"]
+    assert run.report["ranks"][1].get("crashed"), run.report["ranks"][1]
+    diagnosis = run.report["hang"]["diagnosis"]
+    assert re.search(r"rank 1 (exited|was killed|crashed)", diagnosis), diagnosis
+    for rank in range(world):
+        if rank != 1:
+            assert re.search(rf"rank {rank} waits? in '[a-z ]+'", diagnosis), diagnosis
+    assert_no_hmc_left(before)
+
+
+def check_sigterm(launcher, world):
+    before = set(hmc_processes())
+    path = report_path(f"{launcher}-sigterm-{world}")
+    long_sleep = scenario(f"long-sleep-{world}", [
+        {"op": "create", "module": "a"},
+        {"op": "forward", "module": "a"},
+        {"op": "sleep", "seconds": 60},
+    ], world_size=world, timeout_s=90)
+    command = LAUNCHERS[launcher](world, [long_sleep, "--report", path])
+    began = time.monotonic()
+    proc = start(command)
+    try:
+        end = time.monotonic() + 60
+        while len([p for p in descendants(proc.pid) if p in set(hmc_processes())]) < world:
+            assert time.monotonic() < end and proc.poll() is None, "the ranks did not start"
+            time.sleep(0.1)
+        time.sleep(3)  # every rank past its rendezvous, sleeping
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        run = finish(proc, command, began, 90, path)
+    except BaseException:
+        kill_group(proc)
+        proc.communicate()
+        raise
+    took = time.monotonic() - sent
+    assert took < 30, f"{launcher} took {took:.1f} s to stop after SIGTERM:\n{run}"
+    assert_all_ranks(run, world)
+    assert run.report["outcome"] in ("fail", "hang", "interrupted"), run.report["outcome"]
+    for rank in run.report["ranks"]:
+        assert len(rank.get("steps", [])) >= 2, f"rank {rank['rank']} lost its steps: {rank}"
+    assert_no_hmc_left(before)
+
+
+if TEARDOWN:
+    @test
+    def torchrun_crash_is_diagnosed_and_reported_at_2_and_4():
+        for world in (2, 4):
+            check_crash("torchrun", world)
+
+    @test
+    def mpirun_crash_is_diagnosed_and_reported_at_2_and_4():
+        for world in (2, 4):
+            check_crash("mpirun", world)
+
+    @test
+    def torchrun_sigterm_keeps_the_evidence_at_2_and_4():
+        for world in (2, 4):
+            check_sigterm("torchrun", world)
+
+    @test
+    def mpirun_sigterm_keeps_the_evidence_at_2_and_4():
+        for world in (2, 4):
+            check_sigterm("mpirun", world)
+
+
+# --- hosts: simulated launcher variables, one process per rank -----------------------------
+
+def launch_ranks(world, env_of, args, bound=60):
+    """Starts one hmc-run per rank with env_of(rank); returns [(exit, stdout, stderr)]."""
+    procs = [start([HMC_RUN] + list(args), env_of(rank)) for rank in range(world)]
+    began = time.monotonic()
+    out = []
+    for proc in procs:
+        try:
+            stdout, stderr = proc.communicate(timeout=max(1, began + bound - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                kill_group(p)
+            for p in procs:
+                p.communicate()
+            raise AssertionError(f"a rank still ran after {bound} s")
+        out.append((proc.returncode, stdout, stderr))
+    return out
+
+
+# Rank -> the loopback "host" it runs on: ranks 0 and 1 share the master's host 127.0.0.2.
+HOSTS = {0: "127.0.0.2", 1: "127.0.0.2", 2: "127.0.0.3", 3: "127.0.0.4"}
+
+
+def torchrun_vars(rank, world, port, extra=None):
+    env = {"RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.2",
+           "MASTER_PORT": str(port), "HMC_LOG_LEVEL": "info"}
+    env.update(extra or {})
+    return env
+
+
+def check_hosts(transport):
+    world = 4
+    port = free_port("127.0.0.2")
+    results = launch_ranks(world, lambda r: torchrun_vars(
+        r, world, port, {"HMC_ADVERTISE_ADDR": HOSTS[r]}), [QUICKSTART, "--transport", transport])
+    where = "\n".join(f"rank {r}: exit {code}\n{out[-1500:]}\n{err[-1500:]}"
+                      for r, (code, out, err) in enumerate(results))
+    assert all(code == 0 for code, _, _ in results), where
+    assert f"({world} ranks, transport {transport}" in results[0][1], where
+    assert "# outcome: pass" in results[0][1], where
+    if transport == "tcp":
+        # Each rank bound its own alias (a listener on 127.0.0.3 is reachable only there, so
+        # the pass shows the peers connected to the announced addresses).
+        for rank, (_, _, err) in enumerate(results):
+            assert re.search(rf"rank {rank} of the tcp transport listens on {re.escape(HOSTS[rank])}"
+                             rf" port \d+ \(HMC_ADVERTISE_ADDR={re.escape(HOSTS[rank])}\)", err), where
+
+
+@test
+def tcp_ranks_on_several_hosts_advertise_their_own_address():
+    check_hosts("tcp")
+
+
+@test
+def store_ranks_on_several_hosts_meet_at_a_master_that_is_not_127_0_0_1():
+    check_hosts("store")
+
+
+def one_rank(env, timeout_s, bound):
+    began = time.monotonic()
+    (code, out, err), = launch_ranks(1, lambda _: env, [QUICKSTART, "--timeout", str(timeout_s)],
+                                     bound=bound)
+    return code, out, err, time.monotonic() - began
+
+
+# Without the connect probe c10d waits far longer than the deadline (a silent listener blocked
+# a rank until the listener went away); the bound leaves room for a slow start on a busy machine.
+CONNECT_DEADLINE_S = 2
+CONNECT_BOUND_S = 20
+
+
+@test
+def no_store_at_the_master_fails_within_the_deadline_naming_address_and_port():
+    port = free_port("127.0.0.9")  # nothing listens there once the probe socket is closed
+    code, out, err, seconds = one_rank(torchrun_vars(1, 2, port, {"MASTER_ADDR": "127.0.0.9"}),
+                                       CONNECT_DEADLINE_S, 60)
+    assert code != 0, (code, out, err)
+    assert f"127.0.0.9:{port}" in err and "MASTER_ADDR" in err, err
+    assert seconds < CONNECT_BOUND_S, f"{seconds:.1f} s:\n{err}"
+
+
+@test
+def a_silent_listener_on_the_master_port_does_not_block_past_the_deadline():
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.2", 0))
+        listener.listen(16)  # accepts (the kernel's backlog) and never answers
+        port = listener.getsockname()[1]
+        code, out, err, seconds = one_rank(torchrun_vars(1, 2, port), CONNECT_DEADLINE_S, 60)
+    assert code != 0, (code, out, err)
+    assert f"127.0.0.2:{port}" in err, err
+    assert "did not answer as a c10d store" in err, err
+    assert seconds < CONNECT_BOUND_S, f"{seconds:.1f} s:\n{err}"
+
+
+@test
+def a_taken_master_port_names_the_port_and_what_to_do():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        code, out, err, _ = one_rank(torchrun_vars(0, 2, port, {"MASTER_ADDR": "127.0.0.1"}),
+                                     CONNECT_DEADLINE_S, 60)
+    assert code != 0, (code, out, err)
+    assert f"port {port} is already in use" in err and "--master-port" in err, err
+    assert "Traceback" not in err and "terminate called" not in err, err
+
+
+@test
+def an_advertised_address_of_another_host_is_refused_by_name():
+    port = free_port("127.0.0.2")
+    env = torchrun_vars(0, 1, port, {"HMC_ADVERTISE_ADDR": "192.0.2.77"})
+    code, out, err, _ = one_rank(env, CONNECT_DEADLINE_S, 60)
+    assert code != 0, (code, out, err)
+    assert "192.0.2.77" in err and "HMC_ADVERTISE_ADDR" in err, err
+    assert "not an address of this host" in err, err
+
+
+def main():
+    passed = failed = 0
+    skipped = []
+    began_all = time.monotonic()
+    for fn in TESTS:
+        if ONLY and ONLY not in fn.__name__:
+            continue
+        began = time.monotonic()
+        try:
+            fn()
+            passed += 1
+            print(f"PASS {fn.__name__} ({time.monotonic() - began:.1f} s)", flush=True)
+        except Skip as why:
+            skipped.append(fn.__name__)
+            print(f"SKIP {fn.__name__}: {why}", flush=True)
+        except Exception:  # noqa: BLE001 - report every failure and go on
+            failed += 1
+            print(f"FAIL {fn.__name__} ({time.monotonic() - began:.1f} s)", flush=True)
+            traceback.print_exc()
+    if not TEARDOWN:
+        print("# not run: the crash and SIGTERM-to-the-launcher cases (pass --teardown-cases)")
+    print(f"{passed} passed, {failed} failed, {len(skipped)} skipped "
+          f"in {time.monotonic() - began_all:.1f} s")
+    shutil.rmtree(TMP, ignore_errors=True)
+    if failed or passed + len(skipped) == 0:
+        return 1
+    return 77 if skipped else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
