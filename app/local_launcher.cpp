@@ -28,6 +28,7 @@
 #include "hmc/diagnostics/watchdog.hpp"
 #include "hmc/error.hpp"
 #include "rank_process.hpp"
+#include "status_command.hpp"  // hook (issue 9 item 5): the store's address
 
 namespace hmc::app {
 namespace {
@@ -229,7 +230,9 @@ LocalLaunchResult launchLocalRanks(const scenario::Scenario& scenario,
     throw RuntimeError(fmt::format("mkdtemp /tmp/hmc-run-XXXXXX: {}", std::strerror(errno)));
   }
   const fs::path dir(pattern);
-  const int port = collective::freeLoopbackPort();
+  // hook (issue 9 item 5): honour --master-port, and say where to attach `hmc-run status`.
+  const int port = options.masterPort != 0 ? options.masterPort : collective::freeLoopbackPort();
+  printStoreAddress(stderr, "127.0.0.1", port);
   int glooPort = collective::freeLoopbackPort();
   if (glooPort == port) glooPort = collective::freeLoopbackPort();
 

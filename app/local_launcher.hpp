@@ -27,6 +27,7 @@ struct LocalLaunchOptions {
   std::string scenarioFile;
   std::string transport = "tcp";         // "tcp", "store" or "gloo"
   std::vector<std::string> passThrough;  // options every rank gets (--device, --timeout, ...)
+  int masterPort = 0;  // rank 0's store port (--master-port); 0: a free one (issue 9 item 5)
 };
 
 struct LocalLaunchResult {

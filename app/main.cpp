@@ -30,6 +30,7 @@
 #include "hmc/scenario/thread_driver.hpp"
 #include "local_launcher.hpp"
 #include "rank_process.hpp"
+#include "status_command.hpp"  // hook (issue 9 item 5): hmc-run status
 
 namespace fs = std::filesystem;
 using hmc::scenario::Outcome;
@@ -303,6 +304,7 @@ int runScenarios(const RunOptions& options, const std::vector<std::string>& comm
       launchOptions.executable = executable;
       launchOptions.scenarioFile = file;
       launchOptions.transport = transport;
+      launchOptions.masterPort = options.masterPort.value_or(0);  // hook (issue 9 item 5)
       launchOptions.passThrough = {"--log-level", options.logLevel, "--flight-capacity",
                                    std::to_string(flightCapacity)};
       if (options.device)
@@ -529,6 +531,10 @@ int main(int argc, char** argv) {
   validate->add_option("-n,--world-size", validateWorld, "Validate rank lists against this world")
       ->check(CLI::Range(1, hmc::scenario::kMaxWorldSize));
 
+  // hook (issue 9 item 5): `hmc-run status` (app/status_command.hpp)
+  hmc::app::StatusOptions statusOptions;
+  auto* statusSub = hmc::app::addStatusCommand(app, statusOptions);
+
   std::string listDir;
   auto* list = app.add_subcommand("list", "Print the name and description of each scenario");
   list->add_option("directory", listDir, "A directory of scenario files")->required();
@@ -551,6 +557,7 @@ int main(int argc, char** argv) {
   if (*rankSub) return runRankCommand(rankCommand);
   if (*validate) return validateFiles(validateFilesArg, validateWorld);
   if (*list) return listDirectory(listDir);
+  if (*statusSub) return hmc::app::runStatus(statusOptions);  // hook (issue 9 item 5)
   if (options.paths.empty()) {
     fmt::print(stderr,
                "hmc-run: no scenario given. Example: hmc-run scenarios/quickstart.json\n"

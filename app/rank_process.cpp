@@ -1,6 +1,7 @@
 #include "rank_process.hpp"
 
 #include <fmt/format.h>
+#include <signal.h>  // hook (issue 9 item 5): SIGUSR1
 #include <unistd.h>
 
 #include <algorithm>
@@ -154,6 +155,12 @@ RankProcessOutcome runRankProcess(const scenario::Scenario& scenario,
     diagnostics::WatchdogOptions watch;
     watch.rank = options.rank;
     watch.deadline = timeout;
+    // hook (issue 9 item 5): rank 0 names the job for `hmc-run status`; SIGUSR1 dumps the
+    // flight record to stderr.
+    if (options.rank == 0) watch.meta = diagnostics::JobMeta{scenario.name, options.worldSize,
+                                                             scenario.timeoutS, options.transport,
+                                                             diagnostics::unixNow()};
+    watch.dumpSignal = SIGUSR1;
     diagnostics::Watchdog watchdog(env.recorder, control->keyValueStore(), watch);
     outcome.result = scenario::runRank(scenario, env);
   }

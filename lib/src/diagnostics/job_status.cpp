@@ -19,10 +19,17 @@ std::string problemOf(const RankStatus& status, double deadlineS) {
   if (!status.heartbeat) return "";
   const Heartbeat& beat = *status.heartbeat;
   if (status.stale) {
-    return fmt::format("rank {} wrote no heartbeat for {:.1f} s while {} ({}): its process is "
-                       "stopped, frozen or gone",
-                       status.rank, status.heartbeatAgeS, toString(beat.state),
-                       stepText(beat.step));
+    const std::string where =
+        beat.state == RankState::kWaiting && beat.current
+            ? fmt::format("waits in '{}' #{} for {:.1f} s{}", beat.current->stage,
+                          beat.current->sequence, status.inStageS,
+                          status.inStageS > deadlineS
+                              ? fmt::format(", past its {:g} s deadline,", deadlineS)
+                              : std::string(","))
+            : fmt::format("was {} ({}),", toString(beat.state), stepText(beat.step));
+    return fmt::format("rank {} {} and wrote no heartbeat for {:.1f} s: its process is stopped, "
+                       "frozen or gone",
+                       status.rank, where, status.heartbeatAgeS);
   }
   if (!beat.current) return "";
   const FlightEntry& at = *beat.current;
@@ -115,11 +122,8 @@ JobStatus assessJob(const JobMeta& meta, const std::vector<std::optional<Heartbe
       place.elsewhere = "wrote no heartbeat yet";
     }
     status.problem = problemOf(status, meta.timeoutS);
-    if (status.dead) {
-      place.gone = *status.dead;
-    } else if (status.stale) {
-      place.gone = fmt::format("no heartbeat for {:.1f} s", status.heartbeatAgeS);
-    }
+    // A silent rank stays where its last heartbeat put it; its problem says it is silent.
+    if (status.dead) place.gone = *status.dead;
     out.hung = out.hung || !status.problem.empty();
     out.ranks.push_back(std::move(status));
     where.push_back(std::move(place));
