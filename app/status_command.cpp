@@ -77,11 +77,11 @@ void printTable(const diagnostics::JobStatus& status, double elapsedS) {
   const auto& meta = status.meta;
   fmt::print("# hmc-run status: job '{}' at {}: {} ranks, transport {}, deadline {:g} s\n",
              meta.scenario, status.endpoint, meta.worldSize, meta.transport, meta.timeoutS);
-  fmt::print("# {:>4}  {:<8} {:>4}  {:<24} {:>5} {:>10}  {}\n", "rank", "state", "step", "stage",
+  fmt::print("# {:>4}  {:<8} {:>4}  {:<28} {:>5} {:>10}  {}\n", "rank", "state", "step", "stage",
              "seq", "in_stage_s", "last_completed");
   for (const auto& rank : status.ranks) {
     if (!rank.heartbeat) {
-      fmt::print("  {:>4}  {:<8} {:>4}  {:<24} {:>5} {:>10}  {}\n", rank.rank,
+      fmt::print("  {:>4}  {:<8} {:>4}  {:<28} {:>5} {:>10}  {}\n", rank.rank,
                  rank.dead ? "dead" : "unknown", "-", "-", "-", "-", "-");
       continue;
     }
@@ -102,7 +102,7 @@ void printTable(const diagnostics::JobStatus& status, double elapsedS) {
         beat.lastCompleted ? fmt::format("'{}' #{} (step {})", beat.lastCompleted->stage,
                                          beat.lastCompleted->sequence, beat.lastCompleted->step)
                            : std::string("-");
-    fmt::print("  {:>4}  {:<8} {:>4}  {:<24} {:>5} {:>10.1f}  {}\n", rank.rank, state,
+    fmt::print("  {:>4}  {:<8} {:>4}  {:<28} {:>5} {:>10.1f}  {}\n", rank.rank, state,
                beat.step < 0 ? std::string("-") : std::to_string(beat.step), cell(stage),
                cell(sequence), rank.inStageS, last);
   }
@@ -174,7 +174,7 @@ int runStatus(const StatusOptions& options) {
     auto store = collective::connectKeyValueStore(client);
     status = diagnostics::readJobStatus(*store, endpoint, timeout);
   } catch (const Error& error) {
-    fmt::print(stderr, "hmc-run status: {}: {}\n", endpoint, error.what());
+    fmt::print(stderr, "hmc-run status: {}\n", error.what());  // names host:port itself
     return kExitUsage;
   }
   const double elapsedS =
