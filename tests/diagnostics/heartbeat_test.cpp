@@ -1,6 +1,8 @@
 // The watchdog's heartbeats, the job status judged from them, the shared hang diagnosis and
 // the on-demand flight dump (SIGUSR1), on an in-memory store: no processes, no torch.
 
+#include "hmc/diagnostics/heartbeat.hpp"
+
 #include <doctest/doctest.h>
 #include <signal.h>
 #include <unistd.h>
@@ -14,7 +16,6 @@
 
 #include "hmc/diagnostics/flight_dump.hpp"
 #include "hmc/diagnostics/hang_diagnosis.hpp"
-#include "hmc/diagnostics/heartbeat.hpp"
 #include "hmc/diagnostics/job_status.hpp"
 #include "hmc/diagnostics/watchdog.hpp"
 #include "hmc/error.hpp"
@@ -179,8 +180,8 @@ TEST_SUITE("heartbeat") {
     }
     // Stopping writes the last word.
     CHECK(store->writes(dx::heartbeatKey(1)) == 3);
-    CHECK(dx::JobMeta::fromJson(nlohmann::json::parse(store->get(dx::kJobMetaKey, 1s)))
-              .scenario == "unit");
+    CHECK(dx::JobMeta::fromJson(nlohmann::json::parse(store->get(dx::kJobMetaKey, 1s))).scenario ==
+          "unit");
   }
 
   TEST_CASE("a rank that moves on every collective is written at most once per period") {

@@ -17,9 +17,7 @@ namespace {
 std::atomic<int> gDumpRequests{0};
 static_assert(std::atomic<int>::is_always_lock_free, "the signal handler needs a lock-free flag");
 
-extern "C" void onFlightDumpSignal(int) {
-  gDumpRequests.fetch_add(1, std::memory_order_relaxed);
-}
+extern "C" void onFlightDumpSignal(int) { gDumpRequests.fetch_add(1, std::memory_order_relaxed); }
 
 std::string stepText(int step) {
   return step < 0 ? std::string("outside the steps") : fmt::format("step {}", step);
@@ -33,8 +31,8 @@ void installFlightDumpSignal(int signal) {
   action.sa_flags = SA_RESTART;
   sigemptyset(&action.sa_mask);
   if (sigaction(signal, &action, nullptr) != 0) {
-    throw RuntimeError(fmt::format("sigaction({}) for the flight record dump: {}", signal,
-                                   std::strerror(errno)));
+    throw RuntimeError(
+        fmt::format("sigaction({}) for the flight record dump: {}", signal, std::strerror(errno)));
   }
 }
 

@@ -42,7 +42,8 @@ std::string diagnoseWaits(const std::vector<RankWhereabouts>& ranks) {
                                   waiting->sequence, stepText(waiting->step),
                                   waiting->status == "rank_failure" ? ", a peer failed" : ""));
     } else {
-      parts.push_back(fmt::format("rank {} never arrived: {}, {}", rank.rank, last, rank.elsewhere));
+      parts.push_back(
+          fmt::format("rank {} never arrived: {}, {}", rank.rank, last, rank.elsewhere));
     }
   }
   return fmt::format("{}", fmt::join(parts, "; "));

@@ -105,17 +105,16 @@ Heartbeat heartbeatOf(const FlightRecorder& recorder, int rank, collective::Cloc
     out.state = RankState::kWaiting;
     out.inStageS = out.wallS - out.current->startS;
   } else {
-    out.state = out.step >= 0              ? RankState::kRunning
-                : recorder.stepsBegun()    ? RankState::kDone
-                                           : RankState::kStarting;
+    out.state = out.step >= 0           ? RankState::kRunning
+                : recorder.stepsBegun() ? RankState::kDone
+                                        : RankState::kStarting;
     out.inStageS = out.current ? out.wallS - *out.current->endS : out.wallS;
   }
   return out;
 }
 
 double unixNow() noexcept {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 }  // namespace hmc::diagnostics

@@ -27,9 +27,10 @@ std::string problemOf(const RankStatus& status, double deadlineS) {
                               ? fmt::format(", past its {:g} s deadline,", deadlineS)
                               : std::string(","))
             : fmt::format("was {} ({}),", toString(beat.state), stepText(beat.step));
-    return fmt::format("rank {} {} and wrote no heartbeat for {:.1f} s: its process is stopped, "
-                       "frozen or gone",
-                       status.rank, where, status.heartbeatAgeS);
+    return fmt::format(
+        "rank {} {} and wrote no heartbeat for {:.1f} s: its process is stopped, "
+        "frozen or gone",
+        status.rank, where, status.heartbeatAgeS);
   }
   if (!beat.current) return "";
   const FlightEntry& at = *beat.current;
@@ -103,8 +104,8 @@ JobStatus assessJob(const JobMeta& meta, const std::vector<std::optional<Heartbe
       status.inStageS = beat.inStageS + status.heartbeatAgeS;
       status.stale = beat.state != RankState::kDone && status.heartbeatAgeS > kStaleHeartbeatS;
       if (beat.lastCompleted) place.flight.push_back(*beat.lastCompleted);
-      if (beat.current && (!beat.lastCompleted ||
-                           beat.current->sequence != beat.lastCompleted->sequence)) {
+      if (beat.current &&
+          (!beat.lastCompleted || beat.current->sequence != beat.lastCompleted->sequence)) {
         place.flight.push_back(*beat.current);
       }
       place.hung = beat.current && isWaitStatus(beat.current->status);

@@ -42,8 +42,8 @@ struct Heartbeat {
   std::optional<FlightEntry> current;
   // The last collective that completed (status not in_flight, timeout or rank_failure).
   std::optional<FlightEntry> lastCompleted;
-  double inStageS = 0;  // seconds in `current` (waiting) or since leaving it, when written
-  double wallS = 0;     // seconds since the rank's epoch, when written
+  double inStageS = 0;       // seconds in `current` (waiting) or since leaving it, when written
+  double wallS = 0;          // seconds since the rank's epoch, when written
   double writtenAtUnix = 0;  // the writer's system clock, seconds since 1970
   std::uint64_t beat = 0;    // how many heartbeats this rank wrote before this one
 
