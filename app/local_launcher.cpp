@@ -31,6 +31,7 @@
 #include "process_group.hpp"
 #include "rank_process.hpp"
 #include "signals.hpp"
+#include "status_command.hpp"
 
 namespace hmc::app {
 namespace {
@@ -226,7 +227,9 @@ LocalLaunchResult launchLocalRanks(const scenario::Scenario& scenario,
           fmt::format("cannot write {}: {}", scenarioCopy.string(), std::strerror(errno)));
     }
   }
-  const int port = options.masterPort.value_or(collective::freeLoopbackPort());
+  // --master-port, else a free port; said on stderr so that `hmc-run status` can attach.
+  const int port = options.masterPort ? *options.masterPort : collective::freeLoopbackPort();
+  printStoreAddress(stderr, "127.0.0.1", port);
   int glooPort = collective::freeLoopbackPort();
   if (glooPort == port) glooPort = collective::freeLoopbackPort();
 

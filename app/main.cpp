@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <csignal>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
@@ -43,6 +44,7 @@
 #include "rank_launch.hpp"
 #include "rank_process.hpp"
 #include "signals.hpp"
+#include "status_command.hpp"
 
 namespace fs = std::filesystem;
 using hmc::collective::Transport;
@@ -416,10 +418,12 @@ std::vector<std::unique_ptr<hmc::scenario::Reporter>> makeReporters(const RunOpt
   console.total = total;
   const bool jsonOnStdout = (options.reportPath && *options.reportPath == "-") ||
                             (options.tracePath && *options.tracePath == "-");
-  reporters.push_back(
-      hmc::scenario::makeConsoleReporter(jsonOnStdout ? std::cerr : std::cout, console));
+  // Files first: a rank 0 stopped by a launcher may have only moments before SIGKILL, and the
+  // report file is what survives.
   if (options.reportPath) reporters.push_back(hmc::scenario::makeJsonReporter(*options.reportPath));
   if (options.tracePath) reporters.push_back(hmc::scenario::makeTraceReporter(*options.tracePath));
+  reporters.push_back(
+      hmc::scenario::makeConsoleReporter(jsonOnStdout ? std::cerr : std::cout, console));
   return reporters;
 }
 
@@ -489,8 +493,10 @@ int runScenarios(const RunOptions& options, const std::vector<std::string>& comm
               prepared.scenario, std::move(merged), plan.warmup,
               runInfo(plan, prepared.scenario, startedAt, wall, command));
           report.interrupted = true;
-          publish(report);
-          for (auto& reporter : reporters) reporter->finish(true);
+          for (auto& reporter : reporters) {
+            reporter->report(report);
+            reporter->finish(true);
+          }
           fmt::print(stderr,
                      "hmc-run: rank 0 stopped by signal {} ({}); reported what every rank did\n",
                      signal, strsignal(signal));
@@ -659,11 +665,12 @@ void addRunOptions(CLI::App& app, RunOptions& options) {
       ->capture_default_str();
   app.add_flag("-q,--quiet", options.quiet, "Print only the final OK/FAILED line (and errors)");
   app.add_option("--master-addr", options.masterAddr,
-                 "Host of rank 0's store under srun/mpirun (default: MASTER_ADDR, or the first "
-                 "host of SLURM_JOB_NODELIST)");
+                 "Host of rank 0's store under srun/mpirun (default: MASTER_ADDR; 127.0.0.1 when "
+                 "every rank is on this node; srun: the first host of the node list)");
   app.add_option("--master-port", options.masterPort,
-                 "Port of rank 0's store: under a launcher (default: MASTER_PORT, else 29500), "
-                 "or of hmc-run's own rank processes (default: a free port)")
+                 "Port of rank 0's store: under a launcher (default: MASTER_PORT, else under "
+                 "mpirun/srun a port derived from the job id, else 29500), or of hmc-run's own "
+                 "rank processes (default: a free port; printed on stderr for hmc-run status)")
       ->check(CLI::Range(1, 65535));
 }
 
@@ -673,6 +680,9 @@ int main(int argc, char** argv) {
   // Before any thread exists, so that every thread inherits it: termination signals reach
   // only the thread meant to take them (signals.hpp).
   hmc::app::blockTerminationSignals();
+  // A closed output pipe (a launcher that stopped forwarding output while it tears the job
+  // down) must not kill the process before it writes --report: writes fail with EPIPE instead.
+  std::signal(SIGPIPE, SIG_IGN);
   const std::vector<std::string> command(argv, argv + argc);
   CLI::App app{
       "hmc-run " HMC_VERSION
@@ -690,16 +700,22 @@ int main(int argc, char** argv) {
       "  hmc-run scenarios/quickstart.json --transport tcp ranks as local processes\n"
       "  hmc-run scenarios/reuse-churn.json --repetitions 10 --report current.json\n"
       "                                                    raw samples for a regression gate\n"
-      "  torchrun --nproc_per_node 4 --no_python hmc-run scenarios/quickstart.json\n"
-      "                                                    each torchrun process is a rank\n"
-      "                                                    (torch 2.x: --nproc-per-node, "
-      "--no-python)\n"
+      "  torchrun --standalone --nproc_per_node 4 --no_python hmc-run scenarios/quickstart.json\n"
+      "                                                    each torchrun process is a rank (torch\n"
+      "                                                    1.13; on Python 3.11 use the wrapper\n"
+      "                                                    tests/support/torchrun; torch 2.x:\n"
+      "                                                    --nproc-per-node 4 --no-python)\n"
+      "  mpirun -np 4 hmc-run scenarios/quickstart.json    each MPI process is a rank; one node\n"
+      "                                                    needs no --master-addr (as root:\n"
+      "                                                    --allow-run-as-root)\n"
+      "  hmc-run status --master-port 29500                where each rank of a running job is\n"
       "  hmc-run validate scenarios/*.json                 check files without running them\n"
       "  hmc-run list scenarios/                           names and descriptions\n"
       "\n"
       "Exit codes: 0 every expectation met, 1 an expectation failed, 2 bad input or usage,\n"
       "3 an unexpected hang, 130 interrupted. Formats: docs/scenario-format.md (hmc-scenario/1,\n"
-      "hmc-report/1). Environment: HMC_LOG_LEVEL (like --log-level), TMPDIR.");
+      "hmc-report/1). Environment: HMC_LOG_LEVEL (like --log-level), TMPDIR, HMC_ADVERTISE_ADDR\n"
+      "(the address a rank binds and announces).");
   app.set_version_flag("--version", std::string("hmc-run ") + HMC_VERSION);
 
   RunOptions options;
@@ -718,6 +734,10 @@ int main(int argc, char** argv) {
   validate->add_option("files", validateFilesArg, "Scenario files")->required();
   validate->add_option("-n,--world-size", validateWorld, "Validate rank lists against this world")
       ->check(CLI::Range(1, hmc::scenario::kMaxWorldSize));
+
+  // `hmc-run status`: attaches to a running job's store (app/status_command.hpp).
+  hmc::app::StatusOptions statusOptions;
+  auto* statusSub = hmc::app::addStatusCommand(app, statusOptions);
 
   std::string listDir;
   auto* list = app.add_subcommand("list", "Print the name and description of each scenario");
@@ -745,6 +765,7 @@ int main(int argc, char** argv) {
   if (*validate || *list || options.paths.empty()) hmc::app::unblockTerminationSignals();
   if (*validate) return validateFiles(validateFilesArg, validateWorld);
   if (*list) return listDirectory(listDir);
+  if (*statusSub) return hmc::app::runStatus(statusOptions);
   if (options.paths.empty()) {
     fmt::print(stderr,
                "hmc-run: no scenario given. Example: hmc-run scenarios/quickstart.json\n"

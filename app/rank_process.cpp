@@ -1,12 +1,14 @@
 #include "rank_process.hpp"
 
 #include <fmt/format.h>
+#include <signal.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <future>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -15,6 +17,7 @@
 
 #include "hmc/collective/store_transport.hpp"
 #include "hmc/collective/transport_factory.hpp"
+#include "hmc/diagnostics/heartbeat.hpp"
 #include "hmc/diagnostics/watchdog.hpp"
 #include "hmc/error.hpp"
 #include "hmc/scenario/output_file.hpp"
@@ -26,9 +29,13 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// How long rank 0 waits for the others' results after a termination signal: the launcher's
-// grace period (torchrun and mpirun give a few seconds) must leave time to report.
-constexpr std::chrono::milliseconds kInterruptGather{1200};
+// How long rank 0 waits for the others' results after a termination signal: not at all. The
+// launcher's grace period can be very short (Open MPI's odls_base_sigkill_timeout is 1 s, and
+// under mpirun the kill came within ~0.2 s here), so rank 0 reads what is in the store now
+// (results of ranks that finished, every rank's heartbeat) and reports at once.
+constexpr std::chrono::milliseconds kInterruptGather{0};
+// The bound on that reading, should the store not answer.
+constexpr std::chrono::milliseconds kInterruptRead{300};
 
 // Polls for `keys` until all exist or `deadline` passes.
 bool waitForKeys(collective::KeyValueStore& kv, const std::vector<std::string>& keys,
@@ -97,6 +104,39 @@ std::vector<scenario::RankResult> parseRankResults(const std::string& text) {
   return results;
 }
 
+// A rank without results, as its last heartbeat shows it: waiting in a collective (hung, so
+// the hang diagnosis says where), or elsewhere (crashed: it left no result). nullopt without
+// a heartbeat.
+std::optional<scenario::RankResult> fromHeartbeat(collective::KeyValueStore& kv, int rank) {
+  try {
+    const std::string key = diagnostics::heartbeatKey(rank);
+    if (!kv.check({key})) return std::nullopt;
+    const auto beat = diagnostics::Heartbeat::fromJson(
+        nlohmann::json::parse(kv.get(key, std::chrono::milliseconds(500))));
+    scenario::RankResult result;
+    result.rank = rank;
+    if (beat.lastCompleted) result.flight.push_back(*beat.lastCompleted);
+    if (beat.current &&
+        (!beat.lastCompleted || beat.current->sequence != beat.lastCompleted->sequence)) {
+      result.flight.push_back(*beat.current);
+    }
+    result.leaks.reason = "no result from this rank (stopped or died): not checked";
+    if (beat.state == diagnostics::RankState::kWaiting && beat.current) {
+      result.hung = true;
+    } else {
+      result.crashed = true;
+      result.crashReason = fmt::format(
+          "no result from rank {}: it died or was stopped; its last heartbeat ({}): {}", rank,
+          diagnostics::toString(beat.state),
+          beat.step < 0 ? std::string("outside its steps") : fmt::format("in step {}", beat.step));
+    }
+    return result;
+  } catch (const std::exception& error) {
+    spdlog::debug("rank {}'s heartbeat: {}", rank, error.what());
+    return std::nullopt;
+  }
+}
+
 // Rank 0 of an external launch: every rank's results, through the store (bounded by the
 // timeout; a rank without results is a crashed rank, with its flight record if it published
 // one).
@@ -125,7 +165,12 @@ std::vector<std::vector<scenario::RankResult>> gatherResults(collective::KeyValu
         merged[r][rank] = std::move(byRank[rank][r]);
         continue;
       }
-      // Where it was, if its watchdog published its flight record.
+      // Where it was: its heartbeat (every rank writes one at least every second), else the
+      // flight record its watchdog published at a deadline.
+      if (auto seen = fromHeartbeat(kv, rank)) {
+        merged[r][rank] = std::move(*seen);
+        continue;
+      }
       if (!published) published = diagnostics::readPublishedFlights(kv, launch.worldSize);
       merged[r][rank] = missingRankResult(
           rank,
@@ -236,17 +281,65 @@ RankProcessOutcome runRankProcess(const scenario::Scenario& scenario, const Rank
       std::lock_guard<std::mutex> lock(storeMutex);
       kv = evidenceStore;
     }
-    if (!kv) return;  // not connected yet: nothing to hand on
-    try {
-      kv->set(fmt::format("result/{}", launch.rank), rankResultsDocument(results));
-      if (launch.rank == 0 && onInterrupted) {
-        // The others publish theirs as they receive the same signal: wait briefly for them.
-        onInterrupted(gatherResults(*kv, launch, kInterruptGather), signal);
+    std::string storeProblem = kv ? "" : "the rank had not joined the store yet";
+    if (kv) {
+      try {
+        kv->set(fmt::format("result/{}", launch.rank), rankResultsDocument(results));
+      } catch (const std::exception& error) {
+        storeProblem = error.what();
       }
-    } catch (const std::exception& error) {
-      fmt::print(stderr, "hmc-run rank {}: cannot hand on the results after signal {}: {}\n",
-                 launch.rank, signal, error.what());
     }
+    if (launch.rank != 0 || !onInterrupted) {
+      if (!storeProblem.empty()) {
+        fmt::print(stderr,
+                   "hmc-run rank {}: stopped by signal {}; cannot hand on its results: {}\n",
+                   launch.rank, signal, storeProblem);
+      }
+      return;
+    }
+    // Rank 0 reports. The others publish theirs as they receive the same signal: wait briefly
+    // for them. The store may be gone with the launcher's agent that hosted it: then rank 0
+    // reports what it knows itself.
+    std::vector<std::vector<scenario::RankResult>> merged;
+    if (storeProblem.empty()) {
+      // Bounded even when the store stalls (a launcher's SIGKILL follows soon): the gather
+      // runs on its own thread, abandoned past its time (the process exits right after).
+      auto gathered =
+          std::make_shared<std::promise<std::vector<std::vector<scenario::RankResult>>>>();
+      auto future = gathered->get_future();
+      std::thread([gathered, kv, &launch] {
+        try {
+          gathered->set_value(gatherResults(*kv, launch, kInterruptGather));
+        } catch (...) {
+          gathered->set_exception(std::current_exception());
+        }
+      }).detach();
+      if (future.wait_for(kInterruptRead) != std::future_status::ready) {
+        storeProblem = fmt::format("the store did not answer within {} ms", kInterruptRead.count());
+      } else {
+        try {
+          merged = future.get();
+        } catch (const std::exception& error) {
+          storeProblem = error.what();
+        }
+      }
+    }
+    if (!storeProblem.empty()) {
+      merged.assign(std::max<std::size_t>(1, results.size()),
+                    std::vector<scenario::RankResult>(launch.worldSize));
+      for (std::size_t r = 0; r < merged.size(); ++r) {
+        for (int rank = 0; rank < launch.worldSize; ++rank) {
+          merged[r][rank] =
+              rank == launch.rank && r < results.size()
+                  ? results[r]
+                  : missingRankResult(rank,
+                                      "unknown: the store was gone when rank 0 was stopped (" +
+                                          storeProblem + ")",
+                                      "not checked", {});
+        }
+      }
+    }
+    onInterrupted(std::move(merged), signal);
   });
   const collective::ProcessTransport transport =
       collective::makeTransport(launch.transport, launch.transportOptions(timeout));
@@ -283,6 +376,13 @@ RankProcessOutcome runRankProcess(const scenario::Scenario& scenario, const Rank
       diagnostics::WatchdogOptions watch;
       watch.rank = launch.rank;
       watch.deadline = timeout;
+      // Rank 0 names the job for `hmc-run status`; SIGUSR1 dumps the flight record to stderr.
+      if (launch.rank == 0) {
+        watch.meta = diagnostics::JobMeta{scenario.name, launch.worldSize, scenario.timeoutS,
+                                          std::string(collective::toString(launch.transport)),
+                                          diagnostics::unixNow()};
+      }
+      watch.dumpSignal = SIGUSR1;
       diagnostics::Watchdog watchdog(env.recorder, transport.control->keyValueStore(), watch);
       outcome.results.push_back(scenario::runRank(scenario, env));
     }

@@ -4,6 +4,13 @@
 //
 //   transport_bench --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 //
+// The heartbeat's cost (issue 9): BM_TcpExchangeRecorded and BM_StoreExchangeRecorded run
+// every rank as hmc-run's rank processes do, with a FlightRecorder attached; the
+// *Heartbeat variants add each rank's Watchdog (diagnostics/watchdog.hpp: heartbeats every
+// 100 ms at most, its own store connection). Compare them in one run, interleaved:
+//   transport_bench --benchmark_filter='Recorded|Heartbeat' --benchmark_repetitions=10
+//       --benchmark_enable_random_interleaving=true --benchmark_report_aggregates_only=true
+//
 // Rank 0 drives the iterations; its payload tells the peers whether to go on ("go"/"stop").
 
 #include <arpa/inet.h>
@@ -29,6 +36,8 @@
 #include "hmc/collective/tcp_transport.hpp"
 #include "hmc/collective/threads_transport.hpp"
 #include "hmc/config.hpp"
+#include "hmc/diagnostics/flight_recorder.hpp"
+#include "hmc/diagnostics/watchdog.hpp"
 #if HMC_HAVE_GLOO
 #include "hmc/collective/gloo_transport.hpp"
 #endif
@@ -92,12 +101,43 @@ std::unique_ptr<Collective> connect(const std::string& transport, int rank, int 
   return std::make_unique<hmc::collective::StoreTransport>(store);
 }
 
+// What each rank runs beside its exchanges: nothing (plain), a FlightRecorder attached as in
+// hmc-run's rank processes (recorded), or that and a Watchdog writing heartbeats (heartbeat).
+struct Diagnostics {
+  std::shared_ptr<hmc::diagnostics::FlightRecorder> recorder;
+  std::unique_ptr<hmc::diagnostics::Watchdog> watchdog;
+
+  Diagnostics(Collective& collective, const std::string& mode, int rank, int world, int port) {
+    if (mode == "plain") return;
+    recorder = std::make_shared<hmc::diagnostics::FlightRecorder>();
+    collective.setObserver(recorder.get());
+    if (mode != "heartbeat") return;
+    hmc::collective::StoreTransportOptions store;
+    store.port = port;
+    store.rank = rank;
+    store.worldSize = world;
+    store.timeout = kTimeout;
+    hmc::diagnostics::WatchdogOptions options;
+    options.rank = rank;
+    options.deadline = kTimeout;
+    watchdog = std::make_unique<hmc::diagnostics::Watchdog>(
+        recorder, hmc::collective::connectKeyValueStore(store), options);
+  }
+};
+
 // Peer side: exchange until rank 0 says stop.
-int runPeer(const std::string& transport, int rank, int world, int port, int glooThreads) {
+int runPeer(const std::string& transport, int rank, int world, int port, int glooThreads,
+            const std::string& mode) {
   auto collective = connect(transport, rank, world, port, glooThreads);
+  Diagnostics diagnostics(*collective, mode, rank, world, port);
   const Bytes payload(kPayload, 'p');
   while (collective->exchange("bench", payload)[0].rfind("stop", 0) != 0) {
   }
+  if (diagnostics.watchdog) {
+    std::fprintf(stderr, "# rank %d wrote %zu heartbeats\n", rank,
+                 diagnostics.watchdog->heartbeats());
+  }
+  diagnostics.watchdog.reset();  // its last heartbeat, while rank 0's store is still up
   return 0;
 }
 
@@ -129,6 +169,7 @@ int runEcho(int port) {
 // A process world kept for the whole run (setting one up costs far more than an exchange).
 struct ProcessWorld {
   std::unique_ptr<Collective> rank0;
+  std::unique_ptr<Diagnostics> diagnostics;
   std::vector<pid_t> peers;
 
   ~ProcessWorld() {
@@ -137,6 +178,7 @@ struct ProcessWorld {
     } catch (const std::exception& error) {
       std::fprintf(stderr, "# stopping peers failed: %s\n", error.what());
     }
+    diagnostics.reset();
     rank0.reset();
     for (pid_t pid : peers) reap(pid, 10s);
   }
@@ -147,9 +189,10 @@ std::map<std::string, std::unique_ptr<ProcessWorld>>& worlds() {
   return cache;
 }
 
-ProcessWorld& processWorld(const std::string& transport, int world, int glooThreads = 1) {
-  const std::string key =
-      transport + "/" + std::to_string(world) + "/" + std::to_string(glooThreads);
+ProcessWorld& processWorld(const std::string& transport, int world, int glooThreads = 1,
+                           const std::string& mode = "plain") {
+  const std::string key = transport + "/" + std::to_string(world) + "/" +
+                          std::to_string(glooThreads) + "/" + mode;
   auto& slot = worlds()[key];
   if (!slot) {
     const int port = hmc::collective::freeLoopbackPort();
@@ -157,9 +200,10 @@ ProcessWorld& processWorld(const std::string& transport, int world, int glooThre
     for (int rank = 1; rank < world; ++rank) {
       created->peers.push_back(
           spawnSelf({"--peer", transport, std::to_string(rank), std::to_string(world),
-                     std::to_string(port), std::to_string(glooThreads)}));
+                     std::to_string(port), std::to_string(glooThreads), mode}));
     }
     created->rank0 = connect(transport, 0, world, port, glooThreads);
+    created->diagnostics = std::make_unique<Diagnostics>(*created->rank0, mode, 0, world, port);
     slot = std::move(created);
   }
   return *slot;
@@ -239,6 +283,37 @@ void BM_TcpExchange(benchmark::State& state) {
 }
 BENCHMARK(BM_TcpExchange)->Arg(2)->Arg(4)->UseRealTime()->Unit(benchmark::kMicrosecond);
 
+void BM_TcpExchangeRecorded(benchmark::State& state) {
+  exchangeLoop(state, *processWorld("tcp", static_cast<int>(state.range(0)), 1, "recorded").rank0);
+}
+BENCHMARK(BM_TcpExchangeRecorded)->Arg(2)->Arg(4)->UseRealTime()->Unit(benchmark::kMicrosecond);
+
+void BM_TcpExchangeHeartbeat(benchmark::State& state) {
+  auto& world = processWorld("tcp", static_cast<int>(state.range(0)), 1, "heartbeat");
+  exchangeLoop(state, *world.rank0);
+  state.counters["heartbeats_rank0"] =
+      static_cast<double>(world.diagnostics->watchdog->heartbeats());
+}
+BENCHMARK(BM_TcpExchangeHeartbeat)->Arg(2)->Arg(4)->UseRealTime()->Unit(benchmark::kMicrosecond);
+
+void BM_StoreExchangeRecorded(benchmark::State& state) {
+  exchangeLoop(state,
+               *processWorld("store", static_cast<int>(state.range(0)), 1, "recorded").rank0);
+}
+BENCHMARK(BM_StoreExchangeRecorded)->Arg(2)->Arg(4)->UseRealTime()->Unit(benchmark::kMicrosecond);
+
+void BM_StoreExchangeHeartbeat(benchmark::State& state) {
+  auto& world = processWorld("store", static_cast<int>(state.range(0)), 1, "heartbeat");
+  exchangeLoop(state, *world.rank0);
+  state.counters["heartbeats_rank0"] =
+      static_cast<double>(world.diagnostics->watchdog->heartbeats());
+}
+BENCHMARK(BM_StoreExchangeHeartbeat)
+    ->Arg(2)
+    ->Arg(4)
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+
 #if HMC_HAVE_GLOO
 // Args: ranks, ProcessGroupGloo worker threads.
 void BM_GlooExchange(benchmark::State& state) {
@@ -258,10 +333,10 @@ BENCHMARK(BM_GlooExchange)
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc == 7 && std::strcmp(argv[1], "--peer") == 0) {
+  if (argc == 8 && std::strcmp(argv[1], "--peer") == 0) {
     try {
       return runPeer(argv[2], std::atoi(argv[3]), std::atoi(argv[4]), std::atoi(argv[5]),
-                     std::atoi(argv[6]));
+                     std::atoi(argv[6]), argv[7]);
     } catch (const std::exception& error) {
       std::fprintf(stderr, "# peer %s failed: %s\n", argv[3], error.what());
       return 1;

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """hmc-run under the real launchers, and ranks on several "hosts" (CTest label multirank).
 
-Usage: test_launchers.py HMC_RUN SOURCE_DIR [-k NAME] [--teardown-cases]
+Usage: test_launchers.py HMC_RUN SOURCE_DIR [-k NAME] [--no-teardown-cases]
 
 Real launchers, each at 2 and 4 ranks:
   - torchrun: Debian's torch 1.13 through tests/support/torchrun (its Python 3.11 workaround),
@@ -14,9 +14,9 @@ advertising their own loopback alias through HMC_ADVERTISE_ADDR, for tcp and sto
 connect faults: no store at the master, a silent listener on the master port, a taken master
 port, an advertised address that is not this host's.
 
---teardown-cases adds what needs evidence that survives the launcher's teardown (issue 9,
-item 1): a crashed rank (the diagnosis printed, --report naming the dead rank and where every
-other rank was) and SIGTERM to the launcher. They are off by default until that lands.
+The teardown cases check the evidence that survives the launcher's teardown: a crashed rank
+(the diagnosis printed, --report naming the dead rank and where every other rank was) and
+SIGTERM to the launcher. --no-teardown-cases leaves them out.
 
 Exit 0 when every case passed, 1 when one failed, 77 (CTest skip) when none failed but a
 launcher is not installed (the reason printed). Every wait is bounded; a launcher still
@@ -38,7 +38,7 @@ import traceback
 HMC_RUN = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else "build/app/hmc-run")
 SOURCE_DIR = os.path.abspath(sys.argv[2] if len(sys.argv) > 2 else ".")
 ONLY = sys.argv[sys.argv.index("-k") + 1] if "-k" in sys.argv else None
-TEARDOWN = "--teardown-cases" in sys.argv
+TEARDOWN = "--no-teardown-cases" not in sys.argv
 TMP = tempfile.mkdtemp(prefix="hmc-launchers-")
 TORCHRUN = os.path.join(SOURCE_DIR, "tests", "support", "torchrun")
 QUICKSTART = os.path.join(SOURCE_DIR, "scenarios", "quickstart.json")
@@ -308,7 +308,9 @@ def check_crash(launcher, world):
     text = run.stdout + run.stderr
     assert re.search(r"rank 1 (exited|was killed|crashed)", text), f"no diagnosis printed:\n{run}"
     assert_all_ranks(run, world)
-    assert run.report["outcome"] in ("fail", "hang"), run.report["outcome"]
+    # The scenario's fault step and expected hang make a clean report "pass" (as with hmc-run's
+    # own launcher); a rank stopped by the launcher's SIGTERM first makes it "fail" or "hang".
+    assert run.report["outcome"] in ("pass", "fail", "hang"), run.report["outcome"]
     assert run.report["ranks"][1].get("crashed"), run.report["ranks"][1]
     diagnosis = run.report["hang"]["diagnosis"]
     assert re.search(r"rank 1 (exited|was killed|crashed)", diagnosis), diagnosis
@@ -334,7 +336,7 @@ def check_sigterm(launcher, world):
         while len([p for p in descendants(proc.pid) if p in set(hmc_processes())]) < world:
             assert time.monotonic() < end and proc.poll() is None, "the ranks did not start"
             time.sleep(0.1)
-        time.sleep(3)  # every rank past its rendezvous, sleeping
+        time.sleep(8)  # every rank past its rendezvous (LibTorch takes seconds to load), sleeping
         sent = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         run = finish(proc, command, began, 90, path)

@@ -43,6 +43,12 @@ FlightRecorder::FlightRecorder(std::size_t capacity, collective::Clock::time_poi
 void FlightRecorder::setStep(int step) {
   std::lock_guard<std::mutex> lock(mutex_);
   step_ = step;
+  if (step >= 0) stepsBegun_ = true;
+}
+
+bool FlightRecorder::stepsBegun() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return stepsBegun_;
 }
 
 int FlightRecorder::step() const {

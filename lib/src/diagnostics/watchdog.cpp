@@ -3,6 +3,10 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <cstdio>
+
+#include "hmc/diagnostics/flight_dump.hpp"
+
 namespace hmc::diagnostics {
 namespace {
 
@@ -31,7 +35,8 @@ PublishedFlight PublishedFlight::fromJson(const nlohmann::json& value) {
 
 Watchdog::Watchdog(std::shared_ptr<const FlightRecorder> recorder,
                    std::shared_ptr<collective::KeyValueStore> store, WatchdogOptions options)
-    : recorder_(std::move(recorder)), store_(std::move(store)), options_(options) {
+    : recorder_(std::move(recorder)), store_(std::move(store)), options_(std::move(options)) {
+  if (options_.dumpSignal != 0) installFlightDumpSignal(options_.dumpSignal);
   thread_ = std::thread([this] { run(); });
 }
 
@@ -47,6 +52,47 @@ Watchdog::~Watchdog() {
 std::size_t Watchdog::publications() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return publications_;
+}
+
+std::size_t Watchdog::heartbeats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return heartbeats_;
+}
+
+bool Watchdog::beat(bool force) {
+  const auto now = Clock::now();
+  Heartbeat heartbeat = heartbeatOf(*recorder_, options_.rank, now);
+  BeatKey key{heartbeat.state, heartbeat.step,
+              heartbeat.current ? heartbeat.current->sequence : 0,
+              heartbeat.current ? heartbeat.current->status : std::string()};
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (storeFailed_) return false;
+    if (!force && lastBeat_ == key && now - lastBeatAt_ < options_.keepalive) return true;
+    heartbeat.beat = heartbeats_;
+  }
+  heartbeat.writtenAtUnix = unixNow();
+  try {
+    store_->set(heartbeatKey(options_.rank), heartbeat.toJson().dump());
+  } catch (const std::exception& error) {
+    spdlog::debug("rank {}: the watchdog cannot write its heartbeat: {}", options_.rank,
+                  error.what());
+    std::lock_guard<std::mutex> lock(mutex_);
+    storeFailed_ = true;
+    return false;
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++heartbeats_;
+  lastBeat_ = key;
+  lastBeatAt_ = now;
+  return true;
+}
+
+void Watchdog::dumpIfRequested() {
+  if (options_.dumpSignal == 0 || takeFlightDumpRequests() == 0) return;
+  const std::string text = formatFlightDump(*recorder_, options_.rank, "SIGUSR1");
+  std::fwrite(text.data(), 1, text.size(), stderr);
+  std::fflush(stderr);
 }
 
 Watchdog::Position Watchdog::position() const {
@@ -86,14 +132,36 @@ bool Watchdog::publish(const std::string& reason) noexcept {
 }
 
 void Watchdog::run() {
+  if (options_.meta) {
+    try {
+      store_->set(kJobMetaKey, options_.meta->toJson().dump());
+    } catch (const std::exception& error) {
+      spdlog::debug("rank {}: the watchdog cannot write the job's meta: {}", options_.rank,
+                    error.what());
+      std::lock_guard<std::mutex> lock(mutex_);
+      storeFailed_ = true;
+    }
+  }
+  if (options_.heartbeat) beat(true);
   auto nextPeerPoll = Clock::now() + options_.peerPeriod;
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
     wake_.wait_for(lock, options_.period, [&] { return stop_; });
-    if (stop_ || storeFailed_) return;
+    const bool stopping = stop_;
+    const bool storeFailed = storeFailed_;
     const std::optional<Position> lastPublished = published_;
     const std::int64_t seen = seenPublished_;
     lock.unlock();
+    dumpIfRequested();
+    if (stopping) {
+      // The last word: where the rank stopped ("done" after its steps).
+      if (options_.heartbeat && !storeFailed) beat(true);
+      return;
+    }
+    if (storeFailed) {
+      lock.lock();
+      continue;  // dumps still work without the store
+    }
 
     std::string reason;
     if (const auto last = recorder_->last()) {
@@ -122,10 +190,11 @@ void Watchdog::run() {
         spdlog::debug("rank {}: the watchdog lost the store: {}", options_.rank, error.what());
         lock.lock();
         storeFailed_ = true;
-        return;
+        continue;
       }
     }
     if (!reason.empty()) publish(reason);
+    if (options_.heartbeat) beat(false);
     lock.lock();
   }
 }

@@ -110,7 +110,7 @@ void writeOutputFile(const std::string& path, const std::string& text) {
   const mode_t mask = ::umask(0);  // mkstemp makes 0600; give the file what open() would
   ::umask(mask);
   ::fchmod(fd, 0666 & ~mask);
-  const bool ok = writeAll(fd, text) && ::fsync(fd) == 0;
+  const bool ok = writeAll(fd, text);
   const int saved = errno;
   ::close(fd);
   if (!ok) {

@@ -7,19 +7,12 @@
 #include <cmath>
 
 #include "hmc/config.hpp"
+#include "hmc/diagnostics/hang_diagnosis.hpp"
 
 namespace hmc::scenario {
 namespace {
 
 using nlohmann::json;
-
-std::string stepText(int step) {
-  return step < 0 ? std::string("after its steps") : fmt::format("step {}", step);
-}
-
-bool isWaitStatus(const std::string& status) {
-  return status == "timeout" || status == "rank_failure" || status == "in_flight";
-}
 
 int severity(Outcome outcome) {
   switch (outcome) {
@@ -107,7 +100,8 @@ json rankJson(const RankResult& rank) {
   json entry = {{"rank", rank.rank}};
   // A rank process that died left no result: like the reference, no steps and no final
   // state (zeros would read as a clean rank). Thread ranks that crashed keep theirs.
-  if (!(rank.crashed && rank.steps.empty())) {
+  // The same for a rank known only from its heartbeat (no steps, hung).
+  if (!rank.steps.empty() || !(rank.crashed || rank.hung)) {
     json steps = json::array();
     for (const auto& step : rank.steps) steps.push_back(reportStepJson(step));
     entry["steps"] = std::move(steps);
@@ -183,44 +177,20 @@ Outcome computeOutcome(const Scenario& scenario, const std::vector<RankResult>& 
 }
 
 std::string diagnoseHang(const std::vector<RankResult>& ranks) {
-  // The collective the hung ranks wait in (the lowest sequence number among them).
-  std::optional<diagnostics::FlightEntry> waitedIn;
+  // The words are diagnostics::diagnoseWaits's, shared with `hmc-run status`.
+  std::vector<diagnostics::RankWhereabouts> places;
+  places.reserve(ranks.size());
   for (const auto& rank : ranks) {
-    if (!rank.hung || rank.flight.empty()) continue;
-    for (auto it = rank.flight.rbegin(); it != rank.flight.rend(); ++it) {
-      if (isWaitStatus(it->status)) {
-        if (!waitedIn || it->sequence < waitedIn->sequence) waitedIn = *it;
-        break;
-      }
-    }
+    diagnostics::RankWhereabouts place;
+    place.rank = rank.rank;
+    place.flight = rank.flight;
+    place.hung = rank.hung;
+    if (rank.crashed) place.gone = rank.crashReason.value_or("exited");
+    const bool finished = !rank.steps.empty() && rank.steps.back().status != StepStatus::kNotRun;
+    place.elsewhere = finished ? "finished its steps" : "stopped early";
+    places.push_back(std::move(place));
   }
-  if (!waitedIn) return "";
-  std::vector<std::string> parts;
-  for (const auto& rank : ranks) {
-    std::optional<diagnostics::FlightEntry> waiting;
-    std::optional<diagnostics::FlightEntry> lastDone;
-    for (auto it = rank.flight.rbegin(); it != rank.flight.rend(); ++it) {
-      if (!waiting && !lastDone && isWaitStatus(it->status)) waiting = *it;
-      if (!lastDone && !isWaitStatus(it->status)) lastDone = *it;
-      if (lastDone) break;
-    }
-    const std::string last = lastDone ? fmt::format("last completed '{}' #{} ({})", lastDone->stage,
-                                                    lastDone->sequence, stepText(lastDone->step))
-                                      : std::string("no collective completed");
-    if (rank.crashed) {
-      parts.push_back(fmt::format("rank {} crashed ({}); {}", rank.rank,
-                                  rank.crashReason.value_or("exited"), last));
-    } else if (rank.hung && waiting) {
-      parts.push_back(fmt::format("rank {} waits in '{}' #{} ({}){}", rank.rank, waiting->stage,
-                                  waiting->sequence, stepText(waiting->step),
-                                  waiting->status == "rank_failure" ? ", a peer failed" : ""));
-    } else {
-      const bool finished = !rank.steps.empty() && rank.steps.back().status != StepStatus::kNotRun;
-      parts.push_back(fmt::format("rank {} never arrived: {}, {}", rank.rank, last,
-                                  finished ? "finished its steps" : "stopped early"));
-    }
-  }
-  return fmt::format("{}", fmt::join(parts, "; "));
+  return diagnostics::diagnoseWaits(places);
 }
 
 TimingStats timingStats(std::vector<double> samples) {

@@ -39,6 +39,9 @@ class FlightRecorder final : public collective::CollectiveObserver {
   void setStep(int step);
   // The step set last (-1 for none): where the rank is now.
   int step() const;
+  // Whether some step began (setStep(s >= 0) was called): with step() == -1, the rank has
+  // left its steps rather than not reached them yet.
+  bool stepsBegun() const;
   void onEnter(const collective::CollectiveRecord& record) override;
   void onExit(const collective::CollectiveRecord& record) override;
 
@@ -56,6 +59,7 @@ class FlightRecorder final : public collective::CollectiveObserver {
   std::size_t capacity_;
   collective::Clock::time_point epoch_;
   int step_ = -1;
+  bool stepsBegun_ = false;
   std::deque<FlightEntry> entries_;
   std::vector<std::pair<std::string, double>> durations_;
 };

@@ -15,9 +15,20 @@
 // (for ranks without a result file) and rank 0 under an external launcher (for ranks whose
 // result never came), through readPublishedFlights().
 //
+// The same thread keeps the rank's heartbeat ("heartbeat/<rank>", heartbeat.hpp) for
+// `hmc-run status`: written at start, whenever the rank's position (state, step, collective
+// and its status) changed, at most once per `period`, at least once per `keepalive`, and
+// once more when the watchdog stops. Rank 0's watchdog also writes the job's "meta" once at
+// start when `meta` is set. None of this touches the rank's exchanges: the thread reads the
+// FlightRecorder (a short lock) and writes through its own store connection.
+//
+// With `dumpSignal` set it installs flight_dump.hpp's handler for that signal and writes the
+// flight record to stderr within one period of each signal (`kill -USR1 <pid>`).
+//
 // Bounded: at most one publication per collective status change or peer publication; every
 // store call is bounded by the store's timeout; a store that fails stops the publications
-// (logged at debug level). Thread safety: the public methods may be called from any thread.
+// and heartbeats (logged at debug level), not the dumps. Thread safety: the public methods
+// may be called from any thread.
 
 #include <chrono>
 #include <condition_variable>
@@ -34,6 +45,7 @@
 
 #include "hmc/collective/key_value_store.hpp"
 #include "hmc/diagnostics/flight_recorder.hpp"
+#include "hmc/diagnostics/heartbeat.hpp"
 
 namespace hmc::diagnostics {
 
@@ -54,6 +66,10 @@ struct WatchdogOptions {
   std::chrono::milliseconds period{100};
   std::chrono::milliseconds peerPeriod{500};
   std::size_t entries = 16;  // flight entries per publication
+  bool heartbeat = true;     // keep "heartbeat/<rank>" (off: only the flight publications)
+  std::chrono::milliseconds keepalive{1000};  // rewrite an unchanged heartbeat this often
+  std::optional<JobMeta> meta;                // written once under "meta" (rank 0)
+  int dumpSignal = 0;  // dump the flight record to stderr on this signal (0: none)
 };
 
 class Watchdog {
@@ -69,11 +85,17 @@ class Watchdog {
   bool publish(const std::string& reason) noexcept;
   // Publications that reached the store so far.
   std::size_t publications() const;
+  // Heartbeats that reached the store so far.
+  std::size_t heartbeats() const;
 
  private:
   using Position = std::tuple<std::uint64_t, std::string, int>;  // sequence, status, step
+  using BeatKey = std::tuple<RankState, int, std::uint64_t, std::string>;
   void run();
   Position position() const;
+  // Writes the heartbeat when it changed or `force`; false when the store failed.
+  bool beat(bool force);
+  void dumpIfRequested();
 
   std::shared_ptr<const FlightRecorder> recorder_;
   std::shared_ptr<collective::KeyValueStore> store_;
@@ -83,6 +105,9 @@ class Watchdog {
   bool stop_ = false;
   bool storeFailed_ = false;
   std::size_t publications_ = 0;
+  std::size_t heartbeats_ = 0;
+  std::optional<BeatKey> lastBeat_;
+  collective::Clock::time_point lastBeatAt_{};
   std::int64_t seenPublished_ = 0;
   std::optional<Position> published_;
   std::thread thread_;

@@ -1,0 +1,202 @@
+#include "status_command.hpp"
+
+#include <fmt/format.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <iostream>
+
+#include "hmc/collective/store_transport.hpp"
+#include "hmc/diagnostics/hang_diagnosis.hpp"
+#include "hmc/diagnostics/job_status.hpp"
+#include "hmc/error.hpp"
+
+namespace hmc::app {
+namespace {
+
+constexpr int kExitProgressing = 0;
+constexpr int kExitUsage = 2;
+constexpr int kExitHung = 3;
+
+// Connects a plain TCP socket to host:port within `timeout`; "" on success, else why not.
+std::string probe(const std::string& host, int port, std::chrono::milliseconds timeout) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const std::string service = std::to_string(port);
+  if (const int rc = getaddrinfo(host.c_str(), service.c_str(), &hints, &found); rc != 0) {
+    return fmt::format("cannot resolve '{}': {}", host, gai_strerror(rc));
+  }
+  std::string why = "no address";
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (addrinfo* at = found; at != nullptr; at = at->ai_next) {
+    const int fd = socket(at->ai_family, at->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+      why = std::strerror(errno);
+      continue;
+    }
+    int rc = connect(fd, at->ai_addr, at->ai_addrlen);
+    if (rc != 0 && errno == EINPROGRESS) {
+      pollfd p{fd, POLLOUT, 0};
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      const int ready = poll(&p, 1, static_cast<int>(std::max<std::int64_t>(left.count(), 0)));
+      if (ready == 1) {
+        int error = 0;
+        socklen_t size = sizeof error;
+        getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &size);
+        rc = error == 0 ? 0 : -1;
+        errno = error;
+      } else {
+        if (ready == 0) errno = ETIMEDOUT;
+        rc = -1;
+      }
+    }
+    const int error = errno;
+    close(fd);
+    if (rc == 0) {
+      freeaddrinfo(found);
+      return "";
+    }
+    why = std::strerror(error);
+  }
+  freeaddrinfo(found);
+  return why;
+}
+
+std::string cell(const std::optional<std::string>& text) { return text.value_or("-"); }
+
+void printTable(const diagnostics::JobStatus& status, double elapsedS) {
+  const auto& meta = status.meta;
+  fmt::print("# hmc-run status: job '{}' at {}: {} ranks, transport {}, deadline {:g} s\n",
+             meta.scenario, status.endpoint, meta.worldSize, meta.transport, meta.timeoutS);
+  fmt::print("# {:>4}  {:<8} {:>4}  {:<28} {:>5} {:>10}  {}\n", "rank", "state", "step", "stage",
+             "seq", "in_stage_s", "last_completed");
+  for (const auto& rank : status.ranks) {
+    if (!rank.heartbeat) {
+      fmt::print("  {:>4}  {:<8} {:>4}  {:<28} {:>5} {:>10}  {}\n", rank.rank,
+                 rank.dead ? "dead" : "unknown", "-", "-", "-", "-", "-");
+      continue;
+    }
+    const auto& beat = *rank.heartbeat;
+    std::string state(diagnostics::toString(beat.state));
+    if (rank.dead) state = "dead";
+    if (rank.stale) state = "silent";
+    std::optional<std::string> stage;
+    std::optional<std::string> sequence;
+    // The collective it is in, or the one it left waiting (timeout, rank_failure).
+    if (beat.current && diagnostics::isWaitStatus(beat.current->status)) {
+      stage = beat.current->status == "in_flight"
+                  ? beat.current->stage
+                  : fmt::format("{} ({})", beat.current->stage, beat.current->status);
+      sequence = std::to_string(beat.current->sequence);
+    }
+    const std::string last =
+        beat.lastCompleted ? fmt::format("'{}' #{} (step {})", beat.lastCompleted->stage,
+                                         beat.lastCompleted->sequence, beat.lastCompleted->step)
+                           : std::string("-");
+    fmt::print("  {:>4}  {:<8} {:>4}  {:<28} {:>5} {:>10.1f}  {}\n", rank.rank, state,
+               beat.step < 0 ? std::string("-") : std::to_string(beat.step), cell(stage),
+               cell(sequence), rank.inStageS, last);
+  }
+  if (!status.diagnosis.empty()) fmt::print("# waits: {}\n", status.diagnosis);
+  if (status.hung) {
+    for (const auto& rank : status.ranks) {
+      if (!rank.problem.empty()) fmt::print("# {}\n", rank.problem);
+    }
+    fmt::print("# HUNG: some rank does not progress (exit {})\n", kExitHung);
+  } else {
+    fmt::print("# OK: every rank is progressing\n");
+  }
+  fmt::print("# attached and read {} heartbeats in {:.3f} s\n", status.ranks.size(), elapsedS);
+}
+
+}  // namespace
+
+CLI::App* addStatusCommand(CLI::App& app, StatusOptions& options) {
+  auto* status = app.add_subcommand(
+      "status",
+      "Attach to a running or hung multi-process job's store (read-only) and print where every "
+      "rank is: state, step, stage, seconds in it, last completed collective, and who never "
+      "arrived where. Exit 0 every rank progressing, 3 some rank waits past its deadline (or "
+      "died), 2 store unreachable");
+  status
+      ->add_option("--master-addr", options.masterAddr,
+                   "Host of the job's store (rank 0's host; default: MASTER_ADDR, else "
+                   "127.0.0.1)")
+      ->envname("MASTER_ADDR")
+      ->capture_default_str();
+  status
+      ->add_option("--master-port", options.masterPort,
+                   "Port of the job's store, as printed by hmc-run (\"# hmc-run: store at "
+                   "...\") or the launcher's MASTER_PORT")
+      ->envname("MASTER_PORT")
+      ->required()
+      ->check(CLI::Range(1, 65535));
+  status->add_flag("--json", options.json, "Print one hmc-status/1 JSON document instead");
+  status
+      ->add_option("--timeout", options.timeoutS,
+                   "Give up connecting or reading after this many seconds (0 < s <= 600)")
+      ->check(CLI::Range(0.001, 600.0))
+      ->capture_default_str();
+  status->footer(
+      "Example: hmc-run scenarios/skipped-close-hang.json --transport tcp --master-port 29600 "
+      "--timeout 60 &\n         hmc-run status --master-port 29600");
+  return status;
+}
+
+int runStatus(const StatusOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  const auto timeout =
+      std::chrono::milliseconds(static_cast<std::int64_t>(std::ceil(options.timeoutS * 1000.0)));
+  const std::string endpoint = fmt::format("{}:{}", options.masterAddr, options.masterPort);
+  if (const std::string why = probe(options.masterAddr, options.masterPort, timeout);
+      !why.empty()) {
+    fmt::print(stderr,
+               "hmc-run status: cannot reach the job's store at {}: {}; is the job running, and "
+               "are --master-addr/--master-port those of its rank 0 (hmc-run prints \"# hmc-run: "
+               "store at ...\")?\n",
+               endpoint, why);
+    return kExitUsage;
+  }
+  diagnostics::JobStatus status;
+  try {
+    collective::StoreTransportOptions client;
+    client.host = options.masterAddr;
+    client.port = options.masterPort;
+    client.prefix = options.prefix;
+    client.timeout = timeout;
+    // A plain client: connecting writes no key (no worker count, no wait for workers).
+    auto store = collective::connectKeyValueStore(client);
+    status = diagnostics::readJobStatus(*store, endpoint, timeout);
+  } catch (const Error& error) {
+    fmt::print(stderr, "hmc-run status: {}\n", error.what());  // names host:port itself
+    return kExitUsage;
+  }
+  const double elapsedS =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (options.json) {
+    auto document = status.toJson();
+    document["exit_code"] = status.hung ? kExitHung : kExitProgressing;
+    document["elapsed_s"] = elapsedS;  // attaching and reading, after the process started
+    std::cout << document.dump(2) << std::endl;
+  } else {
+    printTable(status, elapsedS);
+  }
+  return status.hung ? kExitHung : kExitProgressing;
+}
+
+void printStoreAddress(std::FILE* out, const std::string& host, int port) {
+  fmt::print(out, "# hmc-run: store at {}:{} (attach: hmc-run status --master-port {})\n", host,
+             port, port);
+  std::fflush(out);
+}
+
+}  // namespace hmc::app

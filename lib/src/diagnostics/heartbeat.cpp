@@ -1,0 +1,120 @@
+#include "hmc/diagnostics/heartbeat.hpp"
+
+#include <chrono>
+#include <stdexcept>
+
+#include "hmc/diagnostics/hang_diagnosis.hpp"
+
+namespace hmc::diagnostics {
+namespace {
+
+nlohmann::json optionalEntry(const std::optional<FlightEntry>& entry) {
+  return entry ? entry->toJson() : nlohmann::json(nullptr);
+}
+
+std::optional<FlightEntry> entryFrom(const nlohmann::json& value) {
+  if (value.is_null()) return std::nullopt;
+  return FlightEntry::fromJson(value);
+}
+
+}  // namespace
+
+std::string_view toString(RankState state) noexcept {
+  switch (state) {
+    case RankState::kStarting:
+      return "starting";
+    case RankState::kRunning:
+      return "running";
+    case RankState::kWaiting:
+      return "waiting";
+    case RankState::kDone:
+      return "done";
+  }
+  return "running";
+}
+
+RankState rankStateFromString(std::string_view text) {
+  for (auto state :
+       {RankState::kStarting, RankState::kRunning, RankState::kWaiting, RankState::kDone}) {
+    if (toString(state) == text) return state;
+  }
+  throw std::invalid_argument("unknown rank state '" + std::string(text) + "'");
+}
+
+nlohmann::json Heartbeat::toJson() const {
+  return {{"format", kHeartbeatFormat},
+          {"rank", rank},
+          {"state", toString(state)},
+          {"step", step},
+          {"current", optionalEntry(current)},
+          {"last_completed", optionalEntry(lastCompleted)},
+          {"in_stage_s", inStageS},
+          {"wall_s", wallS},
+          {"written_at", writtenAtUnix},
+          {"beat", beat}};
+}
+
+Heartbeat Heartbeat::fromJson(const nlohmann::json& value) {
+  Heartbeat out;
+  out.rank = value.at("rank").get<int>();
+  try {
+    out.state = rankStateFromString(value.at("state").get<std::string>());
+  } catch (const std::invalid_argument& error) {
+    throw nlohmann::json::other_error::create(501, error.what(), &value);
+  }
+  out.step = value.at("step").get<int>();
+  out.current = entryFrom(value.at("current"));
+  out.lastCompleted = entryFrom(value.at("last_completed"));
+  out.inStageS = value.at("in_stage_s").get<double>();
+  out.wallS = value.at("wall_s").get<double>();
+  out.writtenAtUnix = value.at("written_at").get<double>();
+  out.beat = value.at("beat").get<std::uint64_t>();
+  return out;
+}
+
+nlohmann::json JobMeta::toJson() const {
+  return {{"format", kJobMetaFormat}, {"scenario", scenario},   {"world_size", worldSize},
+          {"timeout_s", timeoutS},    {"transport", transport}, {"started_at", startedAtUnix}};
+}
+
+JobMeta JobMeta::fromJson(const nlohmann::json& value) {
+  JobMeta out;
+  out.scenario = value.at("scenario").get<std::string>();
+  out.worldSize = value.at("world_size").get<int>();
+  out.timeoutS = value.at("timeout_s").get<double>();
+  out.transport = value.at("transport").get<std::string>();
+  out.startedAtUnix = value.at("started_at").get<double>();
+  return out;
+}
+
+Heartbeat heartbeatOf(const FlightRecorder& recorder, int rank, collective::Clock::time_point now) {
+  Heartbeat out;
+  out.rank = rank;
+  out.step = recorder.step();
+  out.wallS = std::chrono::duration<double>(now - recorder.epoch()).count();
+  const auto entries = recorder.entries();
+  if (!entries.empty()) out.current = entries.back();
+  for (auto it = entries.rbegin(); it != entries.rend(); ++it) {
+    if (!isWaitStatus(it->status)) {
+      out.lastCompleted = *it;
+      break;
+    }
+  }
+  const bool inFlight = out.current && !out.current->endS;
+  if (inFlight) {
+    out.state = RankState::kWaiting;
+    out.inStageS = out.wallS - out.current->startS;
+  } else {
+    out.state = out.step >= 0           ? RankState::kRunning
+                : recorder.stepsBegun() ? RankState::kDone
+                                        : RankState::kStarting;
+    out.inStageS = out.current ? out.wallS - *out.current->endS : out.wallS;
+  }
+  return out;
+}
+
+double unixNow() noexcept {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace hmc::diagnostics

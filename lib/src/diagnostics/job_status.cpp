@@ -1,0 +1,174 @@
+#include "hmc/diagnostics/job_status.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "hmc/diagnostics/hang_diagnosis.hpp"
+#include "hmc/error.hpp"
+
+namespace hmc::diagnostics {
+namespace {
+
+std::string stepText(int step) {
+  return step < 0 ? std::string("after its steps") : fmt::format("step {}", step);
+}
+
+std::string problemOf(const RankStatus& status, double deadlineS) {
+  if (status.dead) return fmt::format("rank {} died: {}", status.rank, *status.dead);
+  if (!status.heartbeat) return "";
+  const Heartbeat& beat = *status.heartbeat;
+  if (status.stale) {
+    const std::string where =
+        beat.state == RankState::kWaiting && beat.current
+            ? fmt::format("waits in '{}' #{} for {:.1f} s{}", beat.current->stage,
+                          beat.current->sequence, status.inStageS,
+                          status.inStageS > deadlineS
+                              ? fmt::format(", past its {:g} s deadline,", deadlineS)
+                              : std::string(","))
+            : fmt::format("was {} ({}),", toString(beat.state), stepText(beat.step));
+    return fmt::format(
+        "rank {} {} and wrote no heartbeat for {:.1f} s: its process is stopped, "
+        "frozen or gone",
+        status.rank, where, status.heartbeatAgeS);
+  }
+  if (!beat.current) return "";
+  const FlightEntry& at = *beat.current;
+  if (beat.state == RankState::kWaiting && status.inStageS > deadlineS) {
+    return fmt::format("rank {} waits in '{}' #{} for {:.1f} s, past its {:g} s deadline",
+                       status.rank, at.stage, at.sequence, status.inStageS, deadlineS);
+  }
+  if (at.endS && at.status == "timeout") {
+    return fmt::format("rank {} waited in '{}' #{} until its {:g} s deadline (timeout)",
+                       status.rank, at.stage, at.sequence, deadlineS);
+  }
+  if (at.endS && at.status == "rank_failure") {
+    return fmt::format("rank {} left '{}' #{} with rank_failure: a peer failed", status.rank,
+                       at.stage, at.sequence);
+  }
+  return "";
+}
+
+}  // namespace
+
+nlohmann::json RankStatus::toJson() const {
+  nlohmann::json out = {{"rank", rank}};
+  if (heartbeat) {
+    const Heartbeat& beat = *heartbeat;
+    out["state"] = toString(beat.state);
+    out["step"] = beat.step;
+    out["stage"] = beat.current ? nlohmann::json(beat.current->stage) : nlohmann::json(nullptr);
+    out["sequence"] =
+        beat.current ? nlohmann::json(beat.current->sequence) : nlohmann::json(nullptr);
+    out["collective_status"] =
+        beat.current ? nlohmann::json(beat.current->status) : nlohmann::json(nullptr);
+    out["in_stage_s"] = inStageS;
+    out["last_completed"] = beat.lastCompleted ? beat.lastCompleted->toJson() : nullptr;
+    out["heartbeat_age_s"] = heartbeatAgeS;
+    out["wall_s"] = beat.wallS + heartbeatAgeS;
+  } else {
+    out["state"] = "unknown";
+  }
+  out["dead"] = dead ? nlohmann::json(*dead) : nlohmann::json(nullptr);
+  out["stale"] = stale;
+  out["problem"] = problem.empty() ? nlohmann::json(nullptr) : nlohmann::json(problem);
+  return out;
+}
+
+nlohmann::json JobStatus::toJson() const {
+  nlohmann::json rankList = nlohmann::json::array();
+  for (const auto& rank : ranks) rankList.push_back(rank.toJson());
+  return {{"format", kStatusFormat},
+          {"store", endpoint},
+          {"job", meta.toJson()},
+          {"ranks", std::move(rankList)},
+          {"diagnosis", diagnosis.empty() ? nlohmann::json(nullptr) : nlohmann::json(diagnosis)},
+          {"verdict", hung ? "hung" : "progressing"}};
+}
+
+JobStatus assessJob(const JobMeta& meta, const std::vector<std::optional<Heartbeat>>& heartbeats,
+                    const std::map<int, std::string>& dead, double nowUnix) {
+  JobStatus out;
+  out.meta = meta;
+  std::vector<RankWhereabouts> where;
+  for (int rank = 0; rank < meta.worldSize; ++rank) {
+    RankStatus status;
+    status.rank = rank;
+    if (rank < static_cast<int>(heartbeats.size())) status.heartbeat = heartbeats[rank];
+    if (auto it = dead.find(rank); it != dead.end()) status.dead = it->second;
+    RankWhereabouts place;
+    place.rank = rank;
+    if (status.heartbeat) {
+      const Heartbeat& beat = *status.heartbeat;
+      status.heartbeatAgeS = std::max(0.0, nowUnix - beat.writtenAtUnix);
+      status.inStageS = beat.inStageS + status.heartbeatAgeS;
+      status.stale = beat.state != RankState::kDone && status.heartbeatAgeS > kStaleHeartbeatS;
+      if (beat.lastCompleted) place.flight.push_back(*beat.lastCompleted);
+      if (beat.current &&
+          (!beat.lastCompleted || beat.current->sequence != beat.lastCompleted->sequence)) {
+        place.flight.push_back(*beat.current);
+      }
+      place.hung = beat.current && isWaitStatus(beat.current->status);
+      switch (beat.state) {
+        case RankState::kDone:
+          place.elsewhere = "finished its steps";
+          break;
+        case RankState::kStarting:
+          place.elsewhere = "has not begun its steps";
+          break;
+        default:
+          place.elsewhere = fmt::format("runs {}", stepText(beat.step));
+      }
+    } else {
+      place.elsewhere = "wrote no heartbeat yet";
+    }
+    status.problem = problemOf(status, meta.timeoutS);
+    // A silent rank stays where its last heartbeat put it; its problem says it is silent.
+    if (status.dead) place.gone = *status.dead;
+    out.hung = out.hung || !status.problem.empty();
+    out.ranks.push_back(std::move(status));
+    where.push_back(std::move(place));
+  }
+  out.diagnosis = diagnoseWaits(where);
+  return out;
+}
+
+JobStatus readJobStatus(collective::KeyValueStore& store, const std::string& endpoint,
+                        std::chrono::milliseconds timeout, double nowUnix) {
+  if (!store.check({kJobMetaKey})) {
+    throw RuntimeError(fmt::format(
+        "the store at {} holds no hmc-run job (no key '{}' under the prefix): the job's rank 0 "
+        "has not begun its steps yet, or this is not an hmc-run store; retry in a moment or "
+        "check --master-addr/--master-port",
+        endpoint, kJobMetaKey));
+  }
+  JobMeta meta;
+  try {
+    meta = JobMeta::fromJson(nlohmann::json::parse(store.get(kJobMetaKey, timeout)));
+  } catch (const nlohmann::json::exception& error) {
+    throw RuntimeError(
+        fmt::format("the store at {} holds unreadable job metadata: {}", endpoint, error.what()));
+  }
+  std::vector<std::optional<Heartbeat>> heartbeats(std::max(meta.worldSize, 0));
+  for (int rank = 0; rank < meta.worldSize; ++rank) {
+    const std::string key = heartbeatKey(rank);
+    if (!store.check({key})) continue;
+    try {
+      heartbeats[rank] = Heartbeat::fromJson(nlohmann::json::parse(store.get(key, timeout)));
+    } catch (const nlohmann::json::exception&) {
+      // An unreadable heartbeat reads as none; the rank shows as "unknown".
+    }
+  }
+  std::map<int, std::string> dead;
+  if (store.check({collective::kAnyDeadKey})) {
+    for (int rank = 0; rank < meta.worldSize; ++rank) {
+      const std::string key = collective::deadRankKey(rank);
+      if (store.check({key})) dead[rank] = store.get(key, timeout);
+    }
+  }
+  JobStatus out = assessJob(meta, heartbeats, dead, nowUnix);
+  out.endpoint = endpoint;
+  return out;
+}
+
+}  // namespace hmc::diagnostics
