@@ -28,6 +28,7 @@
 #include "hmc/scenario/runner.hpp"
 #include "hmc/scenario/scenario.hpp"
 #include "hmc/scenario/thread_driver.hpp"
+#include "compare_command.hpp"
 #include "local_launcher.hpp"
 #include "rank_process.hpp"
 
@@ -533,6 +534,9 @@ int main(int argc, char** argv) {
   auto* list = app.add_subcommand("list", "Print the name and description of each scenario");
   list->add_option("directory", listDir, "A directory of scenario files")->required();
 
+  CompareOptions compareOptions;  // hmc-run compare (app/compare_command.*)
+  auto* compare = addCompareCommand(app, compareOptions);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -546,6 +550,7 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "Run 'hmc-run --help' for usage and examples.\n");
     return kExitUsage;
   }
+  if (*compare) return runCompare(compareOptions);  // before logging and any torch use
   setUpLogging(options.logLevel);
 
   if (*rankSub) return runRankCommand(rankCommand);

@@ -212,7 +212,8 @@ Comparison compareSets(const SampleSet& baseline, const SampleSet& current,
                        const Thresholds& thresholds, const std::string& metricGlob) {
   validate(thresholds);
   if (baseline.format != current.format) {
-    throw ValueError(fmt::format("cannot compare a {} with a {}: give two of the same kind",
+    throw ValueError(fmt::format("cannot compare the baseline ({}) with the current file ({}): "
+                                 "give two hmc-run reports or two Google Benchmark files",
                                  toString(baseline.format), toString(current.format)));
   }
   Comparison out;
