@@ -35,6 +35,7 @@ namespace {
 using hmc::collective::Bytes;
 using hmc::collective::Collective;
 using hmc::collective::LocalCollective;
+using hmc::collective::SharedPayloads;
 using hmc::collective::ThreadWorld;
 using hmc::lifecycle::Binding;
 using hmc::lifecycle::GroupPtr;
@@ -279,7 +280,54 @@ void BM_ThreadsExchange(benchmark::State& state) {
       });
   state.counters["ranks"] = worldSize;
 }
-BENCHMARK(BM_ThreadsExchange)->ArgName("ranks")->Arg(2)->Arg(4)->Arg(8)->UseRealTime();
+// 256..4,096 ranks: time per collective should grow linearly in ranks (issue 10).
+BENCHMARK(BM_ThreadsExchange)
+    ->ArgName("ranks")
+    ->Arg(2)
+    ->Arg(4)
+    ->Arg(8)
+    ->Arg(256)
+    ->Arg(1024)
+    ->Arg(4096)
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+
+// BM_ThreadsExchange with exchangeShared: every rank reads the one immutable vector of the
+// collective instead of copying it, so the time per collective is linear in ranks. Side by
+// side with BM_ThreadsExchange (a copy per rank: O(ranks^2) bytes per collective).
+void BM_ThreadsExchangeShared(benchmark::State& state) {
+  static const Bytes kStop = "stop";
+  constexpr std::size_t kPayloadBytes = 64;
+  constexpr std::string_view kStage = "bench exchange";
+  const int worldSize = static_cast<int>(state.range(0));
+  runRanks(
+      state, worldSize,
+      [&](int rank, std::shared_ptr<Collective> collective) {
+        const Bytes payload(kPayloadBytes, static_cast<char>('0' + rank % 10));
+        while (collective->exchangeShared(kStage, payload)->front() != kStop) {
+        }
+      },
+      [&](std::shared_ptr<Collective> collective) {
+        const Bytes payload(kPayloadBytes, 'g');
+        collective->exchangeShared(kStage, payload);  // every helper has started
+        for (auto _ : state) {
+          SharedPayloads gathered = collective->exchangeShared(kStage, payload);
+          benchmark::DoNotOptimize(gathered.get());
+        }
+        collective->exchangeShared(kStage, kStop);
+      });
+  state.counters["ranks"] = worldSize;
+}
+BENCHMARK(BM_ThreadsExchangeShared)
+    ->ArgName("ranks")
+    ->Arg(2)
+    ->Arg(4)
+    ->Arg(8)
+    ->Arg(256)
+    ->Arg(1024)
+    ->Arg(4096)
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
 
 // BM_FirstBindRecycle on state.range(0) thread ranks with state.range(1) busy bound groups
 // per rank: every rank creates, binds (reusing its idle group) and retires in lockstep.

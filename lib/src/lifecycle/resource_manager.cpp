@@ -204,12 +204,12 @@ void ResourceManager::recycle(ResourceGroup& target, const Binding& binding,
   // Fast path (DESIGN.md, Scale): agree on a digest of (manifest, signature) and the state
   // bits; the full manifests travel only when the digests differ, to diagnose the mismatch.
   const std::uint64_t digest = detail::mix(manifestDigest(bound), detail::digestOf(signature));
-  const std::vector<collective::Bytes> peers =
-      collective_->exchange(kRecycleStage, detail::encodeStates(digest, {&idle, &compatible}));
+  const collective::SharedPayloads peers = collective_->exchangeShared(
+      kRecycleStage, detail::encodeStates(digest, {&idle, &compatible}));
   std::vector<bool> idleEverywhere = idle;
   std::vector<bool> compatibleEverywhere = compatible;
   bool agreed = true;
-  for (const auto& peer : peers) {
+  for (const auto& peer : *peers) {
     agreed = agreed && detail::andStates(peer, digest, {&idleEverywhere, &compatibleEverywhere});
   }
   if (!agreed) {
@@ -219,7 +219,7 @@ void ResourceManager::recycle(ResourceGroup& target, const Binding& binding,
     }
     const json mine = json::array({manifestOf(bound), signature, std::move(states)});
     const std::vector<json> all =
-        decodeAll(collective_->exchange(kRecycleDiagnosisStage, encode(mine)));
+        decodeAll(*collective_->exchangeShared(kRecycleDiagnosisStage, encode(mine)));
     lastMismatch_ = describeMismatch(kRecycleStage, all, true);
     throw RuntimeError("multicore resource binding order or specifications differ across ranks");
   }
@@ -287,15 +287,15 @@ void ResourceManager::validateCollectiveClose(const std::vector<GroupPtr>& bound
   });
   const std::uint64_t digest = manifestDigest(bound);
   std::vector<bool> readyBits{ready};
-  const std::vector<collective::Bytes> peers =
-      collective_->exchange(kCloseValidationStage, detail::encodeStates(digest, {&readyBits}));
+  const collective::SharedPayloads peers = collective_->exchangeShared(
+      kCloseValidationStage, detail::encodeStates(digest, {&readyBits}));
   std::vector<bool> readyEverywhere = readyBits;
   bool agreed = true;
-  for (const auto& peer : peers) {
+  for (const auto& peer : *peers) {
     agreed = agreed && detail::andStates(peer, digest, {&readyEverywhere});
   }
   if (!agreed) {
-    const std::vector<json> all = decodeAll(collective_->exchange(
+    const std::vector<json> all = decodeAll(*collective_->exchangeShared(
         kCloseDiagnosisStage, encode(json::array({manifestOf(bound), ready}))));
     lastMismatch_ = describeMismatch(kCloseValidationStage, all, false);
     throw RuntimeError("multicore resource manifests differ across ranks");
