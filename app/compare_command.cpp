@@ -95,14 +95,14 @@ json toJson(const MetricComparison& m) {
 
 void printTable(const Comparison& result, const CompareOptions& options,
                 const hmc::compare::Thresholds& thresholds) {
-  fmt::print("# hmc-run compare: baseline {}, current {}; two-sided Mann-Whitney U, alpha {:g}, "
-             "max regression {:g}%\n",
-             options.baselinePath, options.currentPath, thresholds.alpha,
-             thresholds.maxRegression * 100);
+  fmt::print(
+      "# hmc-run compare: baseline {}, current {}; two-sided Mann-Whitney U, alpha {:g}, "
+      "max regression {:g}%\n",
+      options.baselinePath, options.currentPath, thresholds.alpha, thresholds.maxRegression * 100);
   std::size_t width = 6;
   for (const auto& m : result.metrics) width = std::max(width, m.name.size());
-  fmt::print("# {:<{}}  {:>8}  {:>12}  {:>12}  {:>8}  {:>7}  {}\n", "metric", width - 2,
-             "samples", "baseline", "current", "change", "p", "verdict");
+  fmt::print("# {:<{}}  {:>8}  {:>12}  {:>12}  {:>8}  {:>7}  {}\n", "metric", width - 2, "samples",
+             "baseline", "current", "change", "p", "verdict");
   for (const auto& m : result.metrics) {
     const std::string change = m.change ? fmt::format("{:+.1f}%", *m.change * 100) : "n/a";
     const std::string p = m.pValue ? fmt::format("{:.4f}", *m.pValue) : "n/a";
@@ -137,8 +137,7 @@ CLI::App* addCompareCommand(CLI::App& app, CompareOptions& options) {
       "Compare two hmc-run reports (with samples) or two Google Benchmark JSON files: median, "
       "change and a two-sided Mann-Whitney U test per metric. Exit 1 when a metric is slower "
       "by more than --max-regression with p < --alpha, 2 on bad input");
-  sub->add_option("baseline", options.baselinePath, "Baseline file (e.g. from main)")
-      ->required();
+  sub->add_option("baseline", options.baselinePath, "Baseline file (e.g. from main)")->required();
   sub->add_option("current", options.currentPath, "Current file (from the change)")->required();
   sub->add_flag("--json", options.json, "Print hmc-compare/1 JSON instead of the table");
   sub->add_option("--max-regression", options.maxRegression,
@@ -186,8 +185,8 @@ int runCompare(const CompareOptions& options) {
                "hmc-run compare: no metric in common{}.\n  {} has: {}\n  {} has: {}\n"
                "Compare files of the same scenarios or benchmarks{}.\n",
                options.metricGlob.empty() ? "" : " matching '" + options.metricGlob + "'",
-               options.baselinePath, joinNames(selected(namesOf(baseline))),
-               options.currentPath, joinNames(selected(namesOf(current))),
+               options.baselinePath, joinNames(selected(namesOf(baseline))), options.currentPath,
+               joinNames(selected(namesOf(current))),
                options.metricGlob.empty() ? "" : ", or change --metric");
     return kExitBadInput;
   }
@@ -199,9 +198,7 @@ int runCompare(const CompareOptions& options) {
     if (m.verdict == Verdict::kUndecided) undecided.push_back(m.name);
   }
   // A regression found is a result; metrics that cannot be decided make the gate unusable.
-  const int code = !regressions.empty() ? kExitRegression
-                   : !undecided.empty() ? kExitBadInput
-                                        : 0;
+  const int code = !regressions.empty() ? kExitRegression : !undecided.empty() ? kExitBadInput : 0;
 
   if (options.json) {
     json out{{"format", "hmc-compare/1"},
@@ -242,7 +239,8 @@ int runCompare(const CompareOptions& options) {
                thresholds.alpha, hmc::compare::minimumSamplesPerSide(thresholds.alpha));
   }
   if (code == 0) {
-    fmt::print(options.json ? stderr : stdout, "# OK: no metric slower by more than {:g}% "
+    fmt::print(options.json ? stderr : stdout,
+               "# OK: no metric slower by more than {:g}% "
                "with p < {:g} ({} compared)\n",
                thresholds.maxRegression * 100, thresholds.alpha, result.metrics.size());
   }

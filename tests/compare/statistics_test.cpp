@@ -42,8 +42,7 @@ TEST_SUITE("compare statistics") {
   }
 
   TEST_CASE("unequal sizes use the exact distribution: 6 against 4") {
-    const UTestResult r =
-        mannWhitneyU({1.1, 2.5, 3.3, 4.7, 6.0, 7.2}, {2.0, 5.1, 8.4, 9.9});
+    const UTestResult r = mannWhitneyU({1.1, 2.5, 3.3, 4.7, 6.0, 7.2}, {2.0, 5.1, 8.4, 9.9});
     CHECK(r.exact);
     CHECK(r.u1 == 7);
     CHECK(r.pValue == Approx(2.0 * 37.0 / 210.0).epsilon(1e-12));  // 0.352381
@@ -114,9 +113,8 @@ TEST_SUITE("compare verdicts") {
   const Thresholds kDefault{};
 
   TEST_CASE("a separated slower current fails the gate beyond the maximum regression") {
-    const MetricComparison m =
-        compareSeries("m", Series{"s", {1.0, 1.01, 0.99, 1.02, 1.0}},
-                      Series{"s", {1.2, 1.21, 1.19, 1.22, 1.2}}, kDefault);
+    const MetricComparison m = compareSeries("m", Series{"s", {1.0, 1.01, 0.99, 1.02, 1.0}},
+                                             Series{"s", {1.2, 1.21, 1.19, 1.22, 1.2}}, kDefault);
     CHECK(verdict(m) == "slower");
     REQUIRE(m.change);
     CHECK(*m.change == Approx(0.2));
@@ -208,11 +206,10 @@ TEST_SUITE("compare verdicts") {
   TEST_CASE("unknown formats and aggregate-only files are refused with what to do") {
     CHECK_THROWS_WITH_AS(samplesFromJson(nlohmann::json::parse(R"({"format": "x/1"})"), "f.json"),
                          doctest::Contains("unknown format 'x/1'"), hmc::ValueError);
-    CHECK_THROWS_WITH_AS(
-        samplesFromJson(nlohmann::json::parse(R"({"benchmarks": [
+    CHECK_THROWS_WITH_AS(samplesFromJson(nlohmann::json::parse(R"({"benchmarks": [
           {"name": "BM_A_mean", "run_type": "aggregate", "real_time": 1, "time_unit": "ns"}]})"),
-                        "g.json"),
-        doctest::Contains("--benchmark_report_aggregates_only"), hmc::ValueError);
+                                         "g.json"),
+                         doctest::Contains("--benchmark_report_aggregates_only"), hmc::ValueError);
     CHECK_THROWS_WITH_AS(
         samplesFromJson(nlohmann::json::parse(R"({"format": "hmc-report/1", "scenario": "s"})"),
                         "r.json"),

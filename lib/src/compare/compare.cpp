@@ -18,8 +18,8 @@ double toSeconds(double value, const std::string& unit, const std::string& where
   if (unit == "ms") return value * 1e-3;
   if (unit == "us") return value * 1e-6;
   if (unit == "ns") return value * 1e-9;
-  throw ValueError(fmt::format("{}: unknown time unit '{}' (expected s, ms, us or ns)", where,
-                               unit));
+  throw ValueError(
+      fmt::format("{}: unknown time unit '{}' (expected s, ms, us or ns)", where, unit));
 }
 
 double numberAt(const json& value, const std::string& where) {
@@ -131,9 +131,10 @@ std::string_view toString(Verdict verdict) noexcept {
 SampleSet samplesFromJson(const nlohmann::json& document, const std::string& source) {
   SampleSet out;
   if (!document.is_object()) {
-    throw ValueError(fmt::format("{}: expected a JSON object (an hmc-run report or Google "
-                                 "Benchmark --benchmark_out JSON)",
-                                 source));
+    throw ValueError(
+        fmt::format("{}: expected a JSON object (an hmc-run report or Google "
+                    "Benchmark --benchmark_out JSON)",
+                    source));
   }
   const std::string format = document.value("format", "");
   if (format == "hmc-report/1") {
@@ -177,8 +178,8 @@ MetricComparison compareSeries(const std::string& name, const Series& baseline,
   out.baselineCount = baseline.values.size();
   out.currentCount = current.values.size();
   if (out.baselineCount == 0 || out.currentCount == 0) {
-    out.note = fmt::format("no samples on the {} side",
-                           out.baselineCount == 0 ? "baseline" : "current");
+    out.note =
+        fmt::format("no samples on the {} side", out.baselineCount == 0 ? "baseline" : "current");
     return out;
   }
   out.baselineMedian = median(baseline.values);
@@ -203,8 +204,8 @@ MetricComparison compareSeries(const std::string& name, const Series& baseline,
   }
   out.verdict = out.currentMedian > out.baselineMedian ? Verdict::kSlower : Verdict::kFaster;
   // A zero baseline median that got slower is an unbounded regression.
-  out.regression = out.verdict == Verdict::kSlower &&
-                   (!out.change || *out.change > thresholds.maxRegression);
+  out.regression =
+      out.verdict == Verdict::kSlower && (!out.change || *out.change > thresholds.maxRegression);
   return out;
 }
 
@@ -212,9 +213,10 @@ Comparison compareSets(const SampleSet& baseline, const SampleSet& current,
                        const Thresholds& thresholds, const std::string& metricGlob) {
   validate(thresholds);
   if (baseline.format != current.format) {
-    throw ValueError(fmt::format("cannot compare the baseline ({}) with the current file ({}): "
-                                 "give two hmc-run reports or two Google Benchmark files",
-                                 toString(baseline.format), toString(current.format)));
+    throw ValueError(
+        fmt::format("cannot compare the baseline ({}) with the current file ({}): "
+                    "give two hmc-run reports or two Google Benchmark files",
+                    toString(baseline.format), toString(current.format)));
   }
   Comparison out;
   std::vector<double> ratios;

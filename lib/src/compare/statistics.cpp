@@ -17,9 +17,8 @@ void requireFinite(const std::vector<double>& values, const char* which) {
   }
   for (double v : values) {
     if (!std::isfinite(v)) {
-      throw ValueError(
-          fmt::format("Mann-Whitney U test: the {} sample holds a non-finite value ({})", which,
-                      v));
+      throw ValueError(fmt::format(
+          "Mann-Whitney U test: the {} sample holds a non-finite value ({})", which, v));
     }
   }
 }

@@ -16,11 +16,10 @@
 // Pure functions, no torch, thread safe.
 
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 namespace hmc::compare {
 

@@ -28,11 +28,11 @@ inline constexpr std::size_t kExactMaxSmallSide = 8;
 inline constexpr std::size_t kExactMaxLargeSide = 2000;
 
 struct UTestResult {
-  double u1 = 0;          // U of the first sample (pairs where it is larger, ties count 1/2)
-  double u2 = 0;          // n1 n2 - u1
-  double pValue = 1;      // two-sided
-  bool exact = false;     // exact null distribution (else the normal approximation)
-  bool ties = false;      // some values occur more than once across both samples
+  double u1 = 0;       // U of the first sample (pairs where it is larger, ties count 1/2)
+  double u2 = 0;       // n1 n2 - u1
+  double pValue = 1;   // two-sided
+  bool exact = false;  // exact null distribution (else the normal approximation)
+  bool ties = false;   // some values occur more than once across both samples
 };
 
 // Two-sided Mann-Whitney U test of `first` against `second`. Throws ValueError when either is
