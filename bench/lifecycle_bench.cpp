@@ -370,6 +370,69 @@ BENCHMARK(BM_RecycleThreads)
     ->ArgsProduct({{2, 4, 8}, {0, 256}})
     ->UseManualTime();
 
+// Counts the payload bytes this rank sends in 'recycle' collectives.
+class RecycleBytes final : public hmc::collective::CollectiveObserver {
+ public:
+  void onEnter(const hmc::collective::CollectiveRecord& record) override {
+    if (record.stage == hmc::lifecycle::kRecycleStage) bytes_ += record.payloadBytes;
+  }
+  void onExit(const hmc::collective::CollectiveRecord&) override {}
+  std::size_t bytes() const noexcept { return bytes_; }
+
+ private:
+  std::size_t bytes_ = 0;
+};
+
+// The digest agreement against the full-manifest gather (Agreement::kFullManifest, the
+// reference's way), side by side: state.range(0) thread ranks, state.range(1) busy bound
+// groups per rank, state.range(2) 0 = digest, 1 = full manifest. Rank 0 times each first bind
+// (reusing the idle group); counters: bytes each rank sends per bind ('recycle' payload).
+// Goal (issue 10): bytes per rank flat in ranks; at 1,024 x 64 at least 10x less time.
+void BM_RecycleAgreement(benchmark::State& state) {
+  const int worldSize = static_cast<int>(state.range(0));
+  const int busyCount = static_cast<int>(state.range(1));
+  const auto agreement = state.range(2) != 0 ? hmc::lifecycle::Agreement::kFullManifest
+                                             : hmc::lifecycle::Agreement::kDigest;
+  const auto iterations = static_cast<std::int64_t>(state.max_iterations);
+  std::int64_t reused = 0;
+  RecycleBytes bytes;
+  runRanks(
+      state, worldSize,
+      [&](int, std::shared_ptr<Collective> collective) {
+        BenchRank rank(std::move(collective));
+        const auto busy = rank.bindBusy(busyCount);
+        rank.bindIdle();
+        rank.manager().setAgreement(agreement);  // every rank, at the same point
+        for (std::int64_t index = 0; index < iterations; ++index) {
+          const BenchRank::Module module = rank.create();
+          rank.bind(module);
+          rank.drop(module);
+        }
+        rank.manager().closeGroups();
+      },
+      [&](std::shared_ptr<Collective> collective) {
+        BenchRank rank(collective);
+        const auto busy = rank.bindBusy(busyCount);
+        rank.bindIdle();
+        rank.manager().setAgreement(agreement);
+        collective->setObserver(&bytes);
+        reused += timeRecycleBinds(state, rank);
+        collective->setObserver(nullptr);
+        rank.manager().closeGroups();
+      });
+  if (!state.error_occurred() && reused != iterations) {
+    state.SkipWithError("a bind did not reuse the idle group");
+  }
+  state.counters["bytes_per_rank"] =
+      benchmark::Counter(static_cast<double>(bytes.bytes()), benchmark::Counter::kAvgIterations);
+}
+BENCHMARK(BM_RecycleAgreement)
+    ->ArgNames({"ranks", "groups", "full"})
+    ->ArgsProduct({{64, 256, 1024}, {16, 64}, {0, 1}})
+    ->UseManualTime()
+    ->MinTime(0.2)
+    ->Unit(benchmark::kMicrosecond);
+
 }  // namespace
 
 BENCHMARK_MAIN();
