@@ -155,6 +155,25 @@ SharedPayloads Collective::exchangeShared(std::string_view stage, const Bytes& p
   }
 }
 
+Bytes Collective::exchangeReduced(std::string_view stage, const Bytes& payload,
+                                  const Reducer& reduce) {
+  const std::uint64_t sequence = sequence_++;
+  ObserverScope scope(observer_, sequence, stage, payload.size());
+  try {
+    return gatherReduced(sequence, stage, payload, Clock::now() + timeout_, reduce);
+  } catch (const std::exception& error) {
+    scope.setStatus(statusOf(error));
+    throw;
+  }
+}
+
+Bytes Collective::gatherReduced(std::uint64_t sequence, std::string_view stage,
+                                const Bytes& payload, Clock::time_point deadline,
+                                const Reducer& reduce) {
+  const SharedPayloads payloads = gatherAgreed(sequence, stage, payload, deadline);
+  return reduce ? reduce(*payloads) : Bytes();
+}
+
 SharedPayloads Collective::gatherAgreed(std::uint64_t sequence, std::string_view stage,
                                         const Bytes& payload, Clock::time_point deadline) {
   const std::vector<Bytes> envelopes =

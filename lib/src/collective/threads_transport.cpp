@@ -19,13 +19,21 @@ class ThreadCollective final : public Collective {
  protected:
   SharedPayloads gatherAgreed(std::uint64_t sequence, std::string_view stage, const Bytes& payload,
                               Clock::time_point deadline) override {
-    return world_->gatherAgreed(rank(), sequence, stage, payload, deadline);
+    return world_->gatherAgreed(rank(), sequence, stage, payload, deadline).payloads;
+  }
+  Bytes gatherReduced(std::uint64_t sequence, std::string_view stage, const Bytes& payload,
+                      Clock::time_point deadline, const Reducer& reduce) override {
+    ThreadWorld::Gathered gathered = world_->gatherAgreed(rank(), sequence, stage, payload,
+                                                          deadline, reduce ? &reduce : nullptr);
+    if (gathered.reduced) return *gathered.reduced;
+    // The completing rank passed no reduction (a rank called exchangeShared instead).
+    return reduce ? reduce(*gathered.payloads) : Bytes();
   }
   // Unused (gatherAgreed above replaces the base path that calls it); kept correct: the
   // envelopes gathered as payloads of the same stage.
   std::vector<Bytes> gather(std::uint64_t sequence, std::string_view stage, const Bytes& envelope,
                             Clock::time_point deadline) override {
-    return *world_->gatherAgreed(rank(), sequence, stage, envelope, deadline);
+    return *world_->gatherAgreed(rank(), sequence, stage, envelope, deadline).payloads;
   }
 
  private:
@@ -56,8 +64,9 @@ void ThreadWorld::markFailed(int rank, const std::string& reason) {
   changed_.notify_all();
 }
 
-SharedPayloads ThreadWorld::gatherAgreed(int rank, std::uint64_t sequence, std::string_view stage,
-                                         const Bytes& payload, Clock::time_point deadline) {
+ThreadWorld::Gathered ThreadWorld::gatherAgreed(int rank, std::uint64_t sequence,
+                                                std::string_view stage, const Bytes& payload,
+                                                Clock::time_point deadline, const Reducer* reduce) {
   std::unique_lock<std::mutex> lock(mutex_);
   Slot& slot = slots_[sequence];
   if (slot.present.empty()) {
@@ -76,6 +85,13 @@ SharedPayloads ThreadWorld::gatherAgreed(int rank, std::uint64_t sequence, std::
                                     [&](const std::string& s) { return s == slot.stages[0]; });
     if (agreed) {
       slot.result = std::make_shared<const std::vector<Bytes>>(std::move(slot.payloads));
+      if (reduce != nullptr) {
+        try {
+          slot.reduced = std::make_shared<const Bytes>((*reduce)(*slot.result));
+        } catch (const std::exception& error) {
+          slot.reduceError = error.what();
+        }
+      }
     } else {
       std::vector<detail::Envelope> envelopes(worldSize_);
       for (int peer = 0; peer < worldSize_; ++peer) {
@@ -145,7 +161,12 @@ SharedPayloads ThreadWorld::gatherAgreed(int rank, std::uint64_t sequence, std::
     leave();
     throw CollectiveMismatch(message);
   }
-  SharedPayloads result = slot.result;
+  if (slot.reduceError) {
+    const std::string message = *slot.reduceError;
+    leave();
+    throw RuntimeError(fmt::format("'{}' #{}: the reduction failed: {}", stage, sequence, message));
+  }
+  Gathered result{slot.result, slot.reduced};
   leave();
   return result;
 }

@@ -70,6 +70,22 @@ bool andStates(const collective::Bytes& peer, std::uint64_t digest,
   return true;
 }
 
+// Reduces every rank's encodeStates payload: "A" + the first payload with every peer's bits
+// ANDed in, when every digest and count equals the first's; else "D". Runs once per
+// collective with the threads transport (Collective::exchangeReduced).
+collective::Bytes reduceStates(const std::vector<collective::Bytes>& peers) {
+  const collective::Bytes& first = peers.front();
+  if (first.size() < 12) return "D";
+  collective::Bytes out = "A" + first;
+  for (const collective::Bytes& peer : peers) {
+    if (peer.size() != first.size() || peer.compare(0, 12, first, 0, 12) != 0) return "D";
+    for (std::size_t i = 12; i < peer.size(); ++i) {
+      out[1 + i] = static_cast<char>(out[1 + i] & peer[i]);
+    }
+  }
+  return out;
+}
+
 }  // namespace detail
 
 namespace {
@@ -243,12 +259,12 @@ void ResourceManager::recycle(ResourceGroup& target, const Binding& binding,
     // Fast path (DESIGN.md, Scale): agree on a digest of (manifest, signature) and the state
     // bits; the full manifests travel only when the digests differ, to diagnose the mismatch.
     const std::uint64_t digest = detail::mix(manifestDigest(bound), detail::digestOf(signature));
-    const collective::SharedPayloads peers = collective_->exchangeShared(
-        kRecycleStage, detail::encodeStates(digest, {&idle, &compatible}));
-    bool agreed = true;
-    for (const auto& peer : *peers) {
-      agreed = agreed && detail::andStates(peer, digest, {&idleEverywhere, &compatibleEverywhere});
-    }
+    // The AND over every rank's bits runs once per collective (exchangeReduced), not per rank.
+    const collective::Bytes reduced = collective_->exchangeReduced(
+        kRecycleStage, detail::encodeStates(digest, {&idle, &compatible}), detail::reduceStates);
+    const bool agreed =
+        reduced[0] == 'A' &&
+        detail::andStates(reduced.substr(1), digest, {&idleEverywhere, &compatibleEverywhere});
     if (!agreed) {
       const json mine = json::array({manifestOf(bound), signature, statesOf()});
       const std::vector<json> all =
@@ -321,13 +337,11 @@ void ResourceManager::validateCollectiveClose(const std::vector<GroupPtr>& bound
   });
   const std::uint64_t digest = manifestDigest(bound);
   std::vector<bool> readyBits{ready};
-  const collective::SharedPayloads peers = collective_->exchangeShared(
-      kCloseValidationStage, detail::encodeStates(digest, {&readyBits}));
+  const collective::Bytes reduced = collective_->exchangeReduced(
+      kCloseValidationStage, detail::encodeStates(digest, {&readyBits}), detail::reduceStates);
   std::vector<bool> readyEverywhere = readyBits;
-  bool agreed = true;
-  for (const auto& peer : *peers) {
-    agreed = agreed && detail::andStates(peer, digest, {&readyEverywhere});
-  }
+  const bool agreed =
+      reduced[0] == 'A' && detail::andStates(reduced.substr(1), digest, {&readyEverywhere});
   if (!agreed) {
     const std::vector<json> all = decodeAll(*collective_->exchangeShared(
         kCloseDiagnosisStage, encode(json::array({manifestOf(bound), ready}))));

@@ -38,8 +38,15 @@ class ThreadWorld : public std::enable_shared_from_this<ThreadWorld> {
   // the rank that completes the collective checks once that every rank entered `stage`
   // (else every rank raises the same CollectiveMismatch) and every rank gets the same
   // immutable vector: O(ranks) work per collective, not O(ranks^2).
-  SharedPayloads gatherAgreed(int rank, std::uint64_t sequence, std::string_view stage,
-                              const Bytes& payload, Clock::time_point deadline);
+  // With `reduce` (may be null), the completing rank also runs it once over the payloads and
+  // every rank gets its result in `reduced` (an exception becomes RuntimeError everywhere).
+  struct Gathered {
+    SharedPayloads payloads;
+    std::shared_ptr<const Bytes> reduced;  // null without `reduce`
+  };
+  Gathered gatherAgreed(int rank, std::uint64_t sequence, std::string_view stage,
+                        const Bytes& payload, Clock::time_point deadline,
+                        const Reducer* reduce = nullptr);
 
  private:
   explicit ThreadWorld(int worldSize);
@@ -51,8 +58,10 @@ class ThreadWorld : public std::enable_shared_from_this<ThreadWorld> {
     int arrived = 0;
     int departed = 0;
     std::optional<int> abandonedBy;
-    SharedPayloads result;                // set by the completing rank when stages agree
-    std::optional<std::string> mismatch;  // set by the completing rank when they do not
+    SharedPayloads result;                   // set by the completing rank when stages agree
+    std::shared_ptr<const Bytes> reduced;    // its reduction, when it passed one
+    std::optional<std::string> reduceError;  // what the reduction threw
+    std::optional<std::string> mismatch;     // set by the completing rank when they do not
   };
 
   int worldSize_;
