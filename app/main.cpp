@@ -40,6 +40,7 @@
 #include "hmc/scenario/runner.hpp"
 #include "hmc/scenario/scenario.hpp"
 #include "hmc/scenario/thread_driver.hpp"
+#include "compare_command.hpp"
 #include "local_launcher.hpp"
 #include "rank_launch.hpp"
 #include "rank_process.hpp"
@@ -743,6 +744,9 @@ int main(int argc, char** argv) {
   auto* list = app.add_subcommand("list", "Print the name and description of each scenario");
   list->add_option("directory", listDir, "A directory of scenario files")->required();
 
+  CompareOptions compareOptions;  // hmc-run compare (app/compare_command.*)
+  auto* compare = addCompareCommand(app, compareOptions);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -755,6 +759,10 @@ int main(int argc, char** argv) {
     app.exit(e);
     fmt::print(stderr, "Run 'hmc-run --help' for usage and examples.\n");
     return kExitUsage;
+  }
+  if (*compare) {
+    hmc::app::unblockTerminationSignals();
+    return runCompare(compareOptions);  // before logging and any torch use
   }
 
   if (*rankSub) {

@@ -35,6 +35,7 @@ namespace {
 using hmc::collective::Bytes;
 using hmc::collective::Collective;
 using hmc::collective::LocalCollective;
+using hmc::collective::SharedPayloads;
 using hmc::collective::ThreadWorld;
 using hmc::lifecycle::Binding;
 using hmc::lifecycle::GroupPtr;
@@ -279,7 +280,54 @@ void BM_ThreadsExchange(benchmark::State& state) {
       });
   state.counters["ranks"] = worldSize;
 }
-BENCHMARK(BM_ThreadsExchange)->ArgName("ranks")->Arg(2)->Arg(4)->Arg(8)->UseRealTime();
+// 256..4,096 ranks: time per collective should grow linearly in ranks (issue 10).
+BENCHMARK(BM_ThreadsExchange)
+    ->ArgName("ranks")
+    ->Arg(2)
+    ->Arg(4)
+    ->Arg(8)
+    ->Arg(256)
+    ->Arg(1024)
+    ->Arg(4096)
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+
+// BM_ThreadsExchange with exchangeShared: every rank reads the one immutable vector of the
+// collective instead of copying it, so the time per collective is linear in ranks. Side by
+// side with BM_ThreadsExchange (a copy per rank: O(ranks^2) bytes per collective).
+void BM_ThreadsExchangeShared(benchmark::State& state) {
+  static const Bytes kStop = "stop";
+  constexpr std::size_t kPayloadBytes = 64;
+  constexpr std::string_view kStage = "bench exchange";
+  const int worldSize = static_cast<int>(state.range(0));
+  runRanks(
+      state, worldSize,
+      [&](int rank, std::shared_ptr<Collective> collective) {
+        const Bytes payload(kPayloadBytes, static_cast<char>('0' + rank % 10));
+        while (collective->exchangeShared(kStage, payload)->front() != kStop) {
+        }
+      },
+      [&](std::shared_ptr<Collective> collective) {
+        const Bytes payload(kPayloadBytes, 'g');
+        collective->exchangeShared(kStage, payload);  // every helper has started
+        for (auto _ : state) {
+          SharedPayloads gathered = collective->exchangeShared(kStage, payload);
+          benchmark::DoNotOptimize(gathered.get());
+        }
+        collective->exchangeShared(kStage, kStop);
+      });
+  state.counters["ranks"] = worldSize;
+}
+BENCHMARK(BM_ThreadsExchangeShared)
+    ->ArgName("ranks")
+    ->Arg(2)
+    ->Arg(4)
+    ->Arg(8)
+    ->Arg(256)
+    ->Arg(1024)
+    ->Arg(4096)
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
 
 // BM_FirstBindRecycle on state.range(0) thread ranks with state.range(1) busy bound groups
 // per rank: every rank creates, binds (reusing its idle group) and retires in lockstep.
@@ -321,6 +369,69 @@ BENCHMARK(BM_RecycleThreads)
     ->ArgNames({"ranks", "groups"})
     ->ArgsProduct({{2, 4, 8}, {0, 256}})
     ->UseManualTime();
+
+// Counts the payload bytes this rank sends in 'recycle' collectives.
+class RecycleBytes final : public hmc::collective::CollectiveObserver {
+ public:
+  void onEnter(const hmc::collective::CollectiveRecord& record) override {
+    if (record.stage == hmc::lifecycle::kRecycleStage) bytes_ += record.payloadBytes;
+  }
+  void onExit(const hmc::collective::CollectiveRecord&) override {}
+  std::size_t bytes() const noexcept { return bytes_; }
+
+ private:
+  std::size_t bytes_ = 0;
+};
+
+// The digest agreement against the full-manifest gather (Agreement::kFullManifest, the
+// reference's way), side by side: state.range(0) thread ranks, state.range(1) busy bound
+// groups per rank, state.range(2) 0 = digest, 1 = full manifest. Rank 0 times each first bind
+// (reusing the idle group); counters: bytes each rank sends per bind ('recycle' payload).
+// Goal (issue 10): bytes per rank flat in ranks; at 1,024 x 64 at least 10x less time.
+void BM_RecycleAgreement(benchmark::State& state) {
+  const int worldSize = static_cast<int>(state.range(0));
+  const int busyCount = static_cast<int>(state.range(1));
+  const auto agreement = state.range(2) != 0 ? hmc::lifecycle::Agreement::kFullManifest
+                                             : hmc::lifecycle::Agreement::kDigest;
+  const auto iterations = static_cast<std::int64_t>(state.max_iterations);
+  std::int64_t reused = 0;
+  RecycleBytes bytes;
+  runRanks(
+      state, worldSize,
+      [&](int, std::shared_ptr<Collective> collective) {
+        BenchRank rank(std::move(collective));
+        const auto busy = rank.bindBusy(busyCount);
+        rank.bindIdle();
+        rank.manager().setAgreement(agreement);  // every rank, at the same point
+        for (std::int64_t index = 0; index < iterations; ++index) {
+          const BenchRank::Module module = rank.create();
+          rank.bind(module);
+          rank.drop(module);
+        }
+        rank.manager().closeGroups();
+      },
+      [&](std::shared_ptr<Collective> collective) {
+        BenchRank rank(collective);
+        const auto busy = rank.bindBusy(busyCount);
+        rank.bindIdle();
+        rank.manager().setAgreement(agreement);
+        collective->setObserver(&bytes);
+        reused += timeRecycleBinds(state, rank);
+        collective->setObserver(nullptr);
+        rank.manager().closeGroups();
+      });
+  if (!state.error_occurred() && reused != iterations) {
+    state.SkipWithError("a bind did not reuse the idle group");
+  }
+  state.counters["bytes_per_rank"] =
+      benchmark::Counter(static_cast<double>(bytes.bytes()), benchmark::Counter::kAvgIterations);
+}
+BENCHMARK(BM_RecycleAgreement)
+    ->ArgNames({"ranks", "groups", "full"})
+    ->ArgsProduct({{64, 256, 1024}, {16, 64}, {0, 1}})
+    ->UseManualTime()
+    ->MinTime(0.2)
+    ->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 

@@ -14,6 +14,43 @@ using namespace std::chrono_literals;
 using hmc::testing::runThreadRanks;
 
 TEST_SUITE("collective") {
+  TEST_CASE("exchangeReduced runs the reduction once per collective and every rank gets it") {
+    for (int world : {1, 2, 4, 8}) {
+      CAPTURE(world);
+      std::atomic<int> runs{0};
+      std::vector<std::string> results(world);
+      auto outcomes = runThreadRanks(world, [&](int rank, auto collective) {
+        results[rank] = collective->exchangeReduced("reduce", std::to_string(rank),
+                                                    [&](const std::vector<std::string>& payloads) {
+                                                      ++runs;
+                                                      std::string joined;
+                                                      for (const auto& payload : payloads)
+                                                        joined += payload;
+                                                      return joined;
+                                                    });
+      });
+      std::string expected;
+      for (int rank = 0; rank < world; ++rank) expected += std::to_string(rank);
+      for (int rank = 0; rank < world; ++rank) {
+        CHECK(outcomes[rank].ok());
+        CHECK(results[rank] == expected);
+      }
+      CHECK(runs.load() == 1);
+    }
+  }
+
+  TEST_CASE("a reduction that throws raises RuntimeError on every rank") {
+    auto outcomes = runThreadRanks(3, [&](int, auto collective) {
+      collective->exchangeReduced("reduce", "", [](const std::vector<std::string>&) -> std::string {
+        throw std::runtime_error("boom");
+      });
+    });
+    for (const auto& outcome : outcomes) {
+      CHECK(outcome.kind() == "runtime_error");
+      CHECK(outcome.message().find("boom") != std::string::npos);
+    }
+  }
+
   TEST_CASE("exchange returns every rank's payload in rank order") {
     for (int world : {1, 2, 3, 4, 8}) {
       CAPTURE(world);

@@ -459,6 +459,49 @@ TEST_SUITE("lifecycle") {
     collective->setObserver(nullptr);
   }
 
+  TEST_CASE("the full-manifest agreement reuses, closes and diagnoses as the digest does") {
+    for (int world : kWorlds) {
+      CAPTURE(world);
+      auto reuse = runThreadRanks(world, [&](int, auto collective) {
+        Rank r(collective);
+        r.manager->setAgreement(hmc::lifecycle::Agreement::kFullManifest);
+        auto a = r.create("k");
+        CHECK_FALSE(r.bind(a));
+        auto other = r.create("other");
+        CHECK_FALSE(r.bind(other, "ScratchLinear", kCpuF32, 128));
+        r.drop(a);
+        r.drop(other);
+        auto b = r.create("k");
+        CHECK(r.bind(b));  // reuses a's workspace; the incompatible idle one is closed
+        CHECK(r.manager->boundGroupCount() == 1);
+        CHECK(r.resources->accounting().workspacesClosed == 1);
+        r.manager->closeGroups();
+      });
+      for (const auto& outcome : reuse) CHECK(outcome.ok());
+      std::vector<json> diagnoses(world);
+      auto mismatch = runThreadRanks(world, [&](int rank, auto collective) {
+        Rank r(collective);
+        r.manager->setAgreement(hmc::lifecycle::Agreement::kFullManifest);
+        auto a = r.create("k");
+        r.bind(a, "ScratchLinear", kCpuF32, rank == 1 ? 128 : 64);
+        auto b = r.create("k2");
+        CHECK_THROWS_WITH_AS(
+            r.bind(b), "multicore resource binding order or specifications differ across ranks",
+            hmc::RuntimeError);
+        REQUIRE(r.manager->lastMismatch());
+        diagnoses[rank] = *r.manager->lastMismatch();
+        collective->barrier();  // no diagnosis exchange: ranks stay in step
+      });
+      for (const auto& outcome : mismatch) CHECK(outcome.ok());
+      for (const json& diagnosis : diagnoses) {
+        CHECK(diagnosis == diagnoses[0]);
+        CHECK(diagnosis["stage"] == "recycle");
+        CHECK(diagnosis["first_difference"]["rank"] == 1);
+        CHECK(diagnosis["first_difference"]["this_rank"][1][1] == 128);
+      }
+    }
+  }
+
   TEST_CASE("ranks in different stages raise collective_mismatch everywhere, no side effect") {
     for (int world : kWorlds) {
       auto outcomes = runThreadRanks(world, [&](int rank, auto collective) {

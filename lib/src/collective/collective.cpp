@@ -8,10 +8,11 @@
 #include <cstring>
 #include <optional>
 
+#include "envelope.hpp"
 #include "hmc/error.hpp"
 
 namespace hmc::collective {
-namespace {
+namespace detail {
 
 // Envelope: u64 sequence | u32 stage length | stage | payload.
 Bytes encodeEnvelope(std::uint64_t sequence, std::string_view stage, const Bytes& payload) {
@@ -24,12 +25,6 @@ Bytes encodeEnvelope(std::uint64_t sequence, std::string_view stage, const Bytes
   std::memcpy(out.data() + 12 + stage.size(), payload.data(), payload.size());
   return out;
 }
-
-struct Envelope {
-  std::uint64_t sequence = 0;
-  std::string_view stage;
-  std::string_view payload;
-};
 
 Envelope decodeEnvelope(const Bytes& bytes, int fromRank) {
   Envelope env;
@@ -46,30 +41,6 @@ Envelope decodeEnvelope(const Bytes& bytes, int fromRank) {
   env.payload = std::string_view(bytes.data() + 12 + stageSize, bytes.size() - 12 - stageSize);
   return env;
 }
-
-class ObserverScope {
- public:
-  ObserverScope(CollectiveObserver* observer, std::uint64_t sequence, std::string_view stage,
-                std::size_t bytes)
-      : observer_(observer) {
-    if (observer_ == nullptr) return;
-    record_.sequence = sequence;
-    record_.stage = std::string(stage);
-    record_.payloadBytes = bytes;
-    record_.start = Clock::now();
-    observer_->onEnter(record_);
-  }
-  ~ObserverScope() {
-    if (observer_ == nullptr) return;
-    record_.end = Clock::now();
-    observer_->onExit(record_);
-  }
-  void setStatus(CollectiveStatus status) noexcept { record_.status = status; }
-
- private:
-  CollectiveObserver* observer_;
-  CollectiveRecord record_;
-};
 
 // "collective mismatch at #5: ranks [0] entered 'recycle' #5, ranks [1] entered 'close
 // validation' #5; ..." grouping ranks by the collective they entered, in rank order.
@@ -97,6 +68,34 @@ std::string describeMismatch(std::uint64_t sequence, const std::vector<Envelope>
       sequence, fmt::join(parts, ", "));
 }
 
+}  // namespace detail
+
+namespace {
+
+class ObserverScope {
+ public:
+  ObserverScope(CollectiveObserver* observer, std::uint64_t sequence, std::string_view stage,
+                std::size_t bytes)
+      : observer_(observer) {
+    if (observer_ == nullptr) return;
+    record_.sequence = sequence;
+    record_.stage = std::string(stage);
+    record_.payloadBytes = bytes;
+    record_.start = Clock::now();
+    observer_->onEnter(record_);
+  }
+  ~ObserverScope() {
+    if (observer_ == nullptr) return;
+    record_.end = Clock::now();
+    observer_->onExit(record_);
+  }
+  void setStatus(CollectiveStatus status) noexcept { record_.status = status; }
+
+ private:
+  CollectiveObserver* observer_;
+  CollectiveRecord record_;
+};
+
 CollectiveStatus statusOf(const std::exception& error) {
   switch (kindOf(error)) {
     case ErrorKind::kTimeout:
@@ -118,9 +117,9 @@ std::string formatRankList(const std::vector<int>& ranks) {
 
 std::chrono::milliseconds timeoutFromSeconds(double seconds) {
   if (!std::isfinite(seconds) || seconds <= 0 || seconds > kMaxTimeoutSeconds) {
-    throw ValueError(fmt::format(
-        "a collective timeout must be a number of seconds in (0, {:g}], got {}",
-        kMaxTimeoutSeconds, seconds));
+    throw ValueError(
+        fmt::format("a collective timeout must be a number of seconds in (0, {:g}], got {}",
+                    kMaxTimeoutSeconds, seconds));
   }
   return std::chrono::milliseconds(static_cast<std::int64_t>(std::ceil(seconds * 1000.0)));
 }
@@ -142,40 +141,68 @@ void Collective::setTimeout(std::chrono::milliseconds timeout) {
 }
 
 std::vector<Bytes> Collective::exchange(std::string_view stage, const Bytes& payload) {
+  return *exchangeShared(stage, payload);
+}
+
+SharedPayloads Collective::exchangeShared(std::string_view stage, const Bytes& payload) {
   const std::uint64_t sequence = sequence_++;
   ObserverScope scope(observer_, sequence, stage, payload.size());
   try {
-    const auto deadline = Clock::now() + timeout_;
-    std::vector<Bytes> envelopes =
-        gather(sequence, stage, encodeEnvelope(sequence, stage, payload), deadline);
-    std::vector<Envelope> decoded;
-    decoded.reserve(envelopes.size());
-    bool agreed = true;
-    for (int peer = 0; peer < static_cast<int>(envelopes.size()); ++peer) {
-      decoded.push_back(decodeEnvelope(envelopes[peer], peer));
-      agreed = agreed && decoded.back().stage == stage && decoded.back().sequence == sequence;
-    }
-    // Every rank sees the same envelopes, so every rank raises the same mismatch.
-    if (!agreed) throw CollectiveMismatch(describeMismatch(sequence, decoded));
-    std::vector<Bytes> out;
-    out.reserve(decoded.size());
-    for (const Envelope& env : decoded) out.emplace_back(env.payload);
-    return out;
+    return gatherAgreed(sequence, stage, payload, Clock::now() + timeout_);
   } catch (const std::exception& error) {
     scope.setStatus(statusOf(error));
     throw;
   }
 }
 
+Bytes Collective::exchangeReduced(std::string_view stage, const Bytes& payload,
+                                  const Reducer& reduce) {
+  const std::uint64_t sequence = sequence_++;
+  ObserverScope scope(observer_, sequence, stage, payload.size());
+  try {
+    return gatherReduced(sequence, stage, payload, Clock::now() + timeout_, reduce);
+  } catch (const std::exception& error) {
+    scope.setStatus(statusOf(error));
+    throw;
+  }
+}
+
+Bytes Collective::gatherReduced(std::uint64_t sequence, std::string_view stage,
+                                const Bytes& payload, Clock::time_point deadline,
+                                const Reducer& reduce) {
+  const SharedPayloads payloads = gatherAgreed(sequence, stage, payload, deadline);
+  return reduce ? reduce(*payloads) : Bytes();
+}
+
+SharedPayloads Collective::gatherAgreed(std::uint64_t sequence, std::string_view stage,
+                                        const Bytes& payload, Clock::time_point deadline) {
+  const std::vector<Bytes> envelopes =
+      gather(sequence, stage, detail::encodeEnvelope(sequence, stage, payload), deadline);
+  std::vector<detail::Envelope> decoded;
+  decoded.reserve(envelopes.size());
+  bool agreed = true;
+  for (int peer = 0; peer < static_cast<int>(envelopes.size()); ++peer) {
+    decoded.push_back(detail::decodeEnvelope(envelopes[peer], peer));
+    agreed = agreed && decoded.back().stage == stage && decoded.back().sequence == sequence;
+  }
+  // Every rank sees the same envelopes, so every rank raises the same mismatch.
+  if (!agreed) throw CollectiveMismatch(detail::describeMismatch(sequence, decoded));
+  auto out = std::make_shared<std::vector<Bytes>>();
+  out->reserve(decoded.size());
+  for (const detail::Envelope& env : decoded) out->emplace_back(env.payload);
+  return out;
+}
+
 void Collective::collectiveCall(std::string_view stage, const std::function<void()>& fn) {
-  exchange(stage, Bytes());  // agree on the stage before the side effect
+  exchangeShared(stage, Bytes());  // agree on the stage before the side effect
   std::optional<std::string> localError;
   try {
     fn();
   } catch (const std::exception& error) {
     localError = fmt::format("{}: {}", classNameOf(error), error.what());
   }
-  std::vector<Bytes> peers = exchange(stage, localError ? "1" + *localError : Bytes("0"));
+  const SharedPayloads shared = exchangeShared(stage, localError ? "1" + *localError : Bytes("0"));
+  const std::vector<Bytes>& peers = *shared;
   std::vector<int> failed;
   const Bytes* firstError = nullptr;
   for (int peer = 0; peer < static_cast<int>(peers.size()); ++peer) {
@@ -190,7 +217,7 @@ void Collective::collectiveCall(std::string_view stage, const std::function<void
   }
 }
 
-void Collective::barrier(std::string_view stage) { exchange(stage, Bytes()); }
+void Collective::barrier(std::string_view stage) { exchangeShared(stage, Bytes()); }
 
 LocalCollective::LocalCollective(std::chrono::milliseconds timeout) : Collective(0, 1, timeout) {}
 

@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
+#include "envelope.hpp"
 #include "hmc/error.hpp"
 
 namespace hmc::collective {
@@ -14,9 +17,23 @@ class ThreadCollective final : public Collective {
   std::string_view transportName() const noexcept override { return "threads"; }
 
  protected:
+  SharedPayloads gatherAgreed(std::uint64_t sequence, std::string_view stage, const Bytes& payload,
+                              Clock::time_point deadline) override {
+    return world_->gatherAgreed(rank(), sequence, stage, payload, deadline).payloads;
+  }
+  Bytes gatherReduced(std::uint64_t sequence, std::string_view stage, const Bytes& payload,
+                      Clock::time_point deadline, const Reducer& reduce) override {
+    ThreadWorld::Gathered gathered = world_->gatherAgreed(rank(), sequence, stage, payload,
+                                                          deadline, reduce ? &reduce : nullptr);
+    if (gathered.reduced) return *gathered.reduced;
+    // The completing rank passed no reduction (a rank called exchangeShared instead).
+    return reduce ? reduce(*gathered.payloads) : Bytes();
+  }
+  // Unused (gatherAgreed above replaces the base path that calls it); kept correct: the
+  // envelopes gathered as payloads of the same stage.
   std::vector<Bytes> gather(std::uint64_t sequence, std::string_view stage, const Bytes& envelope,
                             Clock::time_point deadline) override {
-    return world_->gather(rank(), sequence, stage, envelope, deadline);
+    return *world_->gatherAgreed(rank(), sequence, stage, envelope, deadline).payloads;
   }
 
  private:
@@ -41,31 +58,62 @@ std::unique_ptr<Collective> ThreadWorld::collective(int rank, std::chrono::milli
 void ThreadWorld::markFailed(int rank, const std::string& reason) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (!failed_.at(rank)) ++failedCount_;
     failed_.at(rank) = reason;
   }
   changed_.notify_all();
 }
 
-std::vector<Bytes> ThreadWorld::gather(int rank, std::uint64_t sequence, std::string_view stage,
-                                       const Bytes& envelope, Clock::time_point deadline) {
+ThreadWorld::Gathered ThreadWorld::gatherAgreed(int rank, std::uint64_t sequence,
+                                                std::string_view stage, const Bytes& payload,
+                                                Clock::time_point deadline, const Reducer* reduce) {
   std::unique_lock<std::mutex> lock(mutex_);
   Slot& slot = slots_[sequence];
-  if (slot.payloads.empty()) slot.payloads.resize(worldSize_);
-  slot.payloads[rank] = envelope;
-  // Waiters need waking only when the slot completes (or is abandoned, or a rank fails):
-  // waking all of them on every arrival costs O(ranks^2) wake-ups per collective.
-  if (++slot.arrived == worldSize_) changed_.notify_all();
+  if (slot.present.empty()) {
+    slot.payloads.resize(worldSize_);
+    slot.stages.resize(worldSize_);
+    slot.present.resize(worldSize_, 0);
+  }
+  slot.payloads[rank] = payload;
+  slot.stages[rank] = std::string(stage);
+  slot.present[rank] = 1;
+  // The completing rank checks agreement once for everyone and publishes the result. Waiters
+  // need waking only then (or when the slot is abandoned, or a rank fails): waking all of them
+  // on every arrival costs O(ranks^2) wake-ups per collective.
+  if (++slot.arrived == worldSize_ && !slot.abandonedBy) {
+    const bool agreed = std::all_of(slot.stages.begin(), slot.stages.end(),
+                                    [&](const std::string& s) { return s == slot.stages[0]; });
+    if (agreed) {
+      slot.result = std::make_shared<const std::vector<Bytes>>(std::move(slot.payloads));
+      if (reduce != nullptr) {
+        try {
+          slot.reduced = std::make_shared<const Bytes>((*reduce)(*slot.result));
+        } catch (const std::exception& error) {
+          slot.reduceError = error.what();
+        }
+      }
+    } else {
+      std::vector<detail::Envelope> envelopes(worldSize_);
+      for (int peer = 0; peer < worldSize_; ++peer) {
+        envelopes[peer].sequence = sequence;
+        envelopes[peer].stage = slot.stages[peer];
+      }
+      slot.mismatch = detail::describeMismatch(sequence, envelopes);
+    }
+    changed_.notify_all();
+  }
 
   auto missing = [&] {
     std::vector<int> ranks;
     for (int peer = 0; peer < worldSize_; ++peer) {
-      if (!slot.payloads[peer]) ranks.push_back(peer);
+      if (!slot.present[peer]) ranks.push_back(peer);
     }
     return ranks;
   };
   auto deadPeer = [&]() -> std::optional<int> {
+    if (failedCount_ == 0) return std::nullopt;
     for (int peer = 0; peer < worldSize_; ++peer) {
-      if (!slot.payloads[peer] && failed_[peer]) return peer;
+      if (!slot.present[peer] && failed_[peer]) return peer;
     }
     return std::nullopt;
   };
@@ -107,11 +155,20 @@ std::vector<Bytes> ThreadWorld::gather(int rank, std::uint64_t sequence, std::st
                                      stage, sequence, rank, formatRankList(absent)));
     }
   }
-  std::vector<Bytes> out;
-  out.reserve(worldSize_);
-  for (const auto& payload : slot.payloads) out.push_back(*payload);
+  // Every rank sees the same stages, so every rank raises the same mismatch.
+  if (slot.mismatch) {
+    const std::string message = *slot.mismatch;
+    leave();
+    throw CollectiveMismatch(message);
+  }
+  if (slot.reduceError) {
+    const std::string message = *slot.reduceError;
+    leave();
+    throw RuntimeError(fmt::format("'{}' #{}: the reduction failed: {}", stage, sequence, message));
+  }
+  Gathered result{slot.result, slot.reduced};
   leave();
-  return out;
+  return result;
 }
 
 }  // namespace hmc::collective

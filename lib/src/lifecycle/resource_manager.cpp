@@ -70,6 +70,22 @@ bool andStates(const collective::Bytes& peer, std::uint64_t digest,
   return true;
 }
 
+// Reduces every rank's encodeStates payload: "A" + the first payload with every peer's bits
+// ANDed in, when every digest and count equals the first's; else "D". Runs once per
+// collective with the threads transport (Collective::exchangeReduced).
+collective::Bytes reduceStates(const std::vector<collective::Bytes>& peers) {
+  const collective::Bytes& first = peers.front();
+  if (first.size() < 12) return "D";
+  collective::Bytes out = "A" + first;
+  for (const collective::Bytes& peer : peers) {
+    if (peer.size() != first.size() || peer.compare(0, 12, first, 0, 12) != 0) return "D";
+    for (std::size_t i = 12; i < peer.size(); ++i) {
+      out[1 + i] = static_cast<char>(out[1 + i] & peer[i]);
+    }
+  }
+  return out;
+}
+
 }  // namespace detail
 
 namespace {
@@ -201,27 +217,61 @@ void ResourceManager::recycle(ResourceGroup& target, const Binding& binding,
                              group->moduleType) == targetKey &&
                     group->binding == binding;
   }
-  // Fast path (DESIGN.md, Scale): agree on a digest of (manifest, signature) and the state
-  // bits; the full manifests travel only when the digests differ, to diagnose the mismatch.
-  const std::uint64_t digest = detail::mix(manifestDigest(bound), detail::digestOf(signature));
-  const std::vector<collective::Bytes> peers =
-      collective_->exchange(kRecycleStage, detail::encodeStates(digest, {&idle, &compatible}));
   std::vector<bool> idleEverywhere = idle;
   std::vector<bool> compatibleEverywhere = compatible;
-  bool agreed = true;
-  for (const auto& peer : peers) {
-    agreed = agreed && detail::andStates(peer, digest, {&idleEverywhere, &compatibleEverywhere});
-  }
-  if (!agreed) {
+  auto statesOf = [&] {
     json states = json::array();
     for (std::size_t i = 0; i < bound.size(); ++i) {
       states.push_back(json::array({static_cast<bool>(idle[i]), static_cast<bool>(compatible[i])}));
     }
-    const json mine = json::array({manifestOf(bound), signature, std::move(states)});
-    const std::vector<json> all =
-        decodeAll(collective_->exchange(kRecycleDiagnosisStage, encode(mine)));
-    lastMismatch_ = describeMismatch(kRecycleStage, all, true);
-    throw RuntimeError("multicore resource binding order or specifications differ across ranks");
+    return states;
+  };
+  if (agreement_ == Agreement::kFullManifest) {
+    // The reference's way: every rank's full manifest and signature travel and each rank
+    // compares them (byte for byte, their CBOR) with its own; then the state bits.
+    // Payload: u32 size | CBOR [manifest, signature] | encodeStates(0, idle, compatible).
+    const collective::Bytes manifest = encode(json::array({manifestOf(bound), signature}));
+    const auto manifestSize = static_cast<std::uint32_t>(manifest.size());
+    collective::Bytes payload(4, '\0');
+    std::memcpy(payload.data(), &manifestSize, 4);
+    payload += manifest;
+    payload += detail::encodeStates(0, {&idle, &compatible});
+    const collective::SharedPayloads peers = collective_->exchangeShared(kRecycleStage, payload);
+    bool agreed = true;
+    for (const auto& peer : *peers) {
+      agreed = agreed && peer.size() >= 4 + manifest.size() &&
+               peer.compare(0, 4 + manifest.size(), payload, 0, 4 + manifest.size()) == 0 &&
+               detail::andStates(peer.substr(4 + manifest.size()), 0,
+                                 {&idleEverywhere, &compatibleEverywhere});
+      if (!agreed) break;
+    }
+    if (!agreed) {
+      std::vector<json> all;
+      for (const auto& peer : *peers) {
+        std::uint32_t size = 0;
+        if (peer.size() >= 4) std::memcpy(&size, peer.data(), 4);
+        all.push_back(json::from_cbor(peer.substr(4, size)));
+      }
+      lastMismatch_ = describeMismatch(kRecycleStage, all, true);
+      throw RuntimeError("multicore resource binding order or specifications differ across ranks");
+    }
+  } else {
+    // Fast path (DESIGN.md, Scale): agree on a digest of (manifest, signature) and the state
+    // bits; the full manifests travel only when the digests differ, to diagnose the mismatch.
+    const std::uint64_t digest = detail::mix(manifestDigest(bound), detail::digestOf(signature));
+    // The AND over every rank's bits runs once per collective (exchangeReduced), not per rank.
+    const collective::Bytes reduced = collective_->exchangeReduced(
+        kRecycleStage, detail::encodeStates(digest, {&idle, &compatible}), detail::reduceStates);
+    const bool agreed =
+        reduced[0] == 'A' &&
+        detail::andStates(reduced.substr(1), digest, {&idleEverywhere, &compatibleEverywhere});
+    if (!agreed) {
+      const json mine = json::array({manifestOf(bound), signature, statesOf()});
+      const std::vector<json> all =
+          decodeAll(*collective_->exchangeShared(kRecycleDiagnosisStage, encode(mine)));
+      lastMismatch_ = describeMismatch(kRecycleStage, all, true);
+      throw RuntimeError("multicore resource binding order or specifications differ across ranks");
+    }
   }
   GroupPtr reusable;
   for (std::size_t index = 0; index < bound.size(); ++index) {
@@ -287,15 +337,13 @@ void ResourceManager::validateCollectiveClose(const std::vector<GroupPtr>& bound
   });
   const std::uint64_t digest = manifestDigest(bound);
   std::vector<bool> readyBits{ready};
-  const std::vector<collective::Bytes> peers =
-      collective_->exchange(kCloseValidationStage, detail::encodeStates(digest, {&readyBits}));
+  const collective::Bytes reduced = collective_->exchangeReduced(
+      kCloseValidationStage, detail::encodeStates(digest, {&readyBits}), detail::reduceStates);
   std::vector<bool> readyEverywhere = readyBits;
-  bool agreed = true;
-  for (const auto& peer : peers) {
-    agreed = agreed && detail::andStates(peer, digest, {&readyEverywhere});
-  }
+  const bool agreed =
+      reduced[0] == 'A' && detail::andStates(reduced.substr(1), digest, {&readyEverywhere});
   if (!agreed) {
-    const std::vector<json> all = decodeAll(collective_->exchange(
+    const std::vector<json> all = decodeAll(*collective_->exchangeShared(
         kCloseDiagnosisStage, encode(json::array({manifestOf(bound), ready}))));
     lastMismatch_ = describeMismatch(kCloseValidationStage, all, false);
     throw RuntimeError("multicore resource manifests differ across ranks");

@@ -22,6 +22,12 @@ namespace hmc::collective {
 
 using Bytes = std::string;
 using Clock = std::chrono::steady_clock;
+// Every rank's payload in rank order, immutable: ranks of one process (the threads transport)
+// share one vector per collective instead of a copy each.
+using SharedPayloads = std::shared_ptr<const std::vector<Bytes>>;
+// A pure function of every rank's payload (in rank order). Every rank of a collective must
+// pass the same function: a transport may run only one rank's.
+using Reducer = std::function<Bytes(const std::vector<Bytes>& payloads)>;
 
 enum class CollectiveStatus { kOk, kTimeout, kMismatch, kRankFailure, kError };
 
@@ -61,6 +67,15 @@ class Collective {
   // All-gather: every rank's payload in rank order. Blocking, collective, bounded by
   // timeout(). Throws CollectiveMismatch, TimeoutError or RankFailure.
   std::vector<Bytes> exchange(std::string_view stage, const Bytes& payload);
+  // As exchange, without a copy per rank: with the threads transport every rank gets the same
+  // vector (checked for agreement once per collective), so a collective costs time linear in
+  // ranks instead of quadratic. Prefer it where the payloads are only read.
+  SharedPayloads exchangeShared(std::string_view stage, const Bytes& payload);
+  // exchangeShared, then `reduce` over the payloads; returns its result. With the threads
+  // transport the reduction runs once per collective (on the rank that completes it) instead
+  // of once per rank, so a reduction linear in ranks stays linear per collective. Throws as
+  // exchange does; an exception of `reduce` reaches every rank as RuntimeError.
+  Bytes exchangeReduced(std::string_view stage, const Bytes& payload, const Reducer& reduce);
 
   // Runs `fn` locally only after every rank has entered the same stage, then agrees on
   // success. When any rank's `fn` threw, every rank throws RuntimeError
@@ -81,6 +96,17 @@ class Collective {
   // ranks that did not arrive) or RankFailure when the deadline passes or a peer is gone.
   virtual std::vector<Bytes> gather(std::uint64_t sequence, std::string_view stage,
                                     const Bytes& envelope, Clock::time_point deadline) = 0;
+
+  // Every rank's `payload` for collective `sequence`, after checking that every rank entered
+  // the same stage at the same sequence (else CollectiveMismatch, the same on every rank).
+  // The default gathers envelopes with gather() and checks them on this rank; a transport
+  // whose ranks share memory overrides it to check once per collective and share the result.
+  virtual SharedPayloads gatherAgreed(std::uint64_t sequence, std::string_view stage,
+                                      const Bytes& payload, Clock::time_point deadline);
+  // gatherAgreed, then `reduce` (nullptr: none; returns an empty string). The default runs
+  // it on this rank; the threads transport once per collective.
+  virtual Bytes gatherReduced(std::uint64_t sequence, std::string_view stage, const Bytes& payload,
+                              Clock::time_point deadline, const Reducer& reduce);
 
  private:
   int rank_;

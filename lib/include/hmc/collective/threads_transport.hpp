@@ -34,18 +34,34 @@ class ThreadWorld : public std::enable_shared_from_this<ThreadWorld> {
   // Rank `rank` is gone (a simulated crash): waits that need it raise RankFailure.
   void markFailed(int rank, const std::string& reason);
 
-  // Internal: used by the rank collectives.
-  std::vector<Bytes> gather(int rank, std::uint64_t sequence, std::string_view stage,
-                            const Bytes& envelope, Clock::time_point deadline);
+  // Internal: used by the rank collectives. Every rank's payload of collective `sequence`;
+  // the rank that completes the collective checks once that every rank entered `stage`
+  // (else every rank raises the same CollectiveMismatch) and every rank gets the same
+  // immutable vector: O(ranks) work per collective, not O(ranks^2).
+  // With `reduce` (may be null), the completing rank also runs it once over the payloads and
+  // every rank gets its result in `reduced` (an exception becomes RuntimeError everywhere).
+  struct Gathered {
+    SharedPayloads payloads;
+    std::shared_ptr<const Bytes> reduced;  // null without `reduce`
+  };
+  Gathered gatherAgreed(int rank, std::uint64_t sequence, std::string_view stage,
+                        const Bytes& payload, Clock::time_point deadline,
+                        const Reducer* reduce = nullptr);
 
  private:
   explicit ThreadWorld(int worldSize);
 
   struct Slot {
-    std::vector<std::optional<Bytes>> payloads;
+    std::vector<Bytes> payloads;
+    std::vector<std::string> stages;
+    std::vector<char> present;  // rank arrived
     int arrived = 0;
     int departed = 0;
     std::optional<int> abandonedBy;
+    SharedPayloads result;                   // set by the completing rank when stages agree
+    std::shared_ptr<const Bytes> reduced;    // its reduction, when it passed one
+    std::optional<std::string> reduceError;  // what the reduction threw
+    std::optional<std::string> mismatch;     // set by the completing rank when they do not
   };
 
   int worldSize_;
@@ -53,6 +69,7 @@ class ThreadWorld : public std::enable_shared_from_this<ThreadWorld> {
   std::condition_variable changed_;
   std::map<std::uint64_t, Slot> slots_;
   std::vector<std::optional<std::string>> failed_;
+  int failedCount_ = 0;  // ranks marked failed: the dead-peer scan runs only when > 0
 };
 
 }  // namespace hmc::collective

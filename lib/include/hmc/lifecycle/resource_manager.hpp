@@ -33,6 +33,16 @@ inline constexpr std::string_view kCloseValidationStage = "close validation";
 inline constexpr std::string_view kResourceCloseStage = "multicore resource close";
 inline constexpr std::string_view kRuntimeReleaseStage = "multicore Runtime release";
 
+// How 'recycle' agrees across ranks.
+// - kDigest (the default): each rank sends a 64-bit digest of its (manifest, signature) and
+//   its idle/compatible bits, 12 + 2 * ceil(groups / 8) bytes; the full manifests travel only
+//   when the digests differ, to diagnose the mismatch (DESIGN.md, Scale).
+// - kFullManifest: each rank sends its full manifest, signature and bits (CBOR) and compares
+//   them with every peer's, as the reference does: bytes per rank grow with the groups and the
+//   work per rank with ranks x groups. For benchmarks (lifecycle_bench) and cross-checks; the
+//   results and error messages are the same.
+enum class Agreement { kDigest, kFullManifest };
+
 class ResourceManager {
  public:
   explicit ResourceManager(std::shared_ptr<collective::Collective> collective);
@@ -103,6 +113,10 @@ class ResourceManager {
   const std::optional<nlohmann::json>& lastMismatch() const noexcept { return lastMismatch_; }
   void clearLastMismatch() noexcept { lastMismatch_.reset(); }
 
+  // Local. Every rank must use the same agreement (the payloads differ). Default kDigest.
+  void setAgreement(Agreement agreement) noexcept { agreement_ = agreement; }
+  Agreement agreement() const noexcept { return agreement_; }
+
   // Introspection (local).
   std::vector<GroupPtr> groups() const;
   std::size_t groupCount() const noexcept { return groups_.size(); }
@@ -124,6 +138,7 @@ class ResourceManager {
   bool runtimeReleased_ = false;
   bool automaticCleanup_ = false;
   std::optional<nlohmann::json> lastMismatch_;
+  Agreement agreement_ = Agreement::kDigest;
 };
 
 }  // namespace hmc::lifecycle

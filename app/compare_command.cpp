@@ -1,0 +1,248 @@
+#include "compare_command.hpp"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "hmc/compare/compare.hpp"
+#include "hmc/compare/statistics.hpp"
+#include "hmc/error.hpp"
+
+namespace {
+
+using hmc::compare::Comparison;
+using hmc::compare::MetricComparison;
+using hmc::compare::SampleSet;
+using hmc::compare::Verdict;
+using nlohmann::json;
+
+constexpr int kExitRegression = 1;
+constexpr int kExitBadInput = 2;
+
+// "10%", "10", "2.5%" -> 0.10, 0.10, 0.025.
+double parsePercent(const std::string& text) {
+  std::string number = text;
+  if (!number.empty() && number.back() == '%') number.pop_back();
+  std::size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(number, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (number.empty() || used != number.size() || !std::isfinite(value) || value < 0) {
+    throw hmc::ValueError(fmt::format(
+        "--max-regression: expected a percentage >= 0 such as 10% or 2.5, got '{}'", text));
+  }
+  return value / 100.0;
+}
+
+SampleSet load(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    throw hmc::ValueError(fmt::format("cannot read '{}': {}", path, std::strerror(errno)));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  json document;
+  try {
+    document = json::parse(text.str());
+  } catch (const json::parse_error& error) {
+    throw hmc::ValueError(fmt::format("{}: not valid JSON: {}", path, error.what()));
+  }
+  return hmc::compare::samplesFromJson(document, path);
+}
+
+// Seconds in a readable unit: "312.4 us".
+std::string formatSeconds(double seconds) {
+  const double magnitude = std::fabs(seconds);
+  if (magnitude == 0) return "0 s";
+  if (magnitude < 1e-6) return fmt::format("{:.1f} ns", seconds * 1e9);
+  if (magnitude < 1e-3) return fmt::format("{:.1f} us", seconds * 1e6);
+  if (magnitude < 1) return fmt::format("{:.2f} ms", seconds * 1e3);
+  return fmt::format("{:.3f} s", seconds);
+}
+
+std::string joinNames(const std::vector<std::string>& names) {
+  if (names.empty()) return "(none)";
+  std::string out;
+  for (const auto& name : names) out += (out.empty() ? "" : ", ") + name;
+  return out;
+}
+
+std::vector<std::string> namesOf(const SampleSet& set) {
+  std::vector<std::string> names;
+  for (const auto& entry : set.series) names.push_back(entry.first);
+  return names;
+}
+
+json toJson(const MetricComparison& m) {
+  json out{{"name", m.name},
+           {"unit", m.unit},
+           {"baseline", {{"samples", m.baselineCount}, {"median", m.baselineMedian}}},
+           {"current", {{"samples", m.currentCount}, {"median", m.currentMedian}}},
+           {"change", m.change ? json(*m.change) : json()},
+           {"p_value", m.pValue ? json(*m.pValue) : json()},
+           {"exact", m.exact},
+           {"verdict", std::string(hmc::compare::toString(m.verdict))},
+           {"regression", m.regression}};
+  if (!m.note.empty()) out["note"] = m.note;
+  return out;
+}
+
+void printTable(const Comparison& result, const CompareOptions& options,
+                const hmc::compare::Thresholds& thresholds) {
+  fmt::print(
+      "# hmc-run compare: baseline {}, current {}; two-sided Mann-Whitney U, alpha {:g}, "
+      "max regression {:g}%\n",
+      options.baselinePath, options.currentPath, thresholds.alpha, thresholds.maxRegression * 100);
+  std::size_t width = 6;
+  for (const auto& m : result.metrics) width = std::max(width, m.name.size());
+  fmt::print("# {:<{}}  {:>8}  {:>12}  {:>12}  {:>8}  {:>7}  {}\n", "metric", width - 2, "samples",
+             "baseline", "current", "change", "p", "verdict");
+  for (const auto& m : result.metrics) {
+    const std::string change = m.change ? fmt::format("{:+.1f}%", *m.change * 100) : "n/a";
+    const std::string p = m.pValue ? fmt::format("{:.4f}", *m.pValue) : "n/a";
+    std::string verdict(hmc::compare::toString(m.verdict));
+    if (m.regression) verdict += " (regression)";
+    fmt::print("{:<{}}  {:>8}  {:>12}  {:>12}  {:>8}  {:>7}  {}\n", m.name, width,
+               fmt::format("{}/{}", m.baselineCount, m.currentCount),
+               m.baselineCount ? formatSeconds(m.baselineMedian) : "n/a",
+               m.currentCount ? formatSeconds(m.currentMedian) : "n/a", change, p, verdict);
+  }
+  for (const auto& m : result.metrics) {
+    if (!m.note.empty()) fmt::print("# {}: {}\n", m.name, m.note);
+  }
+  if (result.geometricMeanRatio) {
+    fmt::print("# geometric mean of current/baseline medians: {:.4f} ({:+.1f}%) over {} metrics\n",
+               *result.geometricMeanRatio, (*result.geometricMeanRatio - 1) * 100,
+               result.metrics.size());
+  }
+  if (!result.onlyBaseline.empty()) {
+    fmt::print("# only in the baseline (not compared): {}\n", joinNames(result.onlyBaseline));
+  }
+  if (!result.onlyCurrent.empty()) {
+    fmt::print("# only in the current file (not compared): {}\n", joinNames(result.onlyCurrent));
+  }
+}
+
+}  // namespace
+
+CLI::App* addCompareCommand(CLI::App& app, CompareOptions& options) {
+  auto* sub = app.add_subcommand(
+      "compare",
+      "Compare two hmc-run reports (with samples) or two Google Benchmark JSON files: median, "
+      "change and a two-sided Mann-Whitney U test per metric. Exit 1 when a metric is slower "
+      "by more than --max-regression with p < --alpha, 2 on bad input");
+  sub->add_option("baseline", options.baselinePath, "Baseline file (e.g. from main)")->required();
+  sub->add_option("current", options.currentPath, "Current file (from the change)")->required();
+  sub->add_flag("--json", options.json, "Print hmc-compare/1 JSON instead of the table");
+  sub->add_option("--max-regression", options.maxRegression,
+                  "Largest slowdown of a median that passes, in percent, e.g. 10% or 2.5")
+      ->capture_default_str();
+  sub->add_option("--alpha", options.alpha, "Significance level of the U test, in (0, 1)")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  sub->add_option("--metric", options.metricGlob,
+                  "Compare only metrics whose name matches this glob ('*', '?'), e.g. "
+                  "'quickstart: repeat/*' or 'BM_Threads*'");
+  sub->footer(
+      "Report metrics are named '<scenario>: <metric>'; one sample per measured repetition "
+      "(run hmc-run with --repetitions N: at least 4 per side for alpha 0.05). Google "
+      "Benchmark: one sample per iteration row (--benchmark_repetitions N).");
+  return sub;
+}
+
+int runCompare(const CompareOptions& options) {
+  hmc::compare::Thresholds thresholds;
+  Comparison result;
+  SampleSet baseline;
+  SampleSet current;
+  try {
+    thresholds.alpha = options.alpha;
+    thresholds.maxRegression = parsePercent(options.maxRegression);
+    hmc::compare::validate(thresholds);
+    baseline = load(options.baselinePath);
+    current = load(options.currentPath);
+    result = hmc::compare::compareSets(baseline, current, thresholds, options.metricGlob);
+  } catch (const std::exception& error) {
+    fmt::print(stderr, "hmc-run compare: {}\n", error.what());
+    return kExitBadInput;
+  }
+  if (result.metrics.empty()) {
+    auto selected = [&](std::vector<std::string> names) {
+      if (options.metricGlob.empty()) return names;
+      std::vector<std::string> kept;
+      for (auto& name : names) {
+        if (hmc::compare::globMatch(options.metricGlob, name)) kept.push_back(name);
+      }
+      return kept;
+    };
+    fmt::print(stderr,
+               "hmc-run compare: no metric in common{}.\n  {} has: {}\n  {} has: {}\n"
+               "Compare files of the same scenarios or benchmarks{}.\n",
+               options.metricGlob.empty() ? "" : " matching '" + options.metricGlob + "'",
+               options.baselinePath, joinNames(selected(namesOf(baseline))), options.currentPath,
+               joinNames(selected(namesOf(current))),
+               options.metricGlob.empty() ? "" : ", or change --metric");
+    return kExitBadInput;
+  }
+
+  std::vector<std::string> regressions;
+  std::vector<std::string> undecided;
+  for (const auto& m : result.metrics) {
+    if (m.regression) regressions.push_back(m.name);
+    if (m.verdict == Verdict::kUndecided) undecided.push_back(m.name);
+  }
+  // A regression found is a result; metrics that cannot be decided make the gate unusable.
+  const int code = !regressions.empty() ? kExitRegression : !undecided.empty() ? kExitBadInput : 0;
+
+  if (options.json) {
+    json out{{"format", "hmc-compare/1"},
+             {"baseline",
+              {{"file", options.baselinePath},
+               {"kind", std::string(hmc::compare::toString(baseline.format))}}},
+             {"current",
+              {{"file", options.currentPath},
+               {"kind", std::string(hmc::compare::toString(current.format))}}},
+             {"alpha", thresholds.alpha},
+             {"max_regression", thresholds.maxRegression},
+             {"metrics", json::array()},
+             {"only_baseline", result.onlyBaseline},
+             {"only_current", result.onlyCurrent},
+             {"geometric_mean_ratio",
+              result.geometricMeanRatio ? json(*result.geometricMeanRatio) : json()},
+             {"regressions", regressions},
+             {"undecided", undecided},
+             {"exit_code", code}};
+    for (const auto& m : result.metrics) out["metrics"].push_back(toJson(m));
+    fmt::print("{}\n", out.dump(2));
+  } else {
+    printTable(result, options, thresholds);
+  }
+
+  if (!regressions.empty()) {
+    fmt::print(options.json ? stderr : stdout,
+               "# FAILED: {} slower by more than {:g}% with p < {:g}: {}\n",
+               regressions.size() == 1 ? "1 metric" : fmt::format("{} metrics", regressions.size()),
+               thresholds.maxRegression * 100, thresholds.alpha, joinNames(regressions));
+  }
+  if (!undecided.empty()) {
+    fmt::print(stderr,
+               "hmc-run compare: too few samples to decide {}: at least {} per side are needed "
+               "for p < {:g}. Run hmc-run with --repetitions N (N - warm-up >= {}), or "
+               "--benchmark_repetitions; or leave these metrics out with --metric.\n",
+               joinNames(undecided), hmc::compare::minimumSamplesPerSide(thresholds.alpha),
+               thresholds.alpha, hmc::compare::minimumSamplesPerSide(thresholds.alpha));
+  }
+  if (code == 0) {
+    fmt::print(options.json ? stderr : stdout,
+               "# OK: no metric slower by more than {:g}% "
+               "with p < {:g} ({} compared)\n",
+               thresholds.maxRegression * 100, thresholds.alpha, result.metrics.size());
+  }
+  return code;
+}

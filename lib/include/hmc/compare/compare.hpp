@@ -1,0 +1,99 @@
+#pragma once
+// Comparing two benchmark result files (hmc-run compare): timing samples read from hmc-run
+// reports (hmc-report/1 or hmc-report-set/1, their "samples" section) or from Google Benchmark
+// JSON (--benchmark_out), matched by name and judged by a two-sided Mann-Whitney U test.
+//
+// What one sample is:
+// - hmc-run report: one value per measured repetition of a metric, the median of the values
+//   that repetition recorded (every rank, every occurrence). Repetitions are separate runs,
+//   so run-to-run noise is in the samples; values within one run are not independent and are
+//   not counted as separate samples. The first `warmup` repetitions are left out.
+// - Google Benchmark: one value per iteration row ("run_type": "iteration"; a
+//   --benchmark_repetitions run has one per repetition), its real_time. Aggregate rows (mean,
+//   median, stddev, cv) are ignored and rows with error_occurred are skipped.
+// Values are in seconds.
+//
+// Pure functions, no torch, thread safe.
+
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace hmc::compare {
+
+enum class SourceFormat { kReport, kGoogleBenchmark };
+
+// "hmc-run report" / "Google Benchmark JSON".
+std::string_view toString(SourceFormat format) noexcept;
+
+struct Series {
+  std::string unit = "s";
+  std::vector<double> values;  // one per sample, in file order
+};
+
+struct SampleSet {
+  SourceFormat format = SourceFormat::kReport;
+  // Key: "<scenario>: <metric>" for reports, the benchmark name for Google Benchmark.
+  std::map<std::string, Series> series;
+};
+
+// Reads the samples of one parsed file. `source` names the file in error messages. Throws
+// ValueError naming the file and what is wrong (unknown format, a report without "samples",
+// a value that is not a number, a Google Benchmark file with only aggregate rows).
+SampleSet samplesFromJson(const nlohmann::json& document, const std::string& source);
+
+enum class Verdict { kFaster, kSlower, kSame, kUndecided };
+
+// "faster" / "slower" / "same" / "undecided".
+std::string_view toString(Verdict verdict) noexcept;
+
+struct Thresholds {
+  double alpha = 0.05;          // significance level of the U test, in (0, 1)
+  double maxRegression = 0.10;  // a slower median by more than this (0.10: 10%) fails
+};
+
+// Throws ValueError unless 0 < alpha < 1 and 0 <= maxRegression.
+void validate(const Thresholds& thresholds);
+
+struct MetricComparison {
+  std::string name;
+  std::string unit;
+  std::size_t baselineCount = 0;
+  std::size_t currentCount = 0;
+  double baselineMedian = 0;
+  double currentMedian = 0;
+  std::optional<double> change;  // (current - baseline) / baseline; none when baseline is 0
+  std::optional<double> pValue;  // none when a side has no samples
+  bool exact = false;            // p from the exact distribution
+  Verdict verdict = Verdict::kUndecided;
+  // verdict kSlower and change > maxRegression: this metric fails the gate.
+  bool regression = false;
+  // Why the verdict is kUndecided (too few samples: says the minimum), else empty.
+  std::string note;
+};
+
+// Faster / slower: p < alpha, the direction of the medians. Same: p >= alpha. Undecided: too
+// few samples for the test to reach p < alpha (see minimumSamplesPerSide).
+MetricComparison compareSeries(const std::string& name, const Series& baseline,
+                               const Series& current, const Thresholds& thresholds);
+
+struct Comparison {
+  std::vector<MetricComparison> metrics;  // the names both sides have, in name order
+  std::vector<std::string> onlyBaseline;
+  std::vector<std::string> onlyCurrent;
+  // Geometric mean of current / baseline medians over the metrics with both medians > 0.
+  std::optional<double> geometricMeanRatio;
+  bool regression = false;  // any metric's regression
+};
+
+// Matches the series by name. `metricGlob` keeps only names that match it (shell-style `*`
+// and `?`; empty keeps all). Throws ValueError when the formats differ.
+Comparison compareSets(const SampleSet& baseline, const SampleSet& current,
+                       const Thresholds& thresholds, const std::string& metricGlob = "");
+
+// Shell-style match of the whole text: `*` any run of characters, `?` one character.
+bool globMatch(std::string_view pattern, std::string_view text);
+
+}  // namespace hmc::compare

@@ -1,0 +1,55 @@
+#pragma once
+// Statistics for comparing two sets of timing samples (hmc-run compare): the two-sided
+// Mann-Whitney U test that Google Benchmark's tools/compare.py uses, medians and the geometric
+// mean of ratios. Pure functions, no torch, thread safe.
+//
+// How the U test handles ties and small samples (the same rules as scipy.stats.mannwhitneyu
+// with method="auto", which compare.py calls):
+// - Ties get midranks (the mean of the ranks they span); U of the baseline is its rank sum
+//   minus n1 (n1 + 1) / 2.
+// - No ties and at least one side with at most kExactMaxSmallSide samples (and the other at
+//   most kExactMaxLargeSide): the exact null distribution of U (every arrangement of the
+//   n1 + n2 values equally likely), p = 2 P(U >= max(U1, U2)), capped at 1.
+// - Otherwise the normal approximation with the tie-corrected variance
+//     sigma^2 = n1 n2 / 12 * ((n + 1) - sum(t^3 - t) / (n (n - 1)))   (t: size of a tie group)
+//   and a continuity correction of 0.5: z = (max(U1, U2) - n1 n2 / 2 - 0.5) / sigma,
+//   p = 2 (1 - Phi(z)), capped at 1. When every value is tied (sigma = 0), p = 1.
+// - Too few samples to decide: with n1 and n2 samples the smallest two-sided p-value the test
+//   can give is 2 / C(n1 + n2, n1) (no ties, complete separation). When that is not below
+//   alpha the test cannot find a difference however large; minimumSamplesPerSide(alpha) says
+//   how many samples per side are needed (4 for alpha = 0.05, 5 for 0.01).
+
+#include <cstddef>
+#include <vector>
+
+namespace hmc::compare {
+
+inline constexpr std::size_t kExactMaxSmallSide = 8;
+inline constexpr std::size_t kExactMaxLargeSide = 2000;
+
+struct UTestResult {
+  double u1 = 0;       // U of the first sample (pairs where it is larger, ties count 1/2)
+  double u2 = 0;       // n1 n2 - u1
+  double pValue = 1;   // two-sided
+  bool exact = false;  // exact null distribution (else the normal approximation)
+  bool ties = false;   // some values occur more than once across both samples
+};
+
+// Two-sided Mann-Whitney U test of `first` against `second`. Throws ValueError when either is
+// empty or holds a NaN or infinity.
+UTestResult mannWhitneyU(const std::vector<double>& first, const std::vector<double>& second);
+
+// 2 / C(n1 + n2, n1), capped at 1: the smallest two-sided p-value the test can reach.
+double smallestPValue(std::size_t n1, std::size_t n2);
+
+// The smallest n >= 2 such that n samples per side can reach p < alpha. Throws ValueError
+// unless 0 < alpha < 1.
+std::size_t minimumSamplesPerSide(double alpha);
+
+// Median (the mean of the two middle values for an even count). Throws ValueError when empty.
+double median(std::vector<double> values);
+
+// Geometric mean of positive ratios. Throws ValueError when empty or a ratio is not > 0.
+double geometricMean(const std::vector<double>& ratios);
+
+}  // namespace hmc::compare

@@ -1,0 +1,268 @@
+#include "hmc/compare/compare.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "hmc/compare/statistics.hpp"
+#include "hmc/error.hpp"
+
+namespace hmc::compare {
+namespace {
+
+using nlohmann::json;
+
+double toSeconds(double value, const std::string& unit, const std::string& where) {
+  if (unit == "s") return value;
+  if (unit == "ms") return value * 1e-3;
+  if (unit == "us") return value * 1e-6;
+  if (unit == "ns") return value * 1e-9;
+  throw ValueError(
+      fmt::format("{}: unknown time unit '{}' (expected s, ms, us or ns)", where, unit));
+}
+
+double numberAt(const json& value, const std::string& where) {
+  if (!value.is_number()) {
+    throw ValueError(fmt::format("{}: expected a number, got {}", where, value.dump()));
+  }
+  const double number = value.get<double>();
+  if (!std::isfinite(number)) throw ValueError(fmt::format("{}: not a finite number", where));
+  return number;
+}
+
+void addReport(const json& report, const std::string& where, SampleSet& out) {
+  if (!report.is_object() || report.value("format", "") != "hmc-report/1") {
+    throw ValueError(fmt::format("{}: expected an hmc-report/1 object", where));
+  }
+  const std::string scenario = report.value("scenario", "");
+  if (scenario.empty()) throw ValueError(fmt::format("{}: the report has no \"scenario\"", where));
+  const auto samples = report.find("samples");
+  if (samples == report.end() || !samples->is_object()) {
+    throw ValueError(fmt::format(
+        "{}: the report of scenario '{}' has no \"samples\" section; write it with an hmc-run "
+        "that records samples (docs/scenario-extensions.md, \"Samples and compare\")",
+        where, scenario));
+  }
+  const std::string at = where + "/samples";
+  const auto warmupValue = samples->value("warmup", json(0));
+  if (!warmupValue.is_number_integer() || warmupValue.get<long long>() < 0) {
+    throw ValueError(fmt::format("{}/warmup: expected an integer >= 0", at));
+  }
+  const auto warmup = static_cast<std::size_t>(warmupValue.get<long long>());
+  const auto metrics = samples->find("metrics");
+  if (metrics == samples->end() || !metrics->is_object()) {
+    throw ValueError(fmt::format("{}: expected an object \"metrics\"", at));
+  }
+  for (const auto& [metric, entry] : metrics->items()) {
+    const std::string mat = fmt::format("{}/metrics/{}", at, metric);
+    const std::string unit = entry.value("unit", "s");
+    const auto perRepetition = entry.find("per_repetition");
+    if (perRepetition == entry.end() || !perRepetition->is_array()) {
+      throw ValueError(fmt::format("{}: expected an array \"per_repetition\"", mat));
+    }
+    Series series;
+    for (std::size_t rep = warmup; rep < perRepetition->size(); ++rep) {
+      const json& values = (*perRepetition)[rep];
+      const std::string rat = fmt::format("{}/per_repetition/{}", mat, rep);
+      if (!values.is_array()) throw ValueError(fmt::format("{}: expected an array", rat));
+      if (values.empty()) continue;  // the metric did not occur in this repetition
+      std::vector<double> seconds;
+      seconds.reserve(values.size());
+      for (std::size_t k = 0; k < values.size(); ++k) {
+        const std::string vat = fmt::format("{}/{}", rat, k);
+        seconds.push_back(toSeconds(numberAt(values[k], vat), unit, vat));
+      }
+      series.values.push_back(median(std::move(seconds)));
+    }
+    out.series[fmt::format("{}: {}", scenario, metric)] = std::move(series);
+  }
+}
+
+void addGoogleBenchmark(const json& document, const std::string& source, SampleSet& out) {
+  const json& rows = document.at("benchmarks");
+  if (!rows.is_array()) throw ValueError(fmt::format("{}/benchmarks: expected an array", source));
+  std::size_t aggregates = 0;
+  for (std::size_t k = 0; k < rows.size(); ++k) {
+    const json& row = rows[k];
+    const std::string where = fmt::format("{}/benchmarks/{}", source, k);
+    if (!row.is_object() || !row.contains("name") || !row["name"].is_string()) {
+      throw ValueError(fmt::format("{}: expected an object with a \"name\"", where));
+    }
+    if (row.value("run_type", "iteration") == "aggregate") {
+      ++aggregates;
+      continue;
+    }
+    if (row.value("error_occurred", false)) continue;
+    const std::string unit = row.value("time_unit", "ns");
+    const double seconds = toSeconds(numberAt(row.value("real_time", json()), where + "/real_time"),
+                                     unit, where + "/time_unit");
+    out.series[row["name"].get<std::string>()].values.push_back(seconds);
+  }
+  if (out.series.empty() && aggregates > 0) {
+    throw ValueError(fmt::format(
+        "{}: only aggregate rows (mean, median, ...), no iteration rows to test; write it with "
+        "--benchmark_repetitions=N without --benchmark_report_aggregates_only (use "
+        "--benchmark_display_aggregates_only to keep the console short)",
+        source));
+  }
+}
+
+}  // namespace
+
+std::string_view toString(SourceFormat format) noexcept {
+  return format == SourceFormat::kReport ? "hmc-run report" : "Google Benchmark JSON";
+}
+
+std::string_view toString(Verdict verdict) noexcept {
+  switch (verdict) {
+    case Verdict::kFaster:
+      return "faster";
+    case Verdict::kSlower:
+      return "slower";
+    case Verdict::kSame:
+      return "same";
+    case Verdict::kUndecided:
+      break;
+  }
+  return "undecided";
+}
+
+SampleSet samplesFromJson(const nlohmann::json& document, const std::string& source) {
+  SampleSet out;
+  if (!document.is_object()) {
+    throw ValueError(
+        fmt::format("{}: expected a JSON object (an hmc-run report or Google "
+                    "Benchmark --benchmark_out JSON)",
+                    source));
+  }
+  const std::string format = document.value("format", "");
+  if (format == "hmc-report/1") {
+    addReport(document, source, out);
+  } else if (format == "hmc-report-set/1") {
+    const auto reports = document.find("reports");
+    if (reports == document.end() || !reports->is_array()) {
+      throw ValueError(fmt::format("{}: expected an array \"reports\"", source));
+    }
+    for (std::size_t k = 0; k < reports->size(); ++k) {
+      addReport((*reports)[k], fmt::format("{}/reports/{}", source, k), out);
+    }
+  } else if (document.contains("benchmarks")) {
+    out.format = SourceFormat::kGoogleBenchmark;
+    addGoogleBenchmark(document, source, out);
+  } else {
+    throw ValueError(fmt::format(
+        "{}: unknown format{}; expected an hmc-run report (\"format\": \"hmc-report/1\" or "
+        "\"hmc-report-set/1\") or Google Benchmark JSON (a \"benchmarks\" array)",
+        source, format.empty() ? std::string() : " '" + format + "'"));
+  }
+  return out;
+}
+
+void validate(const Thresholds& thresholds) {
+  if (!(thresholds.alpha > 0 && thresholds.alpha < 1)) {
+    throw ValueError(fmt::format("alpha must be in (0, 1), got {}", thresholds.alpha));
+  }
+  if (!(thresholds.maxRegression >= 0) || !std::isfinite(thresholds.maxRegression)) {
+    throw ValueError(
+        fmt::format("the maximum regression must be >= 0, got {}", thresholds.maxRegression));
+  }
+}
+
+MetricComparison compareSeries(const std::string& name, const Series& baseline,
+                               const Series& current, const Thresholds& thresholds) {
+  validate(thresholds);
+  MetricComparison out;
+  out.name = name;
+  out.unit = "s";
+  out.baselineCount = baseline.values.size();
+  out.currentCount = current.values.size();
+  if (out.baselineCount == 0 || out.currentCount == 0) {
+    out.note =
+        fmt::format("no samples on the {} side", out.baselineCount == 0 ? "baseline" : "current");
+    return out;
+  }
+  out.baselineMedian = median(baseline.values);
+  out.currentMedian = median(current.values);
+  if (out.baselineMedian != 0) {
+    out.change = (out.currentMedian - out.baselineMedian) / out.baselineMedian;
+  }
+  const UTestResult test = mannWhitneyU(baseline.values, current.values);
+  out.pValue = test.pValue;
+  out.exact = test.exact;
+  if (smallestPValue(out.baselineCount, out.currentCount) >= thresholds.alpha) {
+    out.note = fmt::format(
+        "too few samples to decide: {} baseline, {} current; the U test cannot reach p < {:g} "
+        "with fewer than {} samples per side (run more repetitions)",
+        out.baselineCount, out.currentCount, thresholds.alpha,
+        minimumSamplesPerSide(thresholds.alpha));
+    return out;
+  }
+  if (test.pValue >= thresholds.alpha || out.currentMedian == out.baselineMedian) {
+    out.verdict = Verdict::kSame;
+    return out;
+  }
+  out.verdict = out.currentMedian > out.baselineMedian ? Verdict::kSlower : Verdict::kFaster;
+  // A zero baseline median that got slower is an unbounded regression.
+  out.regression =
+      out.verdict == Verdict::kSlower && (!out.change || *out.change > thresholds.maxRegression);
+  return out;
+}
+
+Comparison compareSets(const SampleSet& baseline, const SampleSet& current,
+                       const Thresholds& thresholds, const std::string& metricGlob) {
+  validate(thresholds);
+  if (baseline.format != current.format) {
+    throw ValueError(
+        fmt::format("cannot compare the baseline ({}) with the current file ({}): "
+                    "give two hmc-run reports or two Google Benchmark files",
+                    toString(baseline.format), toString(current.format)));
+  }
+  Comparison out;
+  std::vector<double> ratios;
+  auto keep = [&](const std::string& name) {
+    return metricGlob.empty() || globMatch(metricGlob, name);
+  };
+  for (const auto& [name, series] : baseline.series) {
+    if (!keep(name)) continue;
+    const auto other = current.series.find(name);
+    if (other == current.series.end()) {
+      out.onlyBaseline.push_back(name);
+      continue;
+    }
+    MetricComparison metric = compareSeries(name, series, other->second, thresholds);
+    if (metric.baselineMedian > 0 && metric.currentMedian > 0) {
+      ratios.push_back(metric.currentMedian / metric.baselineMedian);
+    }
+    out.regression = out.regression || metric.regression;
+    out.metrics.push_back(std::move(metric));
+  }
+  for (const auto& [name, series] : current.series) {
+    if (keep(name) && baseline.series.count(name) == 0) out.onlyCurrent.push_back(name);
+  }
+  if (!ratios.empty()) out.geometricMeanRatio = geometricMean(ratios);
+  return out;
+}
+
+bool globMatch(std::string_view pattern, std::string_view text) {
+  // Iterative match with one backtrack point for the last `*`.
+  std::size_t p = 0, t = 0, starP = std::string_view::npos, starT = 0;
+  while (t < text.size()) {
+    if (p < pattern.size() && (pattern[p] == '?' || pattern[p] == text[t])) {
+      ++p;
+      ++t;
+    } else if (p < pattern.size() && pattern[p] == '*') {
+      starP = p++;
+      starT = t;
+    } else if (starP != std::string_view::npos) {
+      p = starP + 1;
+      t = ++starT;
+    } else {
+      return false;
+    }
+  }
+  while (p < pattern.size() && pattern[p] == '*') ++p;
+  return p == pattern.size();
+}
+
+}  // namespace hmc::compare

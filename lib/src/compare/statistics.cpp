@@ -1,0 +1,149 @@
+#include "hmc/compare/statistics.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "hmc/error.hpp"
+
+namespace hmc::compare {
+namespace {
+
+void requireFinite(const std::vector<double>& values, const char* which) {
+  if (values.empty()) {
+    throw ValueError(fmt::format("Mann-Whitney U test: the {} sample is empty", which));
+  }
+  for (double v : values) {
+    if (!std::isfinite(v)) {
+      throw ValueError(fmt::format(
+          "Mann-Whitney U test: the {} sample holds a non-finite value ({})", which, v));
+    }
+  }
+}
+
+// counts[u] = number of arrangements of m + n distinct values in which U of the m-sample is u.
+// f(i, j, u) = f(i - 1, j, u - j) + f(i, j - 1, u): the largest value is the m-sample's (it beats
+// all j others) or the n-sample's (it beats none).
+std::vector<double> exactCounts(std::size_t m, std::size_t n) {
+  // f[i] holds f(i, j, .) for the current j; f(i, 0, u) = [u == 0].
+  std::vector<std::vector<double>> f(m + 1, std::vector<double>(m * n + 1, 0.0));
+  for (auto& row : f) row[0] = 1.0;
+  for (std::size_t j = 1; j <= n; ++j) {
+    for (std::size_t i = 1; i <= m; ++i) {
+      // f(i, j, u) = f(i - 1, j, u - j) + f(i, j - 1, u); f[i - 1] already holds column j.
+      const std::size_t top = i * j;
+      for (std::size_t u = top + 1; u-- > j;) f[i][u] += f[i - 1][u - j];
+    }
+  }
+  return f[m];
+}
+
+double binomial(std::size_t n, std::size_t k) {
+  k = std::min(k, n - k);
+  double result = 1;
+  for (std::size_t i = 1; i <= k; ++i) result = result * static_cast<double>(n - k + i) / i;
+  return result;
+}
+
+}  // namespace
+
+UTestResult mannWhitneyU(const std::vector<double>& first, const std::vector<double>& second) {
+  requireFinite(first, "first");
+  requireFinite(second, "second");
+  const std::size_t n1 = first.size();
+  const std::size_t n2 = second.size();
+  const std::size_t n = n1 + n2;
+
+  // Midranks over the pooled values, and the tie term sum(t^3 - t).
+  std::vector<std::pair<double, bool>> pooled;  // value, from the first sample
+  pooled.reserve(n);
+  for (double v : first) pooled.emplace_back(v, true);
+  for (double v : second) pooled.emplace_back(v, false);
+  std::sort(pooled.begin(), pooled.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  double rankSumFirst = 0;
+  double tieTerm = 0;
+  for (std::size_t start = 0; start < n;) {
+    std::size_t end = start + 1;
+    while (end < n && pooled[end].first == pooled[start].first) ++end;
+    const double t = static_cast<double>(end - start);
+    const double midrank = (static_cast<double>(start + 1) + static_cast<double>(end)) / 2.0;
+    for (std::size_t k = start; k < end; ++k) {
+      if (pooled[k].second) rankSumFirst += midrank;
+    }
+    tieTerm += t * t * t - t;
+    start = end;
+  }
+
+  UTestResult result;
+  result.ties = tieTerm > 0;
+  const double d1 = static_cast<double>(n1);
+  const double d2 = static_cast<double>(n2);
+  result.u1 = rankSumFirst - d1 * (d1 + 1) / 2.0;
+  result.u2 = d1 * d2 - result.u1;
+  const double u = std::max(result.u1, result.u2);
+
+  const std::size_t small = std::min(n1, n2);
+  const std::size_t large = std::max(n1, n2);
+  if (!result.ties && small <= kExactMaxSmallSide && large <= kExactMaxLargeSide) {
+    result.exact = true;
+    const std::vector<double> counts = exactCounts(small, large);
+    const double total = std::accumulate(counts.begin(), counts.end(), 0.0);
+    // U is an integer without ties; sum P(U' >= u).
+    const auto from = static_cast<std::size_t>(std::llround(u));
+    double tail = 0;
+    for (std::size_t k = from; k < counts.size(); ++k) tail += counts[k];
+    result.pValue = std::min(1.0, 2.0 * tail / total);
+    return result;
+  }
+  const double dn = static_cast<double>(n);
+  const double variance = d1 * d2 / 12.0 * ((dn + 1) - tieTerm / (dn * (dn - 1)));
+  if (variance <= 0) {
+    result.pValue = 1.0;  // every value tied: no evidence of a difference
+    return result;
+  }
+  const double z = (u - d1 * d2 / 2.0 - 0.5) / std::sqrt(variance);
+  result.pValue = std::min(1.0, std::erfc(z / std::sqrt(2.0)));
+  return result;
+}
+
+double smallestPValue(std::size_t n1, std::size_t n2) {
+  if (n1 == 0 || n2 == 0) return 1.0;
+  return std::min(1.0, 2.0 / binomial(n1 + n2, n1));
+}
+
+std::size_t minimumSamplesPerSide(double alpha) {
+  if (!(alpha > 0 && alpha < 1)) {
+    throw ValueError(fmt::format("alpha must be in (0, 1), got {}", alpha));
+  }
+  std::size_t n = 2;
+  while (smallestPValue(n, n) >= alpha) ++n;  // 2 / C(2n, n) falls about 4x per step
+  return n;
+}
+
+double median(std::vector<double> values) {
+  if (values.empty()) throw ValueError("median of no values");
+  const std::size_t mid = values.size() / 2;
+  std::nth_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(mid), values.end());
+  const double upper = values[mid];
+  if (values.size() % 2 == 1) return upper;
+  const double lower =
+      *std::max_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(mid));
+  return (lower + upper) / 2.0;
+}
+
+double geometricMean(const std::vector<double>& ratios) {
+  if (ratios.empty()) throw ValueError("geometric mean of no ratios");
+  double logSum = 0;
+  for (double r : ratios) {
+    if (!(r > 0) || !std::isfinite(r)) {
+      throw ValueError(fmt::format("geometric mean: ratio {} is not a positive number", r));
+    }
+    logSum += std::log(r);
+  }
+  return std::exp(logSum / static_cast<double>(ratios.size()));
+}
+
+}  // namespace hmc::compare
