@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace hmc::scenario {
@@ -14,6 +15,16 @@ namespace hmc::scenario {
 inline constexpr const char* kScenarioFormat = "hmc-scenario/1";
 inline constexpr int kMaxWorldSize = 4096;
 inline constexpr int kMaxRepeatDepth = 8;
+// Limits that keep a valid scenario's run bounded (docs/scenario-extensions.md, "Limits").
+// A `repeat` field, a repeat op's `count` and a fault's `count`: at most this.
+inline constexpr int kMaxRepeat = 1'000'000;
+// Steps one rank executes, nested repeats multiplied out (every step counted as if it ran on
+// every rank): at most this. At 10 us to 10 ms a step, from minutes to about a day.
+inline constexpr std::int64_t kMaxStepsPerRank = 10'000'000;
+// One `sleep` or `stall`: at most this many seconds.
+inline constexpr int kMaxStepSeconds = 3600;
+// All `sleep` and `stall` seconds of one rank, repeats multiplied out: at most one day.
+inline constexpr int kMaxSleepSecondsPerRank = 86'400;
 
 enum class Device { kAuto, kCpu, kCuda };
 enum class Expect { kOk, kError, kHang, kAny };
@@ -118,6 +129,10 @@ struct ParseOptions {
 // Validates and converts a parsed JSON document. Throws ScenarioError.
 Scenario parseScenario(const nlohmann::json& document, const std::string& file,
                        const ParseOptions& options = {});
+// Parses scenario text (the bytes of a file named `file`): the same checks as loadScenario
+// after reading, for callers that hold the bytes (a fuzzer, a rank that received them).
+Scenario parseScenarioText(std::string_view text, const std::string& file,
+                           const ParseOptions& options = {});
 // Reads and parses a file: empty, truncated, binary and non-object files are
 // ScenarioErrors too. Never hangs, never crashes on bad input.
 Scenario loadScenario(const std::string& path, const ParseOptions& options = {});
