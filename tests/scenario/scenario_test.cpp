@@ -951,6 +951,37 @@ TEST_SUITE("scenario") {
     CHECK(files >= 20);
   }
 
+  TEST_CASE("user text in messages is escaped: no control character reaches the console") {
+    // Keys, values and module names quote through JSON escapes plus hmc::printable (DEL,
+    // C1, bidi); the file name and the JSON path are escaped in what().
+    auto noControl = [](const std::string& text) {
+      for (char c : text) {
+        const auto byte = static_cast<unsigned char>(c);
+        if (byte < 0x20 || byte == 0x7F) return false;
+      }
+      return text.find("\xC2\x85") == std::string::npos &&
+             text.find("\xE2\x80\xAE") == std::string::npos;
+    };
+    const json key = scenarioWith(json::array(), {{"x\n# OK\x1b[2J", 1}});
+    try {
+      parseScenario(key, "bad\n# OK: 1 scenario passed\x1b]0;t\x07.json");
+      FAIL("parsed without an error");
+    } catch (const ScenarioError& error) {
+      CHECK(error.jsonPath() == "/x\n# OK\x1b[2J");  // the accessors keep the raw text
+      CHECK(std::string(error.what()).rfind(
+                "bad\\n# OK: 1 scenario passed\\x1b]0;t\\x07.json: /x\\n# OK\\x1b[2J: "
+                "unknown key 'x\\n# OK\\u001b[2J'",
+                0) == 0);
+      CHECK(noControl(error.what()));
+    }
+    const Failure value = stepsFailure(R"([{"op": "\u007f\u0085\u202e"}])");
+    CHECK(value.detail.find(R"(got a string "\x7f\u0085\u202e")") != std::string::npos);
+    CHECK(noControl(value.detail));
+    const Failure module = stepsFailure(R"([{"op": "close", "module": "a\u0000\u009b31m"}])");
+    CHECK(module == at("/steps/0/module",
+                       R"(module 'a\u0000\u009b31m' is never created before this step)"));
+  }
+
   TEST_CASE("parseScenarioText parses bytes as loadScenario parses a file") {
     const Scenario scenario = hmc::scenario::parseScenarioText(
         R"({"format": "hmc-scenario/1", "name": "t", "steps": [{"op": "barrier"}]})", "mem.json");

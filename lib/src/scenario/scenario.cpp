@@ -20,6 +20,7 @@
 #include <utility>
 
 #include "hmc/error.hpp"
+#include "hmc/text.hpp"
 
 namespace hmc::scenario {
 
@@ -181,10 +182,12 @@ std::string childPath(const std::string& path, std::size_t index) {
   return path + "/" + std::to_string(index);
 }
 
-// A JSON string literal, escaped, shortened when long.
+// A JSON string literal, escaped, shortened when long. JSON escapes C0 controls; printable()
+// also escapes DEL, C1 controls and bidi overrides, which JSON leaves raw.
 std::string jsonQuoted(std::string_view text) {
   std::string shown(text.substr(0, kMaxQuotedChars));
-  std::string out = json(shown).dump(-1, ' ', false, json::error_handler_t::replace);
+  std::string out =
+      printable(json(shown).dump(-1, ' ', false, json::error_handler_t::replace));
   if (text.size() > kMaxQuotedChars) out.insert(out.size() - 1, "...");
   return out;
 }
