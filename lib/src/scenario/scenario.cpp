@@ -986,9 +986,9 @@ Scenario parseScenarioText(std::string_view text, const std::string& path,
     const std::size_t offset = error.byte > 0 ? error.byte - 1 : 0;
     throw ScenarioError(path, "",
                         fmt::format("invalid JSON at {} (offset {}): {}", lineColumn(text, offset),
-                                    offset, parseReason(error.what())));
+                                    offset, printable(parseReason(error.what()))));
   } catch (const json::exception& error) {
-    throw ScenarioError(path, "", "invalid JSON: " + parseReason(error.what()));
+    throw ScenarioError(path, "", "invalid JSON: " + printable(parseReason(error.what())));
   }
   return parseScenario(document, path, options);
 }
