@@ -1,5 +1,7 @@
 #include "hmc/error.hpp"
 
+#include "hmc/text.hpp"
+
 namespace hmc {
 
 std::string_view toString(ErrorKind kind) noexcept {
@@ -29,9 +31,10 @@ std::string_view toString(ErrorKind kind) noexcept {
 namespace {
 std::string scenarioMessage(const std::string& file, const std::string& path,
                             const std::string& what) {
-  std::string out = file.empty() ? std::string("<scenario>") : file;
+  // The file name and the JSON path (which holds the keys of the file) are user text.
+  std::string out = file.empty() ? std::string("<scenario>") : printable(file);
   out += ": ";
-  out += path.empty() ? std::string("/") : path;
+  out += path.empty() ? std::string("/") : printable(path);
   out += ": ";
   out += what;
   return out;

@@ -794,12 +794,12 @@ TEST_SUITE("scenario") {
                           "busy": "no"}])") ==
           at("/steps/1/busy", R"(expected true or false, got a string "no")"));
     CHECK(stepsFailure(R"([{"op": "fault", "kind": "stall", "seconds": -1}])") ==
-          at("/steps/0/seconds", "expected a number of seconds >= 0 and <= 1000000, got -1"));
+          at("/steps/0/seconds", "expected a number of seconds >= 0 and <= 3600, got -1"));
   }
 
   TEST_CASE("sleep seconds is a number of at least zero") {
     CHECK(stepsFailure(R"([{"op": "sleep", "seconds": -0.5}])") ==
-          at("/steps/0/seconds", "expected a number of seconds >= 0 and <= 1000000, got -0.5"));
+          at("/steps/0/seconds", "expected a number of seconds >= 0 and <= 3600, got -0.5"));
     CHECK(stepsFailure(R"([{"op": "sleep", "seconds": null}])") ==
           at("/steps/0/seconds", "expected a number, got null"));
     CHECK(parseSteps(R"([{"op": "sleep", "seconds": 0}])").steps[0].seconds == 0);
@@ -846,6 +846,161 @@ TEST_SUITE("scenario") {
     for (int i = 0; i < hmc::scenario::kMaxRepeatDepth; ++i) path += "/steps/0";
     CHECK(failureOf(nested(hmc::scenario::kMaxRepeatDepth + 1)) ==
           at(path, "repeat steps nest deeper than 8 levels"));
+  }
+
+  // ---- limits (docs/scenario-extensions.md, "Limits") -------------------------------
+
+  TEST_CASE("sleep and stall take at most an hour each") {
+    CHECK(parseSteps(R"([{"op": "sleep", "seconds": 3600}])").steps[0].seconds == 3600);
+    CHECK(parseSteps(R"([{"op": "fault", "kind": "stall", "seconds": 3600}])").steps[0].seconds ==
+          3600);
+    CHECK(stepsFailure(R"([{"op": "sleep", "seconds": 3600.5}])") ==
+          at("/steps/0/seconds", "expected a number of seconds >= 0 and <= 3600, got 3600.5"));
+    CHECK(stepsFailure(R"([{"op": "fault", "kind": "stall", "seconds": 1e6}])") ==
+          at("/steps/0/seconds", "expected a number of seconds >= 0 and <= 3600, got 1000000.0"));
+    CHECK(stepsFailure(R"([{"op": "sleep", "seconds": 1e300}])") ==
+          at("/steps/0/seconds", "expected a number of seconds >= 0 and <= 3600, got 1e+300"));
+  }
+
+  TEST_CASE("a repeat count of a billion is refused, naming the limit and what to do") {
+    CHECK(stepsFailure(R"([{"op": "barrier", "repeat": 1000000000}])") ==
+          at("/steps/0/repeat", "expected an integer in 1..1000000, got 1000000000"));
+    CHECK(stepsFailure(R"([{"op": "repeat", "count": 1000000000, "steps": []}])") ==
+          at("/steps/0/count", "expected an integer in 0..1000000, got 1000000000"));
+  }
+
+  TEST_CASE("nested repeats that multiply past the step limit are refused with the total") {
+    // 1e6 x 1e6 x ... would be 1e18 steps: the first repeat over the limit is named.
+    json step = {{"op", "barrier"}};
+    for (int i = 0; i < 3; ++i) {
+      step = {{"op", "repeat"}, {"count", 1000000}, {"steps", json::array({step})}};
+    }
+    CHECK(failureOf(scenarioWith(json::array({{{"op", "barrier"}}, step}))) ==
+          at("/steps/1/steps/0",
+             "this repeat (count 1000000 x 1000000 nested steps) runs 1000000000000 steps on each "
+             "rank, over the limit of 10000000 steps per rank (nested repeats multiply); lower "
+             "'count' or 'repeat', or split the work into several scenarios"));
+    // The step's own `repeat` multiplies too.
+    CHECK(stepsFailure(R"([{"op": "repeat", "count": 1000, "repeat": 100001,
+                            "steps": [{"op": "barrier"}]}])") ==
+          at("/steps/0",
+             "this repeat (count 1000 x 1 nested steps, repeated 100001 times) runs 100001000 "
+             "steps on each rank, over the limit of 10000000 steps per rank (nested repeats "
+             "multiply); lower 'count' or 'repeat', or split the work into several scenarios"));
+    // Exactly at the limit is valid: 10 x 1e6 barriers.
+    CHECK(stepsFailure(R"([{"op": "repeat", "count": 10,
+                            "steps": [{"op": "barrier", "repeat": 1000000}]}])") ==
+          Failure{"", "", "parsed without an error"});
+  }
+
+  TEST_CASE("steps that add up past the step limit are refused at the step that crosses it") {
+    json steps = json::array();
+    for (int i = 0; i < 11; ++i) steps.push_back({{"op", "barrier"}, {"repeat", 1000000}});
+    CHECK(failureOf(scenarioWith(steps)) ==
+          at("/steps/10",
+             "the steps up to this one run 11000000 steps on each rank, over the limit of "
+             "10000000 steps per rank (nested repeats multiply); lower 'count' or 'repeat', or "
+             "split the work into several scenarios"));
+    // Nested arrays add up the same way (and empty repeats count one step each).
+    CHECK(stepsFailure(R"([{"op": "repeat", "count": 1, "steps": [
+                            {"op": "repeat", "count": 1000000, "steps": []},
+                            {"op": "barrier", "repeat": 1000000}]},
+                           {"op": "repeat", "count": 9, "steps": [
+                            {"op": "barrier", "repeat": 1000000}]}])") ==
+          at("/steps/1",
+             "the steps up to this one run 11000000 steps on each rank, over the limit of "
+             "10000000 steps per rank (nested repeats multiply); lower 'count' or 'repeat', or "
+             "split the work into several scenarios"));
+  }
+
+  TEST_CASE("sleep and stall seconds of a rank add up to at most a day") {
+    CHECK(stepsFailure(R"([{"op": "sleep", "seconds": 3600, "repeat": 25}])") ==
+          at("/steps/0",
+             "this step (3600 s, repeated 25 times) runs 90000 seconds of sleep and stall on each "
+             "rank, over the limit of 86400 s (one day) per rank; lower 'seconds', 'count' or "
+             "'repeat'"));
+    CHECK(stepsFailure(R"([{"op": "repeat", "count": 1000000, "steps": [
+                            {"op": "fault", "kind": "stall", "seconds": 0.1}]}])") ==
+          at("/steps/0",
+             "this repeat (count 1000000 x 1 nested steps) runs 100000 seconds of sleep and "
+             "stall on each rank, over the limit of 86400 s (one day) per rank; lower "
+             "'seconds', 'count' or 'repeat'"));
+    CHECK(stepsFailure(R"([{"op": "sleep", "seconds": 3600, "repeat": 24},
+                           {"op": "barrier"}, {"op": "sleep", "seconds": 0.5}])") ==
+          at("/steps/2",
+             "the steps up to this one run 86400.5 seconds of sleep and stall on each rank, over "
+             "the limit of 86400 s (one day) per rank; lower 'seconds', 'count' or 'repeat'"));
+    CHECK(stepsFailure(R"([{"op": "sleep", "seconds": 3600, "repeat": 24}])") ==
+          Failure{"", "", "parsed without an error"});
+  }
+
+  TEST_CASE("every scenario of the library and of the e2e tests is within the limits") {
+    namespace fs = std::filesystem;
+    const fs::path root = HMC_SOURCE_DIR;
+    int files = 0;
+    for (const fs::path& dir : {root / "scenarios", root / "scenarios" / "gpu",
+                               root / "tests" / "e2e" / "data" / "fail",
+                               root / "tests" / "e2e" / "data" / "hang"}) {
+      for (const auto& entry : fs::directory_iterator(dir)) {
+        if (entry.path().extension() != ".json") continue;
+        ++files;
+        CAPTURE(entry.path().string());
+        CHECK_NOTHROW(loadScenario(entry.path().string()));
+      }
+    }
+    CHECK(files >= 20);
+  }
+
+  TEST_CASE("user text in messages is escaped: no control character reaches the console") {
+    // Keys, values and module names quote through JSON escapes plus hmc::printable (DEL,
+    // C1, bidi); the file name and the JSON path are escaped in what().
+    auto noControl = [](const std::string& text) {
+      for (char c : text) {
+        const auto byte = static_cast<unsigned char>(c);
+        if (byte < 0x20 || byte == 0x7F) return false;
+      }
+      return text.find("\xC2\x85") == std::string::npos &&
+             text.find("\xE2\x80\xAE") == std::string::npos;
+    };
+    const json key = scenarioWith(json::array(), {{"x\n# OK\x1b[2J", 1}});
+    try {
+      parseScenario(key, "bad\n# OK: 1 scenario passed\x1b]0;t\x07.json");
+      FAIL("parsed without an error");
+    } catch (const ScenarioError& error) {
+      CHECK(error.jsonPath() == "/x\n# OK\x1b[2J");  // the accessors keep the raw text
+      CHECK(std::string(error.what()).rfind(
+                "bad\\n# OK: 1 scenario passed\\x1b]0;t\\x07.json: /x\\n# OK\\x1b[2J: "
+                "unknown key 'x\\n# OK\\u001b[2J'",
+                0) == 0);
+      CHECK(noControl(error.what()));
+    }
+    const Failure value = stepsFailure(R"([{"op": "\u007f\u0085\u202e"}])");
+    CHECK(value.detail.find(R"(got a string "\x7f\u0085\u202e")") != std::string::npos);
+    CHECK(noControl(value.detail));
+    const Failure module = stepsFailure(R"([{"op": "close", "module": "a\u0000\u009b31m"}])");
+    CHECK(module == at("/steps/0/module",
+                       R"(module 'a\u0000\u009b31m' is never created before this step)"));
+  }
+
+  TEST_CASE("parseScenarioText parses bytes as loadScenario parses a file") {
+    const Scenario scenario = hmc::scenario::parseScenarioText(
+        R"({"format": "hmc-scenario/1", "name": "t", "steps": [{"op": "barrier"}]})", "mem.json");
+    CHECK(scenario.file == "mem.json");
+    CHECK(scenario.steps.size() == 1);
+    auto failure = [](std::string_view text) -> Failure {
+      try {
+        hmc::scenario::parseScenarioText(text, kFile);
+      } catch (const ScenarioError& error) {
+        return {error.file(), error.jsonPath(), error.detail()};
+      }
+      return {"", "", "parsed without an error"};
+    };
+    CHECK(failure(std::string_view("{\"a\0", 4)) == at("", "not a text file (a NUL byte at offset 3)"));
+    CHECK(failure("  \n") ==
+          at("", "file is empty; expected a JSON object in the hmc-scenario/1 format"));
+    CHECK(failure(std::string((std::size_t{16} << 20) + 1, ' ')) ==
+          at("", "file is 16777217 bytes, over the limit of 16 MiB (16777216 bytes) for scenario "
+                 "files"));
   }
 
   // ---- files ---------------------------------------------------------------------------

@@ -20,6 +20,7 @@
 #include <utility>
 
 #include "hmc/error.hpp"
+#include "hmc/text.hpp"
 
 namespace hmc::scenario {
 
@@ -105,8 +106,8 @@ using Names = std::vector<std::string_view>;
 constexpr std::int64_t kMaxWorkspaceBytes = std::int64_t{64} << 30;  // 64 GiB
 constexpr std::int64_t kMaxFeatures = std::int64_t{1} << 20;
 constexpr std::int64_t kMaxBatch = std::int64_t{1} << 24;
-constexpr std::int64_t kMaxRepeatCount = 1'000'000;
-constexpr std::int64_t kMaxSeconds = 1'000'000;
+constexpr std::int64_t kMaxRepeatCount = kMaxRepeat;
+constexpr std::int64_t kMaxSeconds = 1'000'000;  // timeout_s
 constexpr std::size_t kMaxFileBytes = std::size_t{16} << 20;  // 16 MiB
 constexpr int kMaxCompatDepth = 64;
 constexpr std::size_t kMaxQuotedChars = 60;
@@ -181,10 +182,12 @@ std::string childPath(const std::string& path, std::size_t index) {
   return path + "/" + std::to_string(index);
 }
 
-// A JSON string literal, escaped, shortened when long.
+// A JSON string literal, escaped, shortened when long. JSON escapes C0 controls; printable()
+// also escapes DEL, C1 controls and bidi overrides, which JSON leaves raw.
 std::string jsonQuoted(std::string_view text) {
   std::string shown(text.substr(0, kMaxQuotedChars));
-  std::string out = json(shown).dump(-1, ' ', false, json::error_handler_t::replace);
+  std::string out =
+      printable(json(shown).dump(-1, ' ', false, json::error_handler_t::replace));
   if (text.size() > kMaxQuotedChars) out.insert(out.size() - 1, "...");
   return out;
 }
@@ -318,10 +321,11 @@ class Parser {
       scenario.dtype = readDtype(*value, "/dtype");
     }
     if (const json* value = find(document, "timeout_s")) {
-      scenario.timeoutS = readSeconds(*value, "/timeout_s", true);
+      scenario.timeoutS = readSeconds(*value, "/timeout_s", true, kMaxSeconds);
     }
     const json& steps = required(document, "", "steps");
-    scenario.steps = readSteps(steps, "/steps", 0, false);
+    Cost cost;
+    scenario.steps = readSteps(steps, "/steps", 0, false, cost);
     if (const json* value = find(document, "reference_differs")) {
       scenario.referenceDiffers = readReferenceDiffers(*value, scenario.steps.size());
     }
@@ -399,14 +403,15 @@ class Parser {
     return number >= min && number <= max;
   }
 
-  // A duration in seconds: > 0 when `positive`, else >= 0; at most kMaxSeconds.
-  double readSeconds(const json& value, const std::string& path, bool positive) const {
+  // A duration in seconds: > 0 when `positive`, else >= 0; at most `max`.
+  double readSeconds(const json& value, const std::string& path, bool positive,
+                     std::int64_t max) const {
     if (!value.is_number()) fail(path, "expected a number, got " + describe(value));
     const double seconds = value.get<double>();
     const bool low = positive ? !(seconds > 0) : !(seconds >= 0);
-    if (low || !std::isfinite(seconds) || seconds > static_cast<double>(kMaxSeconds)) {
+    if (low || !std::isfinite(seconds) || seconds > static_cast<double>(max)) {
       fail(path, fmt::format("expected a number of seconds {} 0 and <= {}, got {}",
-                             positive ? ">" : ">=", kMaxSeconds, describe(value)));
+                             positive ? ">" : ">=", max, describe(value)));
     }
     return seconds;
   }
@@ -448,14 +453,43 @@ class Parser {
     return name;
   }
 
+  // What running some steps costs one rank: steps executed and seconds slept or stalled,
+  // repeats multiplied out. Exact: every part is checked against its limit as soon as it
+  // is known, so no product exceeds kMaxRepeat^2 * kMaxStepsPerRank (< 2^64).
+  struct Cost {
+    std::uint64_t steps = 0;
+    double seconds = 0;
+  };
+
+  // Refuses a cost over the limits; `what` says whose cost it is ("this repeat runs", ...).
+  void checkCost(const Cost& cost, const std::string& path, const std::string& what) const {
+    if (cost.steps > static_cast<std::uint64_t>(kMaxStepsPerRank)) {
+      fail(path, fmt::format("{} {} steps on each rank, over the limit of {} steps per rank "
+                             "(nested repeats multiply); lower 'count' or 'repeat', or split "
+                             "the work into several scenarios",
+                             what, cost.steps, kMaxStepsPerRank));
+    }
+    if (cost.seconds > kMaxSleepSecondsPerRank) {
+      fail(path, fmt::format("{} {} seconds of sleep and stall on each rank, over the limit of "
+                             "{} s (one day) per rank; lower 'seconds', 'count' or 'repeat'",
+                             what, cost.seconds, kMaxSleepSecondsPerRank));
+    }
+  }
+
   std::vector<Step> readSteps(const json& value, const std::string& path, int depth,
-                              bool nonEmpty) {
+                              bool nonEmpty, Cost& total) {
     if (!value.is_array()) fail(path, "expected an array of steps, got " + describe(value));
     if (nonEmpty && value.empty()) fail(path, "expected a non-empty array of steps");
     std::vector<Step> steps;
     steps.reserve(value.size());
+    total = Cost{};
     for (std::size_t i = 0; i < value.size(); ++i) {
-      steps.push_back(readStep(value[i], childPath(path, i), depth));
+      const std::string at = childPath(path, i);
+      Cost cost;
+      steps.push_back(readStep(value[i], at, depth, cost));
+      total.steps += cost.steps;
+      total.seconds += cost.seconds;
+      checkCost(total, at, i == 0 ? "this step runs" : "the steps up to this one run");
     }
     return steps;
   }
@@ -562,7 +596,7 @@ class Parser {
     return out;
   }
 
-  Step readStep(const json& value, const std::string& path, int depth) {
+  Step readStep(const json& value, const std::string& path, int depth, Cost& cost) {
     if (!value.is_object()) fail(path, "expected a step object, got " + describe(value));
     Step step;
     step.path = path;
@@ -661,18 +695,42 @@ class Parser {
         break;
       case Op::kSleep:
         if (const json* v = find(value, "seconds")) {
-          step.seconds = readSeconds(*v, childPath(path, "seconds"), false);
+          step.seconds = readSeconds(*v, childPath(path, "seconds"), false, kMaxStepSeconds);
         }
         break;
-      case Op::kRepeat:
+      case Op::kRepeat: {
         if (depth >= kMaxRepeatDepth) {
           fail(path, fmt::format("repeat steps nest deeper than {} levels", kMaxRepeatDepth));
         }
         step.count = static_cast<int>(
             readInt(required(value, path, "count"), childPath(path, "count"), 0, kMaxRepeatCount));
-        step.steps =
-            readSteps(required(value, path, "steps"), childPath(path, "steps"), depth + 1, false);
-        break;
+        Cost nested;
+        step.steps = readSteps(required(value, path, "steps"), childPath(path, "steps"),
+                               depth + 1, false, nested);
+        // An iteration with no nested steps still counts as one, as does a count of 0.
+        const auto count = static_cast<std::uint64_t>(step.count);
+        const auto repeat = static_cast<std::uint64_t>(step.repeat);
+        cost.steps = std::max<std::uint64_t>(1, count * std::max<std::uint64_t>(1, nested.steps));
+        cost.seconds = static_cast<double>(count) * nested.seconds;
+        checkCost(cost, path, fmt::format("this repeat (count {} x {} nested steps) runs",
+                                          step.count, nested.steps));
+        cost.steps *= repeat;
+        cost.seconds *= static_cast<double>(repeat);
+        if (repeat > 1) {
+          checkCost(cost, path,
+                    fmt::format("this repeat (count {} x {} nested steps, repeated {} times) runs",
+                                step.count, nested.steps, step.repeat));
+        }
+        return step;
+      }
+    }
+    cost.steps = static_cast<std::uint64_t>(step.repeat);
+    const bool sleeps =
+        step.op == Op::kSleep || (step.op == Op::kFault && step.faultKind == FaultKind::kStall);
+    cost.seconds = sleeps ? step.seconds * step.repeat : 0;
+    if (sleeps) {
+      checkCost(cost, path, fmt::format("this step ({} s, repeated {} times) runs", step.seconds,
+                                        step.repeat));
     }
     return step;
   }
@@ -752,7 +810,7 @@ class Parser {
       case FaultKind::kStall:
         step.seconds = 1;
         if (const json* v = find(value, "seconds")) {
-          step.seconds = readSeconds(*v, childPath(path, "seconds"), false);
+          step.seconds = readSeconds(*v, childPath(path, "seconds"), false, kMaxStepSeconds);
         }
         break;
       case FaultKind::kCrash:
@@ -907,8 +965,11 @@ Scenario loadScenario(const std::string& path, const ParseOptions& options) {
   return parseScenarioText(readFile(path), path, options);
 }
 
-Scenario parseScenarioText(const std::string& text, const std::string& path,
+Scenario parseScenarioText(std::string_view text, const std::string& path,
                            const ParseOptions& options) {
+  if (text.size() > kMaxFileBytes) {
+    throw ScenarioError(path, "", tooLarge(fmt::format("{} bytes, ", text.size())));
+  }
   if (text.find_first_not_of(" \t\r\n") == std::string::npos) {
     throw ScenarioError(
         path, "",
@@ -927,9 +988,9 @@ Scenario parseScenarioText(const std::string& text, const std::string& path,
     const std::size_t offset = error.byte > 0 ? error.byte - 1 : 0;
     throw ScenarioError(path, "",
                         fmt::format("invalid JSON at {} (offset {}): {}", lineColumn(text, offset),
-                                    offset, parseReason(error.what())));
+                                    offset, printable(parseReason(error.what()))));
   } catch (const json::exception& error) {
-    throw ScenarioError(path, "", "invalid JSON: " + parseReason(error.what()));
+    throw ScenarioError(path, "", "invalid JSON: " + printable(parseReason(error.what())));
   }
   return parseScenario(document, path, options);
 }

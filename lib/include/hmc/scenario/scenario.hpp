@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace hmc::scenario {
@@ -14,6 +15,16 @@ namespace hmc::scenario {
 inline constexpr const char* kScenarioFormat = "hmc-scenario/1";
 inline constexpr int kMaxWorldSize = 4096;
 inline constexpr int kMaxRepeatDepth = 8;
+// Limits that keep a valid scenario's run bounded (docs/scenario-extensions.md, "Limits").
+// A `repeat` field, a repeat op's `count` and a fault's `count`: at most this.
+inline constexpr int kMaxRepeat = 1'000'000;
+// Steps one rank executes, nested repeats multiplied out (every step counted as if it ran on
+// every rank): at most this. At 10 us to 10 ms a step, from minutes to about a day.
+inline constexpr std::int64_t kMaxStepsPerRank = 10'000'000;
+// One `sleep` or `stall`: at most this many seconds.
+inline constexpr int kMaxStepSeconds = 3600;
+// All `sleep` and `stall` seconds of one rank, repeats multiplied out: at most one day.
+inline constexpr int kMaxSleepSecondsPerRank = 86'400;
 
 enum class Device { kAuto, kCpu, kCuda };
 enum class Expect { kOk, kError, kHang, kAny };
@@ -118,15 +129,17 @@ struct ParseOptions {
 // Validates and converts a parsed JSON document. Throws ScenarioError.
 Scenario parseScenario(const nlohmann::json& document, const std::string& file,
                        const ParseOptions& options = {});
+// Parses scenario text (the bytes of a file named `file`): the same checks as loadScenario
+// after reading, for callers that hold the bytes (a fuzzer, a rank that received them).
+Scenario parseScenarioText(std::string_view text, const std::string& file,
+                           const ParseOptions& options = {});
 // Reads and parses a file: empty, truncated, binary and non-object files are
 // ScenarioErrors too. Never hangs, never crashes on bad input.
 Scenario loadScenario(const std::string& path, const ParseOptions& options = {});
-// The two halves of loadScenario: reading a file's bytes (bounded; FIFO- and /dev/zero-safe),
-// and parsing them (`file` names them in errors). hmc-run reads a file once and hands the same
-// bytes to its rank processes, so every rank runs exactly the scenario the parent parsed.
+// The first half of loadScenario: a file's bytes (bounded; FIFO- and /dev/zero-safe). hmc-run
+// reads a file once and hands the same bytes to its rank processes (parseScenarioText), so
+// every rank runs exactly the scenario the parent parsed.
 std::string readScenarioFile(const std::string& path);
-Scenario parseScenarioText(const std::string& text, const std::string& file,
-                           const ParseOptions& options = {});
 
 // The scenario dtypes: "float32", "float64", "float16", "bfloat16".
 bool isScenarioDtype(std::string_view dtype) noexcept;
