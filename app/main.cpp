@@ -28,6 +28,7 @@
 #include <thread>
 #include <vector>
 
+#include "compare_command.hpp"
 #include "hmc/collective/collective.hpp"
 #include "hmc/collective/launch_env.hpp"
 #include "hmc/collective/transport.hpp"
@@ -40,7 +41,7 @@
 #include "hmc/scenario/runner.hpp"
 #include "hmc/scenario/scenario.hpp"
 #include "hmc/scenario/thread_driver.hpp"
-#include "compare_command.hpp"
+#include "hmc/text.hpp"
 #include "local_launcher.hpp"
 #include "rank_launch.hpp"
 #include "rank_process.hpp"
@@ -363,6 +364,7 @@ hmc::app::RankLaunch rankLaunchFor(const std::string& file, const RunOptions& op
     launch.masterAddr = plan.launch->masterAddr;
     launch.masterPort = plan.launch->masterPort;
     launch.agentHostsStore = plan.launch->agentHostsStore;
+    launch.launcher = plan.launch->launcher;
   }
   return launch;
 }
@@ -478,7 +480,7 @@ int runScenarios(const RunOptions& options, const std::vector<std::string>& comm
         publish(hmc::scenario::invalidReport(file, prepared.scenario.name, *prepared.error));
       } else {
         fmt::print(stderr, "hmc-run rank {}: invalid scenario {}\n", plan.launch->rank,
-                   prepared.error->what());
+                   hmc::printable(prepared.error->what()));
       }
       continue;
     }
@@ -563,8 +565,8 @@ int validateFiles(const std::vector<std::string>& files, std::optional<int> worl
       hmc::scenario::ParseOptions parse;
       parse.worldSize = worldSize;
       const auto scenario = hmc::scenario::loadScenario(file, parse);
-      fmt::print("ok       {}: '{}', {} steps, {} ranks\n", file, scenario.name,
-                 scenario.steps.size(), scenario.worldSize);
+      fmt::print("ok       {}: '{}', {} steps, {} ranks\n", hmc::printable(file),
+                 hmc::printable(scenario.name), scenario.steps.size(), scenario.worldSize);
     } catch (const hmc::ScenarioError& error) {
       ++invalid;
       fmt::print("invalid  {}\n", error.what());
@@ -589,8 +591,8 @@ int listDirectory(const std::string& directory) {
   for (const auto& file : files) {
     try {
       const auto scenario = hmc::scenario::loadScenario(file);
-      fmt::print("  {:<36} {:>5} {:>5}  {}\n", scenario.name, scenario.worldSize,
-                 scenario.steps.size(), scenario.description);
+      fmt::print("  {:<36} {:>5} {:>5}  {}\n", hmc::printable(scenario.name), scenario.worldSize,
+                 scenario.steps.size(), hmc::printable(scenario.description));
     } catch (const hmc::ScenarioError& error) {
       ++invalid;
       fmt::print("# invalid: {}\n", error.what());

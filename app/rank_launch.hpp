@@ -50,6 +50,7 @@ struct RankLaunch {
   int masterPort = 0;
   int glooPort = 0;              // the gloo transport's own store; 0: masterPort + 1
   bool agentHostsStore = false;  // torchrun's agent hosts the store: rank 0 is a client too
+  std::string launcher;          // "torchrun", "mpirun", "srun"; "" for hmc-run's own launch
 
   // What to keep and where to put it.
   std::size_t flightCapacity = 64;

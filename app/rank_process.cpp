@@ -29,12 +29,15 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// How long rank 0 waits for the others' results after a termination signal: not at all. The
-// launcher's grace period can be very short (Open MPI's odls_base_sigkill_timeout is 1 s, and
-// under mpirun the kill came within ~0.2 s here), so rank 0 reads what is in the store now
-// (results of ranks that finished, every rank's heartbeat) and reports at once.
-constexpr std::chrono::milliseconds kInterruptGather{0};
-// The bound on that reading, should the store not answer.
+// How long rank 0 waits for the others' results after a termination signal (they publish
+// theirs within milliseconds of the same signal). Under mpirun not at all: Open MPI sends
+// SIGKILL 1 s after SIGTERM (odls_base_sigkill_timeout) and here its kill came within ~0.2 s,
+// so rank 0 reads what the store holds now (results of ranks that finished, every rank's
+// heartbeat) and reports at once. torchrun and srun give seconds.
+std::chrono::milliseconds interruptGatherFor(const std::string& launcher) {
+  return launcher == "mpirun" ? std::chrono::milliseconds(0) : std::chrono::milliseconds(1000);
+}
+// The bound on that reading beyond the wait, should the store not answer.
 constexpr std::chrono::milliseconds kInterruptRead{300};
 
 // Polls for `keys` until all exist or `deadline` passes.
@@ -107,7 +110,8 @@ std::vector<scenario::RankResult> parseRankResults(const std::string& text) {
 // A rank without results, as its last heartbeat shows it: waiting in a collective (hung, so
 // the hang diagnosis says where), or elsewhere (crashed: it left no result). nullopt without
 // a heartbeat.
-std::optional<scenario::RankResult> fromHeartbeat(collective::KeyValueStore& kv, int rank) {
+std::optional<scenario::RankResult> fromHeartbeat(collective::KeyValueStore& kv, int rank,
+                                                  std::optional<std::uint64_t> completedByOthers) {
   try {
     const std::string key = diagnostics::heartbeatKey(rank);
     if (!kv.check({key})) return std::nullopt;
@@ -121,7 +125,9 @@ std::optional<scenario::RankResult> fromHeartbeat(collective::KeyValueStore& kv,
       result.flight.push_back(*beat.current);
     }
     result.leaks.reason = "no result from this rank (stopped or died): not checked";
-    if (beat.state == diagnostics::RankState::kWaiting && beat.current) {
+    const bool stale =
+        completedByOthers && beat.current && beat.current->sequence <= *completedByOthers;
+    if (beat.state == diagnostics::RankState::kWaiting && beat.current && !stale) {
       result.hung = true;
     } else {
       result.crashed = true;
@@ -157,6 +163,16 @@ std::vector<std::vector<scenario::RankResult>> gatherResults(collective::KeyValu
     }
     repetitions = std::max(repetitions, byRank[rank].size());
   }
+  // The last collective every rank with results completed: a heartbeat that shows a rank
+  // waiting in an earlier one is stale (it died after writing it).
+  std::optional<std::uint64_t> completedByOthers;
+  for (const auto& results : byRank) {
+    if (results.empty()) continue;
+    for (const auto& entry : results.back().flight) {
+      if (entry.status != "ok") continue;
+      completedByOthers = std::max(completedByOthers.value_or(0), entry.sequence);
+    }
+  }
   std::vector<std::vector<scenario::RankResult>> merged(
       repetitions, std::vector<scenario::RankResult>(launch.worldSize));
   for (int rank = 0; rank < launch.worldSize; ++rank) {
@@ -167,7 +183,7 @@ std::vector<std::vector<scenario::RankResult>> gatherResults(collective::KeyValu
       }
       // Where it was: its heartbeat (every rank writes one at least every second), else the
       // flight record its watchdog published at a deadline.
-      if (auto seen = fromHeartbeat(kv, rank)) {
+      if (auto seen = fromHeartbeat(kv, rank, completedByOthers)) {
         merged[r][rank] = std::move(*seen);
         continue;
       }
@@ -309,13 +325,14 @@ RankProcessOutcome runRankProcess(const scenario::Scenario& scenario, const Rank
       auto future = gathered->get_future();
       std::thread([gathered, kv, &launch] {
         try {
-          gathered->set_value(gatherResults(*kv, launch, kInterruptGather));
+          gathered->set_value(gatherResults(*kv, launch, interruptGatherFor(launch.launcher)));
         } catch (...) {
           gathered->set_exception(std::current_exception());
         }
       }).detach();
-      if (future.wait_for(kInterruptRead) != std::future_status::ready) {
-        storeProblem = fmt::format("the store did not answer within {} ms", kInterruptRead.count());
+      const auto bound = interruptGatherFor(launch.launcher) + kInterruptRead;
+      if (future.wait_for(bound) != std::future_status::ready) {
+        storeProblem = fmt::format("the store did not answer within {} ms", bound.count());
       } else {
         try {
           merged = future.get();

@@ -8,6 +8,7 @@
 #include <ostream>
 
 #include "hmc/scenario/output_file.hpp"
+#include "hmc/text.hpp"
 
 namespace hmc::scenario {
 namespace {
@@ -58,13 +59,14 @@ class ConsoleReporter final : public Reporter {
                         report.info.wallSeconds, report.worldSize});
     if (report.invalid) {
       const auto& invalid = *report.invalid;
-      fmt::print(out_, "# invalid scenario {}: {}{}\n", invalid.file,
-                 invalid.path.empty() ? "" : invalid.path + ": ", invalid.message);
+      fmt::print(out_, "# invalid scenario {}: {}{}\n", printable(invalid.file),
+                 invalid.path.empty() ? "" : printable(invalid.path) + ": ",
+                 printable(invalid.message));
     } else if (!options_.quiet) {
       fmt::print(out_, "# hmc-run: {} ({} ranks, transport {}, device {}, timeout {} s)\n",
-                 report.name, report.worldSize, report.info.transport, report.info.device,
-                 report.timeoutS);
-      if (!report.description.empty()) fmt::print(out_, "# {}\n", report.description);
+                 printable(report.name), report.worldSize, report.info.transport,
+                 report.info.device, report.timeoutS);
+      if (!report.description.empty()) fmt::print(out_, "# {}\n", printable(report.description));
       if (report.samples.repetitions > 1) {
         fmt::print(out_, "# {} repetitions ({} warm-up); the table shows repetition {}\n",
                    report.samples.repetitions, report.samples.warmup, report.shownRepetition);
@@ -75,8 +77,8 @@ class ConsoleReporter final : public Reporter {
                  formatSeconds(report.info.wallSeconds));
     }
     if (options_.directory && !options_.quiet && !report.invalid) {
-      fmt::print(out_, "# [{}/{}] {}: {}\n", summary_.size(), options_.total, report.name,
-                 toString(report.outcome));
+      fmt::print(out_, "# [{}/{}] {}: {}\n", summary_.size(), options_.total,
+                 printable(report.name), toString(report.outcome));
     }
     out_.flush();
   }
@@ -85,7 +87,7 @@ class ConsoleReporter final : public Reporter {
     if (options_.directory && !options_.quiet) {
       fmt::print(out_, "#\n# {:<40} {:>5} {:>8} {:>10}\n", "scenario", "ranks", "outcome", "wall");
       for (const auto& row : summary_) {
-        fmt::print(out_, "  {:<40} {:>5} {:>8} {:>10}\n", row.name, row.world,
+        fmt::print(out_, "  {:<40} {:>5} {:>8} {:>10}\n", printable(row.name), row.world,
                    toString(row.outcome), formatSeconds(row.seconds));
       }
     }
@@ -131,7 +133,7 @@ class ConsoleReporter final : public Reporter {
     for (std::size_t index = 0; index < report.steps.size(); ++index) {
       const StepOutline& step = report.steps[index];
       std::string line =
-          fmt::format("  {:>4}  {:<10} {:<10} ", index, toString(step.op), step.module);
+          fmt::format("  {:>4}  {:<10} {:<10} ", index, toString(step.op), printable(step.module));
       if (wide) {
         std::map<std::string, std::vector<int>> groups;
         for (const auto& rank : ranks) {
@@ -150,7 +152,7 @@ class ConsoleReporter final : public Reporter {
               "{:<22}", index < rank.steps.size() ? cellOf(rank.steps[index]) : std::string("-"));
         }
       }
-      if (step.label) line += "  " + *step.label;
+      if (step.label) line += "  " + printable(*step.label);
       fmt::print(out_, "{}\n", line);
     }
   }
@@ -160,15 +162,16 @@ class ConsoleReporter final : public Reporter {
     std::map<std::string, std::vector<int>> problems;
     for (const auto& rank : report.ranks) {
       if (rank.crashed) {
-        problems[fmt::format("crashed: {}", rank.crashReason.value_or("exited"))].push_back(
-            rank.rank);
+        problems[fmt::format("crashed: {}", printable(rank.crashReason.value_or("exited")))]
+            .push_back(rank.rank);
       }
       for (const auto& step : rank.steps) {
         if (step.expected && !step.error) continue;
         const std::string text = fmt::format(
             "step {} {}: {}{}{}", step.index, toString(step.op), toString(step.status),
-            step.error ? fmt::format(" {}: {}", toString(step.error->kind), step.error->message)
-                       : "",
+            step.error
+                ? fmt::format(" {}: {}", toString(step.error->kind), printable(step.error->message))
+                : "",
             step.expected ? " (expected)" : " (unexpected)");
         problems[text].push_back(rank.rank);
       }
@@ -187,7 +190,7 @@ class ConsoleReporter final : public Reporter {
                              : std::string("the signature"),
                  first.rank0.dump(), first.rank, first.thisRank.dump());
     }
-    if (report.hang) fmt::print(out_, "# hang: {}\n", report.hang->diagnosis);
+    if (report.hang) fmt::print(out_, "# hang: {}\n", printable(report.hang->diagnosis));
     const Timings& timings = report.timings;
     fmt::print(out_,
                "# timings (p50/p95, n): fresh bind {}, reused bind {}, close {}, collectives {}\n",
@@ -197,7 +200,7 @@ class ConsoleReporter final : public Reporter {
     for (const auto& rank : report.ranks) {
       const LeakCheck& leak = rank.leaks;
       if (!leak.checked) {
-        leakLines["not checked: " + leak.reason].push_back(rank.rank);
+        leakLines["not checked: " + printable(leak.reason)].push_back(rank.rank);
         continue;
       }
       if (!leak.leaked() && !leak.shutdownError) continue;
@@ -211,7 +214,7 @@ class ConsoleReporter final : public Reporter {
                             device.device, device.bytesHeld, device.streamsHeld, device.eventsHeld,
                             device.communicatorsHeld);
       }
-      if (leak.shutdownError) text += "; shutdown failed: " + *leak.shutdownError;
+      if (leak.shutdownError) text += "; shutdown failed: " + printable(*leak.shutdownError);
       leakLines[text].push_back(rank.rank);
     }
     if (leakLines.empty()) {
