@@ -35,6 +35,7 @@
 #include "hmc/collective/store_transport.hpp"
 #include "hmc/collective/tcp_transport.hpp"
 #include "hmc/collective/threads_transport.hpp"
+#include "hmc/collective/transport_factory.hpp"
 #include "hmc/config.hpp"
 #include "hmc/diagnostics/flight_recorder.hpp"
 #include "hmc/diagnostics/watchdog.hpp"
@@ -78,27 +79,17 @@ void reap(pid_t pid, std::chrono::milliseconds bound) {
   }
 }
 
-std::unique_ptr<Collective> connect(const std::string& transport, int rank, int world, int port,
+std::shared_ptr<Collective> connect(const std::string& transport, int rank, int world, int port,
                                     int glooThreads) {
-  hmc::collective::StoreTransportOptions store;
-  store.port = port;
-  store.rank = rank;
-  store.worldSize = world;
-  store.timeout = kTimeout;
-#if HMC_HAVE_GLOO
-  if (transport == "gloo") {
-    hmc::collective::GlooTransportOptions options;
-    options.store = store;
-    options.threads = glooThreads;
-    return std::make_unique<hmc::collective::GlooTransport>(options);
-  }
-#endif
-  if (transport == "tcp") {
-    hmc::collective::TcpTransportOptions options;
-    options.store = store;
-    return std::make_unique<hmc::collective::TcpTransport>(options);
-  }
-  return std::make_unique<hmc::collective::StoreTransport>(store);
+  hmc::collective::TransportOptions options;
+  options.rank = rank;
+  options.worldSize = world;
+  options.masterPort = port;
+  options.timeout = kTimeout;
+  options.glooThreads = glooThreads;
+  options.glooControlStore = false;  // one transport on one port
+  return hmc::collective::makeTransport(*hmc::collective::transportFromString(transport), options)
+      .collective;
 }
 
 // What each rank runs beside its exchanges: nothing (plain), a FlightRecorder attached as in
@@ -168,7 +159,7 @@ int runEcho(int port) {
 
 // A process world kept for the whole run (setting one up costs far more than an exchange).
 struct ProcessWorld {
-  std::unique_ptr<Collective> rank0;
+  std::shared_ptr<Collective> rank0;
   std::unique_ptr<Diagnostics> diagnostics;
   std::vector<pid_t> peers;
 
@@ -191,8 +182,8 @@ std::map<std::string, std::unique_ptr<ProcessWorld>>& worlds() {
 
 ProcessWorld& processWorld(const std::string& transport, int world, int glooThreads = 1,
                            const std::string& mode = "plain") {
-  const std::string key = transport + "/" + std::to_string(world) + "/" +
-                          std::to_string(glooThreads) + "/" + mode;
+  const std::string key =
+      transport + "/" + std::to_string(world) + "/" + std::to_string(glooThreads) + "/" + mode;
   auto& slot = worlds()[key];
   if (!slot) {
     const int port = hmc::collective::freeLoopbackPort();
@@ -308,11 +299,7 @@ void BM_StoreExchangeHeartbeat(benchmark::State& state) {
   state.counters["heartbeats_rank0"] =
       static_cast<double>(world.diagnostics->watchdog->heartbeats());
 }
-BENCHMARK(BM_StoreExchangeHeartbeat)
-    ->Arg(2)
-    ->Arg(4)
-    ->UseRealTime()
-    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_StoreExchangeHeartbeat)->Arg(2)->Arg(4)->UseRealTime()->Unit(benchmark::kMicrosecond);
 
 #if HMC_HAVE_GLOO
 // Args: ranks, ProcessGroupGloo worker threads.

@@ -14,6 +14,7 @@
 
 #include "hmc/collective/store_transport.hpp"
 #include "hmc/collective/tcp_transport.hpp"
+#include "hmc/collective/transport_factory.hpp"
 #include "hmc/config.hpp"
 #include "hmc/error.hpp"
 #include "hmc/lifecycle/resource_manager.hpp"
@@ -37,26 +38,16 @@ struct Args {
   std::string scenario;
 };
 
-std::unique_ptr<Collective> connect(const Args& args) {
-  hmc::collective::StoreTransportOptions store;
-  store.port = args.port;
-  store.rank = args.rank;
-  store.worldSize = args.world;
-  store.timeout = args.timeout;
-  if (args.transport == "store") return std::make_unique<hmc::collective::StoreTransport>(store);
-  if (args.transport == "tcp") {
-    hmc::collective::TcpTransportOptions options;
-    options.store = store;
-    return std::make_unique<hmc::collective::TcpTransport>(options);
-  }
-#if HMC_HAVE_GLOO
-  if (args.transport == "gloo") {
-    hmc::collective::GlooTransportOptions options;
-    options.store = store;
-    return std::make_unique<hmc::collective::GlooTransport>(options);
-  }
-#endif
-  throw hmc::ValueError("unknown transport " + args.transport);
+std::shared_ptr<Collective> connect(const Args& args) {
+  const auto transport = hmc::collective::transportFromString(args.transport);
+  if (!transport) throw hmc::ValueError("unknown transport " + args.transport);
+  hmc::collective::TransportOptions options;
+  options.rank = args.rank;
+  options.worldSize = args.world;
+  options.masterPort = args.port;
+  options.timeout = args.timeout;
+  options.glooControlStore = false;  // the transport under test alone, on the test's port
+  return hmc::collective::makeTransport(*transport, options).collective;
 }
 
 void expect(bool condition, const std::string& what) {
@@ -96,7 +87,7 @@ void exchangeScenario(Collective& c) {
 }
 
 // Two ranks recycle and close through the manager (tests/lifecycle's scenario, as processes).
-void lifecycleScenario(std::unique_ptr<Collective> collective) {
+void lifecycleScenario(std::shared_ptr<Collective> collective) {
   using hmc::lifecycle::ResourceManager;
   using hmc::resources::HostWorkspace;
   using nlohmann::json;

@@ -30,6 +30,15 @@ ProcessTransport makeTransport(Transport transport, const TransportOptions& opti
   if (!options.rankZeroHostsStore) store.isServer = false;
 
   ProcessTransport out;
+#if HMC_HAVE_GLOO
+  if (transport == Transport::kGloo && !options.glooControlStore) {
+    GlooTransportOptions gloo;
+    gloo.store = store;
+    gloo.threads = options.glooThreads;
+    out.collective = std::make_shared<GlooTransport>(gloo);
+    return out;
+  }
+#endif
   out.control = std::make_shared<StoreTransport>(store);
   out.collective = out.control;
   switch (transport) {

@@ -28,11 +28,15 @@ struct TransportOptions {
   std::chrono::milliseconds timeout = std::chrono::seconds(30);
   std::string prefix = "hmc";  // the control store's key namespace
   int glooThreads = 2;         // ProcessGroupGloo worker threads
+  // gloo only: false puts the process group's own store on masterPort (prefix `prefix`) and
+  // makes no control store (control is null): one transport on one port, as its tests and
+  // benchmarks use it. tcp and store always have their control store.
+  bool glooControlStore = true;
 };
 
 struct ProcessTransport {
   // The control store: rendezvous, out-of-band votes, results and diagnosis. It is also the
-  // collective of the `store` transport.
+  // collective of the `store` transport. Null for gloo with glooControlStore false.
   std::shared_ptr<StoreTransport> control;
   // What the ranks exchange through (== control for `store`).
   std::shared_ptr<Collective> collective;
