@@ -298,14 +298,17 @@ RankProcessOutcome runRankProcess(const scenario::Scenario& scenario, const Rank
       kv = evidenceStore;
     }
     std::string storeProblem = kv ? "" : "the rank had not joined the store yet";
-    if (kv) {
+    const bool reporting = launch.rank == 0 && onInterrupted;
+    // The reporting rank keeps its own results (nobody reads them from the store), so that no
+    // store round trip stands between the signal and the report.
+    if (kv && !reporting) {
       try {
         kv->set(fmt::format("result/{}", launch.rank), rankResultsDocument(results));
       } catch (const std::exception& error) {
         storeProblem = error.what();
       }
     }
-    if (launch.rank != 0 || !onInterrupted) {
+    if (!reporting) {
       if (!storeProblem.empty()) {
         fmt::print(stderr,
                    "hmc-run rank {}: stopped by signal {}; cannot hand on its results: {}\n",
@@ -336,6 +339,17 @@ RankProcessOutcome runRankProcess(const scenario::Scenario& scenario, const Rank
       } else {
         try {
           merged = future.get();
+          // Rank 0's own results, as it has them now (the store holds only a finished run's).
+          if (merged.size() < results.size()) {
+            std::vector<scenario::RankResult> missing;
+            for (int rank = 0; rank < launch.worldSize; ++rank) {
+              missing.push_back(missingRankResult(
+                  rank, fmt::format("no result from rank {} for this repetition", rank),
+                  "not checked", {}));
+            }
+            merged.resize(results.size(), missing);
+          }
+          for (std::size_t r = 0; r < results.size(); ++r) merged[r][launch.rank] = results[r];
         } catch (const std::exception& error) {
           storeProblem = error.what();
         }
