@@ -31,9 +31,8 @@ using Clock = std::chrono::steady_clock;
 
 // How long rank 0 waits for the others' results after a termination signal (they publish
 // theirs within milliseconds of the same signal). Under mpirun not at all: Open MPI sends
-// SIGKILL 1 s after SIGTERM (odls_base_sigkill_timeout) and here its kill came within ~0.2 s,
-// so rank 0 reads what the store holds now (results of ranks that finished, every rank's
-// heartbeat) and reports at once. torchrun and srun give seconds.
+// SIGKILL 1 s after SIGTERM (odls_base_sigkill_timeout), so rank 0 reports at once from what
+// the store holds (results, else every rank's heartbeat). torchrun and srun give seconds.
 std::chrono::milliseconds interruptGatherFor(const std::string& launcher) {
   return launcher == "mpirun" ? std::chrono::milliseconds(0) : std::chrono::milliseconds(1000);
 }
