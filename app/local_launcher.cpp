@@ -17,6 +17,7 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -197,19 +198,14 @@ class RunFolder {
 
 // The results a rank process wrote (one per repetition it finished), or none.
 std::vector<scenario::RankResult> readRankResults(const fs::path& file, int rank) {
-  std::vector<scenario::RankResult> results;
   std::ifstream in(file);
-  if (!in) return results;
+  if (!in) return {};
   try {
-    const auto document = nlohmann::json::parse(in);
-    for (const auto& entry : document.at("repetitions")) {
-      results.push_back(scenario::rankResultFromJson(entry));
-    }
+    return parseRankResults(std::string(std::istreambuf_iterator<char>(in), {}));
   } catch (const std::exception& error) {
     spdlog::warn("rank {} wrote an unreadable result {}: {}", rank, file.string(), error.what());
-    results.clear();
+    return {};
   }
-  return results;
 }
 
 }  // namespace

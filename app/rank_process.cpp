@@ -95,8 +95,6 @@ std::string rankResultsDocument(const std::vector<scenario::RankResult>& results
   return nlohmann::json{{"repetitions", std::move(repetitions)}}.dump();
 }
 
-namespace {
-
 std::vector<scenario::RankResult> parseRankResults(const std::string& text) {
   std::vector<scenario::RankResult> results;
   const auto document = nlohmann::json::parse(text);  // outlives the loop
@@ -105,6 +103,8 @@ std::vector<scenario::RankResult> parseRankResults(const std::string& text) {
   }
   return results;
 }
+
+namespace {
 
 // A rank without results, as its last heartbeat shows it: waiting in a collective (hung, so
 // the hang diagnosis says where), or elsewhere (crashed: it left no result). nullopt without

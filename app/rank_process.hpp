@@ -37,6 +37,8 @@ scenario::RankResult missingRankResult(int rank, std::string reason, std::string
 
 // The document a rank writes to its result file and to the store: every repetition's result.
 std::string rankResultsDocument(const std::vector<scenario::RankResult>& results);
+// Reads that document back. Throws (nlohmann::json or ValueError) on a malformed one.
+std::vector<scenario::RankResult> parseRankResults(const std::string& text);
 
 // Rank 0 of an external launch stopped by `signal`: every rank's results so far (per
 // repetition), to report before the process exits.
