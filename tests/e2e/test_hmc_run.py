@@ -11,6 +11,7 @@ Prints one line per check and a closing "N passed, N failed"; exits 1 on any fai
 """
 import concurrent.futures
 import glob
+import ipaddress
 import json
 import os
 import shutil
@@ -361,6 +362,100 @@ def test_process_transports_run_crash_and_hang_scenarios():
             check_report(report, load(path), f"{name} on {transport}")
 
 
+def _listening_sockets():
+    """{inode: (address, port)} of every listening TCP socket of this host (/proc/net/tcp, tcp6)."""
+    found = {}
+    for name, width in (("/proc/net/tcp", 8), ("/proc/net/tcp6", 32)):
+        try:
+            with open(name) as table:
+                rows = table.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if len(fields) < 10 or fields[3] != "0A":  # 0A: LISTEN
+                continue
+            address, port = fields[1].split(":")
+            # The kernel prints the address as 32-bit words in host (little-endian) order.
+            raw = b"".join(bytes.fromhex(address[i:i + 8])[::-1] for i in range(0, width, 8))
+            found[fields[9]] = (ipaddress.ip_address(raw), int(port, 16))
+    return found
+
+
+def _socket_inodes(pids):
+    inodes = set()
+    for pid in pids:
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("socket:["):
+                    inodes.add(target[len("socket:["):-1])
+        except OSError:
+            pass
+    return inodes
+
+
+def _process_tree(root):
+    pids = {root}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                parent = int(stat.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if parent == root:
+            pids.add(int(entry))
+    return pids
+
+
+def test_local_run_listens_on_loopback_only():
+    """A local run's store (and every other listener of its processes) is on loopback only:
+    c10d binds every interface unless hmc confines it (issue 12, safe defaults)."""
+    scenario = os.path.join(WORK, "listen-sleep.json")
+    with open(scenario, "w") as f:
+        json.dump({"format": "hmc-scenario/1", "name": "listen-sleep", "world_size": 2,
+                   "steps": [{"op": "sleep", "seconds": 4},
+                             {"op": "create", "module": "a", "type": "scratch_linear",
+                              "features": 8},
+                             {"op": "forward", "module": "a"},
+                             {"op": "close", "module": "a"}]}, f)
+    for transport in ("tcp", "store", "gloo"):
+        proc = subprocess.Popen([HMC_RUN, scenario, "--device", "cpu", "--transport", transport,
+                                 "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+        seen = {}
+        try:
+            deadline = time.monotonic() + 60
+            while proc.poll() is None and time.monotonic() < deadline:
+                listening = _listening_sockets()
+                for inode in _socket_inodes(_process_tree(proc.pid)):
+                    if inode in listening:
+                        seen[inode] = listening[inode]
+                time.sleep(0.1)
+            check(proc.poll() is not None, f"{transport}: still running after 60 s")
+            out, err = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        check(proc.returncode == 0, f"{transport}: exit {proc.returncode}\n{out}\n{err}")
+        store_port = None
+        for line in err.splitlines():
+            if "store at 127.0.0.1:" in line:
+                store_port = int(line.split("store at 127.0.0.1:")[1].split()[0])
+        check(store_port is not None, f"{transport}: no store address in stderr:\n{err}")
+        ports = {port for _, port in seen.values()}
+        check(store_port in ports, f"{transport}: the store's port {store_port} was never seen "
+                                   f"listening (seen: {sorted(seen.values(), key=str)})")
+        for address, port in seen.values():
+            loopback = address.is_loopback or (address.version == 6 and address.ipv4_mapped
+                                               is not None and address.ipv4_mapped.is_loopback)
+            check(loopback, f"{transport}: a rank process listens on {address} port {port}, "
+                            "not on loopback")
+
+
 def test_help_mentions_every_flag():
     proc = run("--help")
     check(proc.returncode == 0, output(proc))
@@ -384,6 +479,7 @@ def main():
                      test_collective_mismatch_is_named_in_the_report,
                      test_trace_has_a_process_per_rank_and_flow_events,
                      test_process_transports_run_crash_and_hang_scenarios,
+                     test_local_run_listens_on_loopback_only,
                      test_validate_subcommand,
                      test_list_subcommand,
                      test_help_mentions_every_flag):

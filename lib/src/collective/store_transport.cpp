@@ -12,11 +12,13 @@
 #include <climits>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <system_error>
 #include <thread>
 #include <vector>
 
 #include "c10d_compat.hpp"
+#include "confined_listen.hpp"
 #include "hmc/error.hpp"
 #include "store_transport_state.hpp"
 
@@ -298,9 +300,19 @@ c10::intrusive_ptr<c10d::TCPStore> connectTcpStore(const StoreTransportOptions& 
     }
     // Workers are awaited below, after the probe: c10d's own wait reads its first reply
     // without a deadline.
-    store = c10::make_intrusive<c10d::TCPStore>(
-        options.host,
-        c10d_compat::tcpStoreOptions(port, asServer, options.worldSize, false, options.timeout));
+    {
+      // A store for a loopback master address listens on loopback only (c10d would bind every
+      // interface); any other master address: every interface, as torch's store does.
+      std::optional<hmc::detail::ConfinedListen> confine;
+      if (asServer) {
+        if (const auto address = hmc::detail::loopbackListenAddress(options.host)) {
+          confine.emplace(*address);
+        }
+      }
+      store = c10::make_intrusive<c10d::TCPStore>(
+          options.host,
+          c10d_compat::tcpStoreOptions(port, asServer, options.worldSize, false, options.timeout));
+    }
     if (asServer) probeStore(options, store->getPort(), deadline);
     if (waitWorkers) store->waitForWorkers();
   } catch (const Error&) {
