@@ -419,6 +419,7 @@ std::vector<std::unique_ptr<hmc::scenario::Reporter>> makeReporters(const RunOpt
   console.quiet = options.quiet;
   console.directory = directory;
   console.total = total;
+  console.errors = &std::cerr;  // an invalid scenario's error; results stay on stdout
   const bool jsonOnStdout = (options.reportPath && *options.reportPath == "-") ||
                             (options.tracePath && *options.tracePath == "-");
   // Files first: a rank 0 stopped by a launcher may have only moments before SIGKILL, and the

@@ -255,7 +255,9 @@ def test_invalid_input_exits_2():
     report_path = os.path.join(WORK, "invalid.json")
     proc = run_cpu(invalid, "--report", report_path)
     check(proc.returncode == 2, f"invalid scenario: {output(proc)}")
-    check("/steps/0/featres" in proc.stdout + proc.stderr, f"no JSON path in: {output(proc)}")
+    check("/steps/0/featres" in proc.stderr, f"no JSON path on stderr: {output(proc)}")
+    check("/steps/0/featres" not in proc.stdout and "FAILED" in proc.stdout,
+          f"the error belongs on stderr, the closing line on stdout: {output(proc)}")
     report = load(report_path)
     check(report.get("outcome") == "invalid" and report.get("ranks") == [], f"report {report}")
     proc = run_cpu(os.path.join(SCENARIOS, "quickstart.json"), "--no-such-flag")

@@ -324,6 +324,17 @@ TEST_SUITE("report") {
     CHECK(document["error"]["path"] == "/steps/0/featres");
     CHECK(console(report).find("# invalid scenario bad.json: /steps/0/featres: ") !=
           std::string::npos);
+    // With an error stream, the error goes there and the table keeps the closing line.
+    std::ostringstream table;
+    std::ostringstream errors;
+    ConsoleOptions options;
+    options.errors = &errors;
+    auto reporter = makeConsoleReporter(table, options);
+    reporter->report(report);
+    reporter->finish(false);
+    CHECK(errors.str().find("# invalid scenario bad.json: /steps/0/featres: ") == 0);
+    CHECK(table.str().find("invalid scenario") == std::string::npos);
+    CHECK(table.str().find("# FAILED") != std::string::npos);
     const json set = toJson(std::vector<ScenarioReport>{report, report});
     CHECK(set["format"] == std::string(kReportSetFormat));
     CHECK(set["reports"].size() == 2);

@@ -59,9 +59,12 @@ class ConsoleReporter final : public Reporter {
                         report.info.wallSeconds, report.worldSize});
     if (report.invalid) {
       const auto& invalid = *report.invalid;
-      fmt::print(out_, "# invalid scenario {}: {}{}\n", printable(invalid.file),
+      std::ostream& errors = options_.errors != nullptr ? *options_.errors : out_;
+      out_.flush();  // keeps the order when both streams are one terminal
+      fmt::print(errors, "# invalid scenario {}: {}{}\n", printable(invalid.file),
                  invalid.path.empty() ? "" : printable(invalid.path) + ": ",
                  printable(invalid.message));
+      errors.flush();
     } else if (!options_.quiet) {
       fmt::print(out_, "# hmc-run: {} ({} ranks, transport {}, device {}, timeout {} s)\n",
                  printable(report.name), report.worldSize, report.info.transport,

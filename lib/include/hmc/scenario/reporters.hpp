@@ -27,6 +27,9 @@ struct ConsoleOptions {
   int maxRankColumns = 8;  // above it, a step's statuses are summarised
   bool directory = false;  // several scenarios: a progress line each and a summary table
   std::size_t total = 0;   // how many scenarios the run has (for "# [3/12] name: pass")
+  // Where the error of an invalid scenario goes (an error, not a result: hmc-run passes
+  // stderr); nullptr: the table's own stream.
+  std::ostream* errors = nullptr;
 };
 
 // Human-readable tables on `out`: non-data lines start with "# "; ends with "# OK",
