@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "c10d_compat.hpp"
-#include "confined_listen.hpp"
+#include "socket_guards.hpp"
 #include "hmc/error.hpp"
 #include "store_transport_state.hpp"
 

@@ -1,4 +1,4 @@
-#include "confined_listen.hpp"
+#include "socket_guards.hpp"
 
 #include <arpa/inet.h>
 #include <dlfcn.h>
@@ -65,6 +65,31 @@ ConfinedListen::ConfinedListen(const std::string& address) : lock_(std::make_uni
 ConfinedListen::~ConfinedListen() { confined.store(false, std::memory_order_release); }
 
 }  // namespace hmc::detail
+
+extern "C" int bind(int fd, const sockaddr* address, socklen_t length) noexcept;
+extern "C" ssize_t recv(int fd, void* buffer, size_t length, int flags);
+
+namespace hmc::detail {
+
+bool socketGuardsInstalled() {
+  return ::dlsym(RTLD_DEFAULT, "bind") == reinterpret_cast<void*>(&::bind) &&
+         ::dlsym(RTLD_DEFAULT, "recv") == reinterpret_cast<void*>(&::recv);
+}
+
+}  // namespace hmc::detail
+
+// The process's recv(): a peek at a reset connection reads as a closed one (see the header).
+extern "C" ssize_t recv(int fd, void* buffer, size_t length, int flags) {
+  using Recv = ssize_t (*)(int, void*, size_t, int);
+  static const Recv next = reinterpret_cast<Recv>(::dlsym(RTLD_NEXT, "recv"));
+  if (next == nullptr) {
+    errno = ENOSYS;
+    return -1;
+  }
+  const ssize_t received = next(fd, buffer, length, flags);
+  if (received < 0 && (flags & MSG_PEEK) != 0 && errno == ECONNRESET) return 0;
+  return received;
+}
 
 // The process's bind(): forwards to the next definition (libc's, or a sanitizer's), rewriting
 // a wildcard address to the confined one while a ConfinedListen is alive.
