@@ -14,6 +14,7 @@ Python 3 standard library only. Prints "N passed, N failed" last.
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -60,7 +61,9 @@ class Job:
         self.stderr_path = os.path.join(TMP, f"stderr-{time.monotonic_ns()}")
         self.pid_file = os.path.join(TMP, f"pids-{time.monotonic_ns()}")
         self.stderr = open(self.stderr_path, "w")
-        env = clean_env({"HMC_LAUNCH_PID_FILE": self.pid_file})
+        # The job is SIGKILLed at the end, so hmc-run cannot remove its run folder: keep it
+        # in this test's folder, which main() removes.
+        env = clean_env({"HMC_LAUNCH_PID_FILE": self.pid_file, "TMPDIR": TMP})
         self.proc = subprocess.Popen(
             [HMC_RUN] + args + ["--transport", "tcp", "--master-port", str(self.port)],
             env=env, stdout=subprocess.DEVNULL, stderr=self.stderr, start_new_session=True)
@@ -228,6 +231,7 @@ def main():
             print(f"FAIL {name} ({time.monotonic() - began:.1f} s)", flush=True)
             traceback.print_exc()
     print(f"{passed} passed, {failed} failed")
+    shutil.rmtree(TMP, ignore_errors=True)
     return 0 if failed == 0 and passed > 0 else 1
 
 
