@@ -43,6 +43,7 @@
 #include "hmc/scenario/thread_driver.hpp"
 #include "hmc/text.hpp"
 #include "local_launcher.hpp"
+#include "preflight.hpp"
 #include "rank_launch.hpp"
 #include "rank_process.hpp"
 #include "signals.hpp"
@@ -282,6 +283,22 @@ PreparedScenario prepareScenario(const std::string& file, const RunOptions& opti
                                 "machine (scripts/device-check) or pass --device cpu",
                                 reason));
       return prepared;
+    }
+  }
+  if (!prepared.error) {
+    // What the run needs from this host (descriptors, tasks, memory), before any rank starts.
+    hmc::app::RunShape shape;
+    shape.processes = !plan.launch && plan.transport != Transport::kThreads;
+    shape.hostsStore = plan.launch && plan.launch->rank == 0 && !plan.launch->agentHostsStore &&
+                       plan.transport != Transport::kThreads;
+    shape.worldSize = scenario.worldSize;
+    shape.recordedSteps = scenario.steps.size();
+    shape.repetitions = options.repetitions;
+    if (!plan.launch || shape.hostsStore) {
+      if (std::string refusal = hmc::app::preflight(shape); !refusal.empty()) {
+        prepared.error = hmc::ScenarioError(file, "", "this host cannot run it: " + refusal);
+        return prepared;
+      }
     }
   }
   if (plan.ncclDevices && !plan.launch && scenario.worldSize > plan.ncclDevices->deviceCount) {

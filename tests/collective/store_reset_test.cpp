@@ -77,9 +77,10 @@ TEST_CASE("a store client survives its server closing with the client in the acc
     ::waitpid(child, &status, 0);
     DOCTEST_FAIL("the child still ran after 60 s (killed)");
   }
-  DOCTEST_INFO("child status: ", WIFSIGNALED(status) ? std::string("killed by signal ") +
-                                                   ::strsignal(WTERMSIG(status))
-                                             : "exit " + std::to_string(WEXITSTATUS(status)));
+  DOCTEST_INFO("child status: ",
+               WIFSIGNALED(status)
+                   ? std::string("killed by signal ") + ::strsignal(WTERMSIG(status))
+                   : "exit " + std::to_string(WEXITSTATUS(status)));
   DOCTEST_CHECK(WIFEXITED(status));
   DOCTEST_CHECK(WEXITSTATUS(status) == 0);
 }

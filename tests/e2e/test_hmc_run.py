@@ -458,6 +458,64 @@ def test_local_run_listens_on_loopback_only():
                             "not on loopback")
 
 
+def _limited(limit, soft, hard=None):
+    """preexec_fn: sets one resource limit in the child before exec."""
+    import resource
+
+    def apply():
+        resource.setrlimit(limit, (soft, soft if hard is None else hard))
+    return apply
+
+
+def test_preflight_refuses_what_the_host_cannot_run():
+    """Exhaustion (issue 12): what a run needs is checked before any rank starts, the limit
+    named; a soft open-file limit is raised; with the check skipped, a thread that cannot
+    start is a crashed rank that names the limit, not an abort."""
+    import resource
+    quickstart = os.path.join(SCENARIOS, "quickstart.json")
+
+    def limited(args, preexec, env=None, timeout=300):
+        return subprocess.run([HMC_RUN, quickstart, "--device", "cpu", "--quiet", *args],
+                              capture_output=True, text=True, timeout=timeout,
+                              preexec_fn=preexec, env=env)
+
+    proc = limited(["--transport", "tcp", "--world-size", "8"],
+                   _limited(resource.RLIMIT_NOFILE, 64))
+    check(proc.returncode == 2 and "ulimit -n" in proc.stderr and "open files" in proc.stderr,
+          f"open-file hard limit 64: {output(proc)}")
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard == resource.RLIM_INFINITY or hard >= 1024:
+        proc = limited(["--transport", "tcp", "--world-size", "8"],
+                       _limited(resource.RLIMIT_NOFILE, 64, hard))
+        check(proc.returncode == 0 and "raised the open-file soft limit" in proc.stderr,
+              f"open-file soft limit 64: {output(proc)}")
+    else:
+        print(f"      (skipped the soft-limit case: the hard open-file limit is {hard})")
+    three_gib = 3 << 30
+    proc = limited(["--world-size", "2048"], _limited(resource.RLIMIT_AS, three_gib))
+    check(proc.returncode == 2 and "ulimit -v" in proc.stderr and "thread stacks" in proc.stderr,
+          f"address space 3 GiB, 2048 thread ranks: {output(proc)}")
+    report_path = os.path.join(WORK, "no-threads.json")
+    proc = limited(["--world-size", "2048", "--report", report_path],
+                   _limited(resource.RLIMIT_AS, three_gib),
+                   env=dict(os.environ, HMC_SKIP_PREFLIGHT="1"))
+    check(proc.returncode == 1, f"2048 thread ranks without the preflight: {output(proc)}")
+    report = load(report_path)
+    crashed = [r for r in report["ranks"] if r.get("crashed")]
+    check(crashed and all("could not start its thread" in r.get("crash_reason", "") and
+                          "ulimit -v" in r["crash_reason"] for r in crashed),
+          f"crashed ranks: {len(crashed)}, first {crashed[:1]}")
+    with open("/proc/meminfo") as meminfo:
+        available = next(int(line.split()[1]) * 1024 for line in meminfo
+                         if line.startswith("MemAvailable:"))
+    if available < 4096 * (64 << 20):
+        proc = limited(["--transport", "tcp", "--world-size", "4096"], None)
+        check(proc.returncode == 2 and "MemAvailable" in proc.stderr,
+              f"4096 rank processes on {available >> 30} GiB: {output(proc)}")
+    else:
+        print(f"      (skipped the memory case: {available >> 30} GiB available)")
+
+
 def test_help_mentions_every_flag():
     proc = run("--help")
     check(proc.returncode == 0, output(proc))
@@ -482,6 +540,7 @@ def main():
                      test_trace_has_a_process_per_rank_and_flow_events,
                      test_process_transports_run_crash_and_hang_scenarios,
                      test_local_run_listens_on_loopback_only,
+                     test_preflight_refuses_what_the_host_cannot_run,
                      test_validate_subcommand,
                      test_list_subcommand,
                      test_help_mentions_every_flag):

@@ -15,9 +15,9 @@ namespace hmc::detail {
 
 namespace {
 
-std::mutex scopeMutex;                 // one scope at a time
-std::atomic<bool> confined{false};     // a scope is alive: rewrite wildcard binds
-sockaddr_in confinedV4{};              // written only while no scope is alive
+std::mutex scopeMutex;              // one scope at a time
+std::atomic<bool> confined{false};  // a scope is alive: rewrite wildcard binds
+sockaddr_in confinedV4{};           // written only while no scope is alive
 sockaddr_in6 confinedV6{};
 bool haveV4 = false;
 

@@ -1,7 +1,10 @@
 #include "hmc/scenario/thread_driver.hpp"
 
+#include <fmt/format.h>
+
 #include <condition_variable>
 #include <mutex>
+#include <system_error>
 #include <thread>
 
 #include "hmc/collective/threads_transport.hpp"
@@ -71,28 +74,45 @@ std::vector<RankResult> runOnThreads(const Scenario& scenario, const ThreadRunOp
   std::vector<std::thread> threads;
   threads.reserve(worldSize);
   for (int rank = 0; rank < worldSize; ++rank) {
-    threads.emplace_back([&, rank] {
-      RankEnvironment env;
-      env.collective = world->collective(rank, timeout);
-      env.epoch = epoch;
-      env.flightCapacity = options.flightCapacity;
-      env.crash = [&world, rank] {
-        world->markFailed(rank, "exited at once (fault crash)");
-        throw RankCrashed();
-      };
-      env.agreeOnShutdown = [&vote, timeout](bool clean) { return vote.vote(clean, timeout); };
-      if (options.onStep) {
-        env.onStep = [&options, rank](const StepResult& step) { options.onStep(rank, step); };
+    try {
+      threads.emplace_back([&, rank] {
+        RankEnvironment env;
+        env.collective = world->collective(rank, timeout);
+        env.epoch = epoch;
+        env.flightCapacity = options.flightCapacity;
+        env.crash = [&world, rank] {
+          world->markFailed(rank, "exited at once (fault crash)");
+          throw RankCrashed();
+        };
+        env.agreeOnShutdown = [&vote, timeout](bool clean) { return vote.vote(clean, timeout); };
+        if (options.onStep) {
+          env.onStep = [&options, rank](const StepResult& step) { options.onStep(rank, step); };
+        }
+        try {
+          results[rank] = runRank(scenario, env);
+        } catch (const std::exception& error) {
+          results[rank].rank = rank;
+          results[rank].crashed = true;
+          results[rank].crashReason = std::string("runner failed: ") + error.what();
+          world->markFailed(rank, results[rank].crashReason.value());
+        }
+      });
+    } catch (const std::system_error& error) {
+      // A limit on threads or on address space for their stacks: this rank and the ones after
+      // it never run; the started ones see them failed instead of waiting for the deadline.
+      const std::string reason = fmt::format(
+          "could not start its thread: {} (a limit on threads: ulimit -u or "
+          "/proc/sys/kernel/threads-max, or on address space for its stack: ulimit -v; run "
+          "fewer ranks)",
+          error.what());
+      for (int missing = rank; missing < worldSize; ++missing) {
+        results[missing].rank = missing;
+        results[missing].crashed = true;
+        results[missing].crashReason = reason;
+        world->markFailed(missing, reason);
       }
-      try {
-        results[rank] = runRank(scenario, env);
-      } catch (const std::exception& error) {
-        results[rank].rank = rank;
-        results[rank].crashed = true;
-        results[rank].crashReason = std::string("runner failed: ") + error.what();
-        world->markFailed(rank, results[rank].crashReason.value());
-      }
-    });
+      break;
+    }
   }
   for (auto& thread : threads) thread.join();
   if (options.interrupt != nullptr) options.interrupt->detach();
