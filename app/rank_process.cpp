@@ -22,6 +22,7 @@
 #include "hmc/error.hpp"
 #include "hmc/scenario/output_file.hpp"
 #include "hmc/scenario/runner.hpp"
+#include "evidence_folder.hpp"
 #include "signals.hpp"
 
 namespace hmc::app {
@@ -29,14 +30,19 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// How long rank 0 waits for the others' results after a termination signal (they publish
-// theirs within milliseconds of the same signal). Under mpirun not at all: Open MPI sends
-// SIGKILL 1 s after SIGTERM (odls_base_sigkill_timeout), so rank 0 reports at once from what
-// the store holds (results, else every rank's heartbeat). torchrun and srun give seconds.
-std::chrono::milliseconds interruptGatherFor(const std::string& launcher) {
+// How long the reporting rank waits for the others' results after a termination signal (they
+// write theirs to the local evidence folder within milliseconds of the same signal, then to
+// the store). Under mpirun briefly: Open MPI sends SIGKILL 1 s after SIGTERM
+// (odls_base_sigkill_timeout), so the reporting rank waits for the local files of the ranks
+// still alive for at most 400 ms and reads the store once without waiting. torchrun and srun
+// give seconds.
+std::chrono::milliseconds interruptLocalWait(const std::string& launcher) {
+  return launcher == "mpirun" ? std::chrono::milliseconds(400) : std::chrono::milliseconds(1000);
+}
+std::chrono::milliseconds interruptStoreWait(const std::string& launcher) {
   return launcher == "mpirun" ? std::chrono::milliseconds(0) : std::chrono::milliseconds(1000);
 }
-// The bound on that reading beyond the wait, should the store not answer.
+// The bound on reading the store beyond the wait, should the store not answer.
 constexpr std::chrono::milliseconds kInterruptRead{300};
 
 // Polls for `keys` until all exist or `deadline` passes.
@@ -142,23 +148,80 @@ std::optional<scenario::RankResult> fromHeartbeat(collective::KeyValueStore& kv,
   }
 }
 
-// Rank 0 of an external launch: every rank's results, through the store (bounded by the
-// timeout; a rank without results is a crashed rank, with its flight record if it published
-// one).
-std::vector<std::vector<scenario::RankResult>> gatherResults(collective::KeyValueStore& kv,
+// What the store's loss is called in this launch: rank 0 hosts the store unless the
+// launcher's agent does (torchrun).
+std::string storeHostName(const RankLaunch& launch) {
+  return launch.agentHostsStore ? std::string("the store's host (the launcher's agent)")
+                                : std::string("the store's host (rank 0)");
+}
+
+using ResultsByRank = std::map<int, std::vector<scenario::RankResult>>;
+// Why a rank without results has none: the crash reason for rank `rank`.
+using MissingWhy = std::function<std::string(int rank)>;
+
+// The results the other ranks wrote to the local evidence folder: polls until every rank of
+// this node that is still alive wrote its own, or `deadline` passes.
+ResultsByRank readLocalResults(const EvidenceFolder& local, int worldSize, int self,
+                               Clock::time_point deadline) {
+  ResultsByRank found;
+  if (!local.usable()) return found;
+  for (;;) {
+    bool pending = false;
+    for (int rank = 0; rank < worldSize; ++rank) {
+      if (rank == self || found.count(rank) != 0) continue;
+      if (auto text = local.readResults(rank)) {
+        try {
+          found[rank] = parseRankResults(*text);
+          continue;
+        } catch (const std::exception& error) {
+          spdlog::warn("rank {} wrote unreadable results to {}: {}", rank, local.path(),
+                       error.what());
+        }
+      }
+      pending = pending || local.alive(rank);
+    }
+    if (!pending || Clock::now() >= deadline) return found;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+// The reporting rank: every rank's results, from `local` (the evidence folder's files) first,
+// then the store `kv` (waiting up to `wait` for results; nullptr: the store is gone, or a
+// store that fails is given up at its first error), then a rank's heartbeat or published
+// flight record; a rank without any is a crashed rank saying `missingWhy`.
+std::vector<std::vector<scenario::RankResult>> gatherResults(collective::KeyValueStore* kv,
                                                              const RankLaunch& launch,
-                                                             std::chrono::milliseconds timeout) {
+                                                             ResultsByRank local,
+                                                             std::chrono::milliseconds wait,
+                                                             const MissingWhy& missingWhy) {
   std::vector<std::vector<scenario::RankResult>> byRank(launch.worldSize);
-  const auto deadline = Clock::now() + timeout;
-  std::optional<std::map<int, diagnostics::PublishedFlight>> published;
+  const auto deadline = Clock::now() + wait;
+  std::string storeFailed;
+  const auto fromStore = [&](auto&& read) {
+    if (kv == nullptr || !storeFailed.empty()) return;
+    try {
+      read();
+    } catch (const std::exception& error) {
+      storeFailed = error.what();
+      spdlog::warn("rank {}: the store failed while gathering results: {}", launch.rank,
+                   storeFailed);
+    }
+  };
   std::size_t repetitions = 1;
   for (int rank = 0; rank < launch.worldSize; ++rank) {
-    const std::string key = fmt::format("result/{}", rank);
-    if (!waitForKeys(kv, {key}, deadline)) continue;
-    try {
-      byRank[rank] = parseRankResults(kv.get(key, timeout));
-    } catch (const std::exception& error) {
-      spdlog::warn("rank {} sent unreadable results: {}", rank, error.what());
+    if (auto it = local.find(rank); it != local.end()) {
+      byRank[rank] = std::move(it->second);
+    } else {
+      fromStore([&] {
+        const std::string key = fmt::format("result/{}", rank);
+        if (!waitForKeys(*kv, {key}, deadline)) return;
+        const std::string text = kv->get(key, wait + kInterruptRead);
+        try {
+          byRank[rank] = parseRankResults(text);
+        } catch (const std::exception& error) {
+          spdlog::warn("rank {} sent unreadable results: {}", rank, error.what());
+        }
+      });
     }
     repetitions = std::max(repetitions, byRank[rank].size());
   }
@@ -172,6 +235,7 @@ std::vector<std::vector<scenario::RankResult>> gatherResults(collective::KeyValu
       completedByOthers = std::max(completedByOthers.value_or(0), entry.sequence);
     }
   }
+  std::optional<std::map<int, diagnostics::PublishedFlight>> published;
   std::vector<std::vector<scenario::RankResult>> merged(
       repetitions, std::vector<scenario::RankResult>(launch.worldSize));
   for (int rank = 0; rank < launch.worldSize; ++rank) {
@@ -182,17 +246,19 @@ std::vector<std::vector<scenario::RankResult>> gatherResults(collective::KeyValu
       }
       // Where it was: its heartbeat (every rank writes one at least every second), else the
       // flight record its watchdog published at a deadline.
-      if (auto seen = fromHeartbeat(kv, rank, completedByOthers)) {
+      std::optional<scenario::RankResult> seen;
+      fromStore([&] { seen = fromHeartbeat(*kv, rank, completedByOthers); });
+      if (seen) {
         merged[r][rank] = std::move(*seen);
         continue;
       }
-      if (!published) published = diagnostics::readPublishedFlights(kv, launch.worldSize);
-      merged[r][rank] = missingRankResult(
-          rank,
-          fmt::format("no result from rank {} within {:g} s: it died, was stopped, or never "
-                      "finished its steps",
-                      rank, std::chrono::duration<double>(timeout).count()),
-          "no result from this rank: not checked", *published);
+      if (!published) {
+        published.emplace();
+        fromStore([&] { *published = diagnostics::readPublishedFlights(*kv, launch.worldSize); });
+      }
+      merged[r][rank] =
+          missingRankResult(rank, missingWhy(rank), "no result from this rank: not checked",
+                            *published);
     }
   }
   return merged;
@@ -277,12 +343,50 @@ class RankProgress {
 
 }  // namespace
 
+namespace {
+
+// Every rank's results for the report, with this rank's own (as it has them now) in place.
+std::vector<std::vector<scenario::RankResult>> withOwn(
+    std::vector<std::vector<scenario::RankResult>> merged,
+    const std::vector<scenario::RankResult>& own, const RankLaunch& launch) {
+  if (merged.size() < own.size()) {
+    std::vector<scenario::RankResult> missing;
+    for (int rank = 0; rank < launch.worldSize; ++rank) {
+      missing.push_back(missingRankResult(
+          rank, fmt::format("no result from rank {} for this repetition", rank), "not checked",
+          {}));
+    }
+    merged.resize(own.size(), missing);
+  }
+  for (std::size_t r = 0; r < own.size(); ++r) merged[r][launch.rank] = own[r];
+  return merged;
+}
+
+// A rank that lost the store: the step that failed because of it (the last one that hung on
+// a rank failure) says so; a rank whose steps all passed says it in its leak check.
+void recordLostStore(scenario::RankResult& result, const std::string& host,
+                     const std::string& error) {
+  for (auto it = result.steps.rbegin(); it != result.steps.rend(); ++it) {
+    if (it->status == scenario::StepStatus::kHang && it->error &&
+        it->error->kind == ErrorKind::kRankFailure) {
+      it->error->message += fmt::format("; lost {}: {}", host, error);
+      return;
+    }
+  }
+  result.leaks.reason = fmt::format("lost {} in the end-of-run vote ({}): not checked", host, error);
+}
+
+}  // namespace
+
 RankProcessOutcome runRankProcess(const scenario::Scenario& scenario, const RankLaunch& launch,
                                   bool gatherOnRankZero, const InterruptedReport& onInterrupted) {
   const auto timeout = collective::timeoutFromSeconds(scenario.timeoutS);
   RankProgress progress;
   std::mutex storeMutex;
   std::shared_ptr<collective::KeyValueStore> evidenceStore;  // the watcher's own connection
+  EvidenceFolder local;  // under a launcher: results that need no store (evidence_folder.hpp)
+  // Under a launcher the reporting rank is rank 0, or, when rank 0's process is gone, the
+  // lowest rank of its node still alive (EvidenceFolder::lowestLiveRank).
   // A termination signal (the launcher tearing the job down, Ctrl-C, the local launcher's
   // SIGTERM): hand on what this rank did, at once and bounded, then exit with the signal.
   TerminationWatcher watcher([&](int signal) {
@@ -291,86 +395,99 @@ RankProcessOutcome runRankProcess(const scenario::Scenario& scenario, const Rank
       scenario::writeOutputFile(launch.resultFile, rankResultsDocument(results));
       return;
     }
+    const std::string document = rankResultsDocument(results);
     std::shared_ptr<collective::KeyValueStore> kv;
+    EvidenceFolder folder;
     {
       std::lock_guard<std::mutex> lock(storeMutex);
       kv = evidenceStore;
+      folder = local;
     }
+    // The local file first: it needs no store, which may stall or be gone in a teardown.
+    const std::string localProblem = folder.writeResults(document);
     std::string storeProblem = kv ? "" : "the rank had not joined the store yet";
-    const bool reporting = launch.rank == 0 && onInterrupted;
-    // The reporting rank keeps its own results (nobody reads them from the store), so that no
-    // store round trip stands between the signal and the report.
-    if (kv && !reporting) {
-      try {
-        kv->set(fmt::format("result/{}", launch.rank), rankResultsDocument(results));
-      } catch (const std::exception& error) {
-        storeProblem = error.what();
-      }
-    }
+    const int reporter = folder.usable() ? folder.lowestLiveRank(launch.worldSize) : 0;
+    const bool reporting = launch.rank == reporter && onInterrupted;
     if (!reporting) {
-      if (!storeProblem.empty()) {
-        fmt::print(stderr,
-                   "hmc-run rank {}: stopped by signal {}; cannot hand on its results: {}\n",
-                   launch.rank, signal, storeProblem);
-      }
-      return;
-    }
-    // Rank 0 reports. The others publish theirs as they receive the same signal: wait briefly
-    // for them. The store may be gone with the launcher's agent that hosted it: then rank 0
-    // reports what it knows itself.
-    std::vector<std::vector<scenario::RankResult>> merged;
-    if (storeProblem.empty()) {
-      // Bounded even when the store stalls (a launcher's SIGKILL follows soon): the gather
-      // runs on its own thread, abandoned past its time (the process exits right after).
-      auto gathered =
-          std::make_shared<std::promise<std::vector<std::vector<scenario::RankResult>>>>();
-      auto future = gathered->get_future();
-      std::thread([gathered, kv, &launch] {
+      // The store too, for a reporting rank on another node.
+      if (kv) {
         try {
-          gathered->set_value(gatherResults(*kv, launch, interruptGatherFor(launch.launcher)));
-        } catch (...) {
-          gathered->set_exception(std::current_exception());
-        }
-      }).detach();
-      const auto bound = interruptGatherFor(launch.launcher) + kInterruptRead;
-      if (future.wait_for(bound) != std::future_status::ready) {
-        storeProblem = fmt::format("the store did not answer within {} ms", bound.count());
-      } else {
-        try {
-          merged = future.get();
-          // Rank 0's own results, as it has them now (the store holds only a finished run's).
-          if (merged.size() < results.size()) {
-            std::vector<scenario::RankResult> missing;
-            for (int rank = 0; rank < launch.worldSize; ++rank) {
-              missing.push_back(missingRankResult(
-                  rank, fmt::format("no result from rank {} for this repetition", rank),
-                  "not checked", {}));
-            }
-            merged.resize(results.size(), missing);
-          }
-          for (std::size_t r = 0; r < results.size(); ++r) merged[r][launch.rank] = results[r];
+          kv->set(fmt::format("result/{}", launch.rank), document);
         } catch (const std::exception& error) {
           storeProblem = error.what();
         }
       }
+      if (!storeProblem.empty() && !localProblem.empty()) {
+        fmt::print(stderr,
+                   "hmc-run rank {}: stopped by signal {}; cannot hand on its results: {}; {}\n",
+                   launch.rank, signal, storeProblem, localProblem);
+      }
+      return;
     }
-    if (!storeProblem.empty()) {
-      merged.assign(std::max<std::size_t>(1, results.size()),
-                    std::vector<scenario::RankResult>(launch.worldSize));
-      for (std::size_t r = 0; r < merged.size(); ++r) {
-        for (int rank = 0; rank < launch.worldSize; ++rank) {
-          merged[r][rank] =
-              rank == launch.rank && r < results.size()
-                  ? results[r]
-                  : missingRankResult(rank,
-                                      "unknown: the store was gone when rank 0 was stopped (" +
-                                          storeProblem + ")",
-                                      "not checked", {});
+    // This rank reports. The others write theirs as they receive the same signal: the local
+    // files of the ranks still alive (bounded), then the store for the rest (bounded even
+    // when the store stalls: a launcher's SIGKILL follows soon; the read runs on its own
+    // thread, abandoned past its time, as the process exits right after).
+    const auto began = Clock::now();
+    ResultsByRank found = readLocalResults(folder, launch.worldSize, launch.rank,
+                                           began + interruptLocalWait(launch.launcher));
+    const auto localDone = Clock::now();
+    const int self = launch.rank;
+    const MissingWhy missingWhy = [self](int rank) {
+      return fmt::format("no result from rank {}: it died, was stopped, or never finished its "
+                         "steps{}",
+                         rank, self == 0 ? "" : fmt::format(" (rank {} reports: rank 0 is gone)", self));
+    };
+    std::vector<std::vector<scenario::RankResult>> merged;
+    bool gathered = false;
+    if (kv && static_cast<int>(found.size()) < launch.worldSize - 1) {
+      auto promise =
+          std::make_shared<std::promise<std::vector<std::vector<scenario::RankResult>>>>();
+      auto future = promise->get_future();
+      const auto storeWait = interruptStoreWait(launch.launcher);
+      std::thread([promise, kv, launch, found, storeWait, missingWhy] {
+        try {
+          promise->set_value(gatherResults(kv.get(), launch, found, storeWait, missingWhy));
+        } catch (...) {
+          promise->set_exception(std::current_exception());
         }
+      }).detach();
+      if (future.wait_for(storeWait + kInterruptRead) == std::future_status::ready) {
+        try {
+          merged = future.get();
+          gathered = true;
+        } catch (const std::exception& error) {
+          storeProblem = error.what();
+        }
+      } else {
+        storeProblem = fmt::format("the store did not answer within {} ms",
+                                   (storeWait + kInterruptRead).count());
       }
     }
-    onInterrupted(std::move(merged), signal);
+    if (!gathered) {
+      const MissingWhy unknown = [&](int rank) {
+        return storeProblem.empty()
+                   ? missingWhy(rank)
+                   : fmt::format("unknown: no result from rank {} in the local evidence folder, "
+                                 "and the store could not be read when rank {} was stopped ({})",
+                                 rank, self, storeProblem);
+      };
+      merged = gatherResults(nullptr, launch, found, std::chrono::milliseconds(0), unknown);
+    }
+    spdlog::debug("rank {}: evidence after signal {}: {} local results in {} ms, store {} in {} ms",
+                  launch.rank, signal, found.size(),
+                  std::chrono::duration_cast<std::chrono::milliseconds>(localDone - began).count(),
+                  gathered ? "read" : (storeProblem.empty() ? "not needed" : storeProblem),
+                  std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - localDone)
+                      .count());
+    onInterrupted(withOwn(std::move(merged), results, launch), signal);
+    folder.remove();
   });
+  if (gatherOnRankZero && launch.rank == 0) {
+    auto created = EvidenceFolder::create(launch.rank);
+    std::lock_guard<std::mutex> lock(storeMutex);
+    local = std::move(created);
+  }
   const collective::ProcessTransport transport =
       collective::makeTransport(launch.transport, launch.transportOptions(timeout));
   // The control store: out-of-band votes and results (and the `store` transport itself).
@@ -379,9 +496,19 @@ RankProcessOutcome runRankProcess(const scenario::Scenario& scenario, const Rank
     std::lock_guard<std::mutex> lock(storeMutex);
     evidenceStore = transport.control->keyValueStore();
   }
+  if (gatherOnRankZero) {
+    if (launch.rank == 0) {
+      local.announce(*kv);
+    } else {
+      auto joined = EvidenceFolder::join(*kv, launch.rank, timeout);
+      std::lock_guard<std::mutex> lock(storeMutex);
+      local = std::move(joined);
+    }
+  }
 
   RankProcessOutcome outcome;
   bool everyoneClean = true;
+  std::string storeLost;  // the store's error, once a store request failed
   for (int repetition = 0; repetition < launch.repetitions && everyoneClean; ++repetition) {
     scenario::RankEnvironment env;
     env.collective = transport.collective;
@@ -391,12 +518,19 @@ RankProcessOutcome runRankProcess(const scenario::Scenario& scenario, const Rank
     progress.beginRepetition(env.recorder);
     env.agreeOnShutdown = [&, repetition](bool clean) {
       const std::string stem = fmt::format("vote/{}", repetition);
-      kv->set(fmt::format("{}/{}", stem, launch.rank), clean ? "1" : "0");
-      // A dead rank never votes: stop waiting for it (it cannot shut down cleanly anyway).
-      everyoneClean = waitForRanks(*kv, stem, launch.worldSize, Clock::now() + timeout);
-      for (const auto& key : rankKeys(stem, launch.worldSize)) {
-        if (!everyoneClean) break;
-        everyoneClean = kv->get(key, timeout) == "1";
+      try {
+        kv->set(fmt::format("{}/{}", stem, launch.rank), clean ? "1" : "0");
+        // A dead rank never votes: stop waiting for it (it cannot shut down cleanly anyway).
+        everyoneClean = waitForRanks(*kv, stem, launch.worldSize, Clock::now() + timeout);
+        for (const auto& key : rankKeys(stem, launch.worldSize)) {
+          if (!everyoneClean) break;
+          everyoneClean = kv->get(key, timeout) == "1";
+        }
+      } catch (const std::exception& error) {
+        // The store's host died (rank 0, or the launcher's agent): nobody can agree on
+        // anything any more; keep the steps and report what this rank knows.
+        storeLost = error.what();
+        everyoneClean = false;
       }
       return everyoneClean;
     };
@@ -416,6 +550,7 @@ RankProcessOutcome runRankProcess(const scenario::Scenario& scenario, const Rank
       diagnostics::Watchdog watchdog(env.recorder, transport.control->keyValueStore(), watch);
       outcome.results.push_back(scenario::runRank(scenario, env));
     }
+    if (!storeLost.empty()) recordLostStore(outcome.results.back(), storeHostName(launch), storeLost);
     progress.repetitionDone(outcome.results.back());
     if (!gatherOnRankZero) {
       scenario::writeOutputFile(launch.resultFile, rankResultsDocument(outcome.results));
@@ -426,14 +561,70 @@ RankProcessOutcome runRankProcess(const scenario::Scenario& scenario, const Rank
   // The hosting rank's transport waits (bounded) in its destructor until every rank left.
   if (!gatherOnRankZero) return outcome;
 
-  kv->set(fmt::format("result/{}", launch.rank), rankResultsDocument(outcome.results));
-  if (launch.rank != 0) {
-    // Wait (bounded) until rank 0 has read every result before the store may go away.
-    waitForKeys(*kv, {"results-read"}, Clock::now() + timeout);
+  const std::string document = rankResultsDocument(outcome.results);
+  if (storeLost.empty()) {
+    try {
+      kv->set(fmt::format("result/{}", launch.rank), document);
+    } catch (const std::exception& error) {
+      storeLost = error.what();
+    }
+  }
+  if (!storeLost.empty()) {
+    // No store: the local evidence folder carries the results, and the lowest rank of the node
+    // still alive reports (rank 0 hosted the store and is gone).
+    const std::string localProblem = local.writeResults(document);
+    const int reporter = local.usable() ? local.lowestLiveRank(launch.worldSize) : -1;
+    if (reporter != launch.rank) {
+      fmt::print(stderr, "hmc-run rank {}: lost {} ({}); {}\n", launch.rank,
+                 storeHostName(launch), storeLost,
+                 localProblem.empty()
+                     ? fmt::format("its results are in {} for rank {} to report", local.path(),
+                                   reporter)
+                     : fmt::format("its results are lost: {} (rank {} reports what it has)",
+                                   localProblem, reporter));
+      return outcome;
+    }
+    // Every rank of the node still alive writes its results as it finds the store gone (its
+    // own deadline at most): wait for them that long.
+    ResultsByRank found = readLocalResults(local, launch.worldSize, launch.rank,
+                                           Clock::now() + timeout + std::chrono::seconds(1));
+    outcome.merged = withOwn(
+        gatherResults(nullptr, launch, std::move(found), std::chrono::milliseconds(0),
+                      [&](int rank) {
+                        return fmt::format("no result from rank {}: it died, or lost the store "
+                                           "and could not write to {}",
+                                           rank, local.path());
+                      }),
+        outcome.results, launch);
+    fmt::print(stderr, "hmc-run rank {}: lost {} ({}); reporting what every rank did\n",
+               launch.rank, storeHostName(launch), storeLost);
+    local.remove();
     return outcome;
   }
-  outcome.merged = gatherResults(*kv, launch, timeout);
-  kv->set("results-read", "1");
+  if (launch.rank != 0) {
+    // Wait (bounded) until rank 0 has read every result before the store may go away.
+    try {
+      waitForKeys(*kv, {"results-read"}, Clock::now() + timeout);
+    } catch (const std::exception& error) {
+      spdlog::debug("rank {}: the store went away before rank 0 read the results: {}",
+                    launch.rank, error.what());
+    }
+    return outcome;
+  }
+  outcome.merged = gatherResults(
+      kv.get(), launch,
+      readLocalResults(local, launch.worldSize, launch.rank, Clock::now()), timeout,
+      [&](int rank) {
+        return fmt::format("no result from rank {} within {:g} s: it died, was stopped, or never "
+                           "finished its steps",
+                           rank, std::chrono::duration<double>(timeout).count());
+      });
+  try {
+    kv->set("results-read", "1");
+  } catch (const std::exception& error) {
+    spdlog::debug("rank 0: cannot mark the results read: {}", error.what());
+  }
+  local.remove();
   return outcome;
 }
 
