@@ -15,14 +15,16 @@ connect faults: no store at the master, a silent listener on the master port, a 
 port, an advertised address that is not this host's.
 
 The teardown cases check the evidence that survives the launcher's teardown: a crashed rank
-(the diagnosis printed, --report naming the dead rank and where every other rank was) and
-SIGTERM to the launcher. --no-teardown-cases leaves them out.
+(the diagnosis printed, --report naming the dead rank and where every other rank was),
+SIGTERM to the launcher, and kill -9 of rank 0, the store's host (the lowest surviving rank
+reports from the local evidence folder). --no-teardown-cases leaves them out.
 
 Exit 0 when every case passed, 1 when one failed, 77 (CTest skip) when none failed but a
 launcher is not installed (the reason printed). Every wait is bounded; a launcher still
 running at its bound is killed with its whole process group. Python 3 standard library only.
 """
 
+import glob
 import json
 import os
 import re
@@ -353,6 +355,61 @@ def check_sigterm(launcher, world):
     assert_no_hmc_left(before)
 
 
+def check_store_host_dies(launcher, world, transport):
+    """kill -9 of rank 0 (the store's host) in the middle of a churn of collectives: the lowest
+    surviving rank reports from the evidence folder's files (rank_process.hpp)."""
+    before = set(hmc_processes())
+    tmpdir = tempfile.mkdtemp(prefix=f"store-host-{launcher}-{world}-", dir=TMP)
+    path = report_path(f"{launcher}-store-host-{transport}-{world}")
+    churn = scenario(f"churn-{world}", [
+        {"op": "repeat", "count": 1000000, "label": "churn", "steps": [
+            {"op": "create", "module": "m"},
+            {"op": "forward", "module": "m"},
+            {"op": "drop", "module": "m"},
+            {"op": "close_all"},
+        ]},
+    ], world_size=world, timeout_s=5)
+    command = LAUNCHERS[launcher](world, [churn, "--transport", transport, "--report", path])
+    began = time.monotonic()
+    proc = start(command, env={"TMPDIR": tmpdir})
+    try:
+        # Every rank wrote its pid to rank 0's evidence folder once it joined the store.
+        end = time.monotonic() + 90
+        pid_of = {}
+        while len(pid_of) < world:
+            assert time.monotonic() < end and proc.poll() is None, "the ranks did not start"
+            for pid_file in glob.glob(os.path.join(tmpdir, "hmc-evidence-*", "rank*.pid")):
+                try:
+                    with open(pid_file) as f:
+                        rank = int(os.path.basename(pid_file)[4:-4])
+                        pid_of[rank] = int(f.read())
+                except (OSError, ValueError):
+                    pass
+            time.sleep(0.1)
+        time.sleep(1.5)  # every rank inside the churn
+        os.kill(pid_of[0], signal.SIGKILL)
+        run = finish(proc, command, began, 90, path)
+    except BaseException:
+        kill_group(proc)
+        proc.communicate()
+        raise
+    assert run.returncode != 0, run
+    assert_all_ranks(run, world)
+    ranks = run.report["ranks"]
+    assert ranks[0].get("crashed"), ranks[0]
+    for rank in range(1, world):
+        steps = ranks[rank].get("steps", [])
+        assert any(s["status"] == "hang" for s in steps), f"rank {rank} lost its steps: {ranks}"
+    diagnosis = run.report["hang"]["diagnosis"]
+    assert diagnosis.startswith("rank 0 crashed ("), diagnosis
+    for rank in range(1, world):
+        assert re.search(rf"rank {rank} waits in '[a-zA-Z ]+' #\d+", diagnosis), diagnosis
+    assert "# hang: rank 0 crashed" in run.stdout, f"no diagnosis printed:\n{run}"
+    assert_no_hmc_left(before)
+    left = glob.glob(os.path.join(tmpdir, "hmc-evidence-*"))
+    assert not left, f"the evidence folder outlived the job: {left}"
+
+
 if TEARDOWN:
     @test
     def torchrun_crash_is_diagnosed_and_reported_at_2_and_4():
@@ -363,6 +420,16 @@ if TEARDOWN:
     def torchrun_sigterm_keeps_the_evidence_at_2_and_4():
         for world in (2, 4):
             check_sigterm("torchrun", world)
+
+    @test
+    def torchrun_store_host_killed_lowest_survivor_reports_tcp_2_and_store_4():
+        check_store_host_dies("torchrun", 2, "tcp")
+        check_store_host_dies("torchrun", 4, "store")
+
+    @test
+    def mpirun_store_host_killed_lowest_survivor_reports_store_2_and_tcp_4():
+        check_store_host_dies("mpirun", 2, "store")
+        check_store_host_dies("mpirun", 4, "tcp")
 
 # mpirun's teardown cases are opt-in (--mpirun-teardown): Open MPI sends SIGKILL 1 s after
 # SIGTERM, and here rank 0 lost that race in some runs (no report, or a rank known only by its
