@@ -129,7 +129,12 @@ bool EvidenceFolder::alive(int rank) const {
   return processAlive(static_cast<pid_t>(std::atol(text->c_str())));
 }
 
+bool EvidenceFolder::known(int rank) const {
+  return usable() && fs::exists(file(rank, "pid"));
+}
+
 int EvidenceFolder::lowestLiveRank(int worldSize) const {
+  if (!usable() || !fs::exists(path_)) return -1;
   for (int rank = 0; rank < worldSize; ++rank) {
     if (rank == rank_ || alive(rank)) return rank;
   }

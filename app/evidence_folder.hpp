@@ -46,7 +46,10 @@ class EvidenceFolder {
   // Whether rank `rank` wrote its pid here and that process is alive (not a zombie). False
   // for a rank of another node.
   bool alive(int rank) const;
-  // The lowest rank below `worldSize` whose process is alive; this rank when none is known.
+  // Whether rank `rank` wrote its pid here (it runs on this node).
+  bool known(int rank) const;
+  // Who reports: the lowest rank below `worldSize` whose process is alive (this rank when no
+  // lower one is), or -1 once the folder is gone (the reporting rank removes it when done).
   int lowestLiveRank(int worldSize) const;
   // Removes the folder and everything in it.
   void remove() const;

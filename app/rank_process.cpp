@@ -115,8 +115,11 @@ namespace {
 // A rank without results, as its last heartbeat shows it: waiting in a collective (hung, so
 // the hang diagnosis says where), or elsewhere (crashed: it left no result). nullopt without
 // a heartbeat.
+// `deadWhy`: the rank's process is known to have ended (the evidence folder): crashed, saying
+// so, whatever its heartbeat shows (a heartbeat lags by up to its period).
 std::optional<scenario::RankResult> fromHeartbeat(collective::KeyValueStore& kv, int rank,
-                                                  std::optional<std::uint64_t> completedByOthers) {
+                                                  std::optional<std::uint64_t> completedByOthers,
+                                                  const std::optional<std::string>& deadWhy) {
   try {
     const std::string key = diagnostics::heartbeatKey(rank);
     if (!kv.check({key})) return std::nullopt;
@@ -132,12 +135,14 @@ std::optional<scenario::RankResult> fromHeartbeat(collective::KeyValueStore& kv,
     result.leaks.reason = "no result from this rank (stopped or died): not checked";
     const bool stale =
         completedByOthers && beat.current && beat.current->sequence <= *completedByOthers;
-    if (beat.state == diagnostics::RankState::kWaiting && beat.current && !stale) {
+    if (beat.state == diagnostics::RankState::kWaiting && beat.current && !stale && !deadWhy) {
       result.hung = true;
     } else {
       result.crashed = true;
       result.crashReason = fmt::format(
-          "no result from rank {}: it died or was stopped; its last heartbeat ({}): {}", rank,
+          "{}; its last heartbeat ({}): {}",
+          deadWhy ? *deadWhy
+                  : fmt::format("no result from rank {}: it died or was stopped", rank),
           diagnostics::toString(beat.state),
           beat.step < 0 ? std::string("outside its steps") : fmt::format("in step {}", beat.step));
     }
@@ -193,7 +198,8 @@ std::vector<std::vector<scenario::RankResult>> gatherResults(collective::KeyValu
                                                              const RankLaunch& launch,
                                                              ResultsByRank local,
                                                              std::chrono::milliseconds wait,
-                                                             const MissingWhy& missingWhy) {
+                                                             const MissingWhy& missingWhy,
+                                                             const EvidenceFolder& folder) {
   std::vector<std::vector<scenario::RankResult>> byRank(launch.worldSize);
   const auto deadline = Clock::now() + wait;
   std::string storeFailed;
@@ -247,7 +253,9 @@ std::vector<std::vector<scenario::RankResult>> gatherResults(collective::KeyValu
       // Where it was: its heartbeat (every rank writes one at least every second), else the
       // flight record its watchdog published at a deadline.
       std::optional<scenario::RankResult> seen;
-      fromStore([&] { seen = fromHeartbeat(*kv, rank, completedByOthers); });
+      std::optional<std::string> deadWhy;
+      if (folder.known(rank) && !folder.alive(rank)) deadWhy = missingWhy(rank);
+      fromStore([&] { seen = fromHeartbeat(*kv, rank, completedByOthers, deadWhy); });
       if (seen) {
         merged[r][rank] = std::move(*seen);
         continue;
@@ -345,6 +353,14 @@ class RankProgress {
 
 namespace {
 
+// A rank of this node whose process is gone and left no result.
+std::string endedWithoutResult(int rank, int reporter) {
+  return fmt::format("rank {}'s process ended without a result (killed or crashed){}", rank,
+                     rank == 0 && reporter != 0
+                         ? fmt::format("; rank {} reports in its place", reporter)
+                         : std::string());
+}
+
 // Every rank's results for the report, with this rank's own (as it has them now) in place.
 std::vector<std::vector<scenario::RankResult>> withOwn(
     std::vector<std::vector<scenario::RankResult>> merged,
@@ -403,10 +419,12 @@ RankProcessOutcome runRankProcess(const scenario::Scenario& scenario, const Rank
       kv = evidenceStore;
       folder = local;
     }
-    // The local file first: it needs no store, which may stall or be gone in a teardown.
+    // Who reports, decided before this rank's file exists: a reporting rank that finds every
+    // file it waits for removes the folder and exits. Then the local file: it needs no store,
+    // which may stall or be gone in a teardown.
+    const int reporter = folder.usable() ? folder.lowestLiveRank(launch.worldSize) : 0;
     const std::string localProblem = folder.writeResults(document);
     std::string storeProblem = kv ? "" : "the rank had not joined the store yet";
-    const int reporter = folder.usable() ? folder.lowestLiveRank(launch.worldSize) : 0;
     const bool reporting = launch.rank == reporter && onInterrupted;
     if (!reporting) {
       // The store too, for a reporting rank on another node.
@@ -432,22 +450,28 @@ RankProcessOutcome runRankProcess(const scenario::Scenario& scenario, const Rank
     ResultsByRank found = readLocalResults(folder, launch.worldSize, launch.rank,
                                            began + interruptLocalWait(launch.launcher));
     const auto localDone = Clock::now();
+    const std::size_t others = found.size();
+    // Its own results count when judging whether a heartbeat is stale (a crashed rank's last
+    // heartbeat may show it waiting in a collective this rank completed).
+    found[launch.rank] = results;
     const int self = launch.rank;
-    const MissingWhy missingWhy = [self](int rank) {
+    const MissingWhy missingWhy = [self, folder](int rank) {
+      if (folder.known(rank) && !folder.alive(rank)) return endedWithoutResult(rank, self);
       return fmt::format("no result from rank {}: it died, was stopped, or never finished its "
-                         "steps{}",
-                         rank, self == 0 ? "" : fmt::format(" (rank {} reports: rank 0 is gone)", self));
+                         "steps",
+                         rank);
     };
     std::vector<std::vector<scenario::RankResult>> merged;
     bool gathered = false;
-    if (kv && static_cast<int>(found.size()) < launch.worldSize - 1) {
+    if (kv && static_cast<int>(found.size()) < launch.worldSize) {
       auto promise =
           std::make_shared<std::promise<std::vector<std::vector<scenario::RankResult>>>>();
       auto future = promise->get_future();
       const auto storeWait = interruptStoreWait(launch.launcher);
-      std::thread([promise, kv, launch, found, storeWait, missingWhy] {
+      std::thread([promise, kv, launch, found, storeWait, missingWhy, folder] {
         try {
-          promise->set_value(gatherResults(kv.get(), launch, found, storeWait, missingWhy));
+          promise->set_value(
+              gatherResults(kv.get(), launch, found, storeWait, missingWhy, folder));
         } catch (...) {
           promise->set_exception(std::current_exception());
         }
@@ -472,16 +496,16 @@ RankProcessOutcome runRankProcess(const scenario::Scenario& scenario, const Rank
                                  "and the store could not be read when rank {} was stopped ({})",
                                  rank, self, storeProblem);
       };
-      merged = gatherResults(nullptr, launch, found, std::chrono::milliseconds(0), unknown);
+      merged = gatherResults(nullptr, launch, found, std::chrono::milliseconds(0), unknown, folder);
     }
     spdlog::debug("rank {}: evidence after signal {}: {} local results in {} ms, store {} in {} ms",
-                  launch.rank, signal, found.size(),
+                  launch.rank, signal, others,
                   std::chrono::duration_cast<std::chrono::milliseconds>(localDone - began).count(),
                   gathered ? "read" : (storeProblem.empty() ? "not needed" : storeProblem),
                   std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - localDone)
                       .count());
+    folder.remove();  // read: gone before the report, which a SIGKILL may cut short
     onInterrupted(withOwn(std::move(merged), results, launch), signal);
-    folder.remove();
   });
   if (gatherOnRankZero && launch.rank == 0) {
     auto created = EvidenceFolder::create(launch.rank);
@@ -572,8 +596,8 @@ RankProcessOutcome runRankProcess(const scenario::Scenario& scenario, const Rank
   if (!storeLost.empty()) {
     // No store: the local evidence folder carries the results, and the lowest rank of the node
     // still alive reports (rank 0 hosted the store and is gone).
-    const std::string localProblem = local.writeResults(document);
     const int reporter = local.usable() ? local.lowestLiveRank(launch.worldSize) : -1;
+    const std::string localProblem = local.writeResults(document);
     if (reporter != launch.rank) {
       fmt::print(stderr, "hmc-run rank {}: lost {} ({}); {}\n", launch.rank,
                  storeHostName(launch), storeLost,
@@ -588,17 +612,22 @@ RankProcessOutcome runRankProcess(const scenario::Scenario& scenario, const Rank
     // own deadline at most): wait for them that long.
     ResultsByRank found = readLocalResults(local, launch.worldSize, launch.rank,
                                            Clock::now() + timeout + std::chrono::seconds(1));
+    found[launch.rank] = outcome.results;
     outcome.merged = withOwn(
         gatherResults(nullptr, launch, std::move(found), std::chrono::milliseconds(0),
                       [&](int rank) {
-                        return fmt::format("no result from rank {}: it died, or lost the store "
-                                           "and could not write to {}",
+                        if (local.known(rank) && !local.alive(rank)) {
+                          return endedWithoutResult(rank, launch.rank);
+                        }
+                        return fmt::format("no result from rank {}: it lost the store too and "
+                                           "wrote nothing to {} within the deadline",
                                            rank, local.path());
-                      }),
+                      },
+                      local),
         outcome.results, launch);
+    local.remove();
     fmt::print(stderr, "hmc-run rank {}: lost {} ({}); reporting what every rank did\n",
                launch.rank, storeHostName(launch), storeLost);
-    local.remove();
     return outcome;
   }
   if (launch.rank != 0) {
@@ -618,7 +647,8 @@ RankProcessOutcome runRankProcess(const scenario::Scenario& scenario, const Rank
         return fmt::format("no result from rank {} within {:g} s: it died, was stopped, or never "
                            "finished its steps",
                            rank, std::chrono::duration<double>(timeout).count());
-      });
+      },
+      local);
   try {
     kv->set("results-read", "1");
   } catch (const std::exception& error) {

@@ -322,8 +322,26 @@ def check_crash(launcher, world):
     assert_no_hmc_left(before)
 
 
+def wait_for_evidence_pids(proc, tmpdir, world, bound=90):
+    """Every rank's pid, from rank 0's evidence folder under `tmpdir` (each rank writes its pid
+    there once it joined the store, so it is past LibTorch's loading and the rendezvous)."""
+    end = time.monotonic() + bound
+    pid_of = {}
+    while len(pid_of) < world:
+        assert time.monotonic() < end and proc.poll() is None, "the ranks did not start"
+        for pid_file in glob.glob(os.path.join(tmpdir, "hmc-evidence-*", "rank*.pid")):
+            try:
+                with open(pid_file) as f:
+                    pid_of[int(os.path.basename(pid_file)[4:-4])] = int(f.read())
+            except (OSError, ValueError):
+                pass
+        time.sleep(0.1)
+    return pid_of
+
+
 def check_sigterm(launcher, world):
     before = set(hmc_processes())
+    tmpdir = tempfile.mkdtemp(prefix=f"sigterm-{launcher}-{world}-", dir=TMP)
     path = report_path(f"{launcher}-sigterm-{world}")
     long_sleep = scenario(f"long-sleep-{world}", [
         {"op": "create", "module": "a"},
@@ -332,13 +350,10 @@ def check_sigterm(launcher, world):
     ], world_size=world, timeout_s=90)
     command = LAUNCHERS[launcher](world, [long_sleep, "--report", path])
     began = time.monotonic()
-    proc = start(command)
+    proc = start(command, env={"TMPDIR": tmpdir})
     try:
-        end = time.monotonic() + 60
-        while len([p for p in descendants(proc.pid) if p in set(hmc_processes())]) < world:
-            assert time.monotonic() < end and proc.poll() is None, "the ranks did not start"
-            time.sleep(0.1)
-        time.sleep(8)  # every rank past its rendezvous (LibTorch takes seconds to load), sleeping
+        wait_for_evidence_pids(proc, tmpdir, world)
+        time.sleep(2)  # every rank past its first steps, sleeping
         sent = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         run = finish(proc, command, began, 90, path)
@@ -353,6 +368,8 @@ def check_sigterm(launcher, world):
     for rank in run.report["ranks"]:
         assert len(rank.get("steps", [])) >= 2, f"rank {rank['rank']} lost its steps: {rank}"
     assert_no_hmc_left(before)
+    left = glob.glob(os.path.join(tmpdir, "hmc-evidence-*"))
+    assert not left, f"the evidence folder outlived the job: {left}"
 
 
 def check_store_host_dies(launcher, world, transport):
@@ -373,19 +390,7 @@ def check_store_host_dies(launcher, world, transport):
     began = time.monotonic()
     proc = start(command, env={"TMPDIR": tmpdir})
     try:
-        # Every rank wrote its pid to rank 0's evidence folder once it joined the store.
-        end = time.monotonic() + 90
-        pid_of = {}
-        while len(pid_of) < world:
-            assert time.monotonic() < end and proc.poll() is None, "the ranks did not start"
-            for pid_file in glob.glob(os.path.join(tmpdir, "hmc-evidence-*", "rank*.pid")):
-                try:
-                    with open(pid_file) as f:
-                        rank = int(os.path.basename(pid_file)[4:-4])
-                        pid_of[rank] = int(f.read())
-                except (OSError, ValueError):
-                    pass
-            time.sleep(0.1)
+        pid_of = wait_for_evidence_pids(proc, tmpdir, world)
         time.sleep(1.5)  # every rank inside the churn
         os.kill(pid_of[0], signal.SIGKILL)
         run = finish(proc, command, began, 90, path)
