@@ -50,9 +50,10 @@ EvidenceFolder EvidenceFolder::create(int rank) {
   std::string pattern =
       (fs::path(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") / "hmc-evidence-XXXXXX").string();
   if (mkdtemp(pattern.data()) == nullptr) {  // mode 0700
-    spdlog::warn("rank {}: no local evidence folder (mkdtemp {}: {}); a launcher's teardown "
-                 "then leaves only what the store holds (set TMPDIR to a writable folder)",
-                 rank, pattern, std::strerror(errno));
+    spdlog::warn(
+        "rank {}: no local evidence folder (mkdtemp {}: {}); a launcher's teardown "
+        "then leaves only what the store holds (set TMPDIR to a writable folder)",
+        rank, pattern, std::strerror(errno));
     return {};
   }
   EvidenceFolder folder(pattern, rank);
@@ -129,9 +130,7 @@ bool EvidenceFolder::alive(int rank) const {
   return processAlive(static_cast<pid_t>(std::atol(text->c_str())));
 }
 
-bool EvidenceFolder::known(int rank) const {
-  return usable() && fs::exists(file(rank, "pid"));
-}
+bool EvidenceFolder::known(int rank) const { return usable() && fs::exists(file(rank, "pid")); }
 
 int EvidenceFolder::lowestLiveRank(int worldSize) const {
   if (!usable() || !fs::exists(path_)) return -1;

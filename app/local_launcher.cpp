@@ -236,7 +236,8 @@ std::vector<scenario::RankResult> readRankResults(const fs::path& file, int rank
 // in, for the hang diagnosis ("last completed 'recycle' #80"), and where it was.
 void addHeartbeat(scenario::RankResult& slot, const diagnostics::Heartbeat& beat) {
   if (beat.lastCompleted) slot.flight.push_back(*beat.lastCompleted);
-  if (beat.current && (!beat.lastCompleted || beat.current->sequence != beat.lastCompleted->sequence)) {
+  if (beat.current &&
+      (!beat.lastCompleted || beat.current->sequence != beat.lastCompleted->sequence)) {
     slot.flight.push_back(*beat.current);
   }
   *slot.crashReason += beat.step < 0 ? fmt::format("; last heartbeat ({}): outside its steps",

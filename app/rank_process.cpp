@@ -15,6 +15,7 @@
 #include <optional>
 #include <thread>
 
+#include "evidence_folder.hpp"
 #include "hmc/collective/store_transport.hpp"
 #include "hmc/collective/transport_factory.hpp"
 #include "hmc/diagnostics/heartbeat.hpp"
@@ -22,7 +23,6 @@
 #include "hmc/error.hpp"
 #include "hmc/scenario/output_file.hpp"
 #include "hmc/scenario/runner.hpp"
-#include "evidence_folder.hpp"
 #include "signals.hpp"
 
 namespace hmc::app {
@@ -141,8 +141,7 @@ std::optional<scenario::RankResult> fromHeartbeat(collective::KeyValueStore& kv,
       result.crashed = true;
       result.crashReason = fmt::format(
           "{}; its last heartbeat ({}): {}",
-          deadWhy ? *deadWhy
-                  : fmt::format("no result from rank {}: it died or was stopped", rank),
+          deadWhy ? *deadWhy : fmt::format("no result from rank {}: it died or was stopped", rank),
           diagnostics::toString(beat.state),
           beat.step < 0 ? std::string("outside its steps") : fmt::format("in step {}", beat.step));
     }
@@ -194,12 +193,9 @@ ResultsByRank readLocalResults(const EvidenceFolder& local, int worldSize, int s
 // then the store `kv` (waiting up to `wait` for results; nullptr: the store is gone, or a
 // store that fails is given up at its first error), then a rank's heartbeat or published
 // flight record; a rank without any is a crashed rank saying `missingWhy`.
-std::vector<std::vector<scenario::RankResult>> gatherResults(collective::KeyValueStore* kv,
-                                                             const RankLaunch& launch,
-                                                             ResultsByRank local,
-                                                             std::chrono::milliseconds wait,
-                                                             const MissingWhy& missingWhy,
-                                                             const EvidenceFolder& folder) {
+std::vector<std::vector<scenario::RankResult>> gatherResults(
+    collective::KeyValueStore* kv, const RankLaunch& launch, ResultsByRank local,
+    std::chrono::milliseconds wait, const MissingWhy& missingWhy, const EvidenceFolder& folder) {
   std::vector<std::vector<scenario::RankResult>> byRank(launch.worldSize);
   const auto deadline = Clock::now() + wait;
   std::string storeFailed;
@@ -264,9 +260,8 @@ std::vector<std::vector<scenario::RankResult>> gatherResults(collective::KeyValu
         published.emplace();
         fromStore([&] { *published = diagnostics::readPublishedFlights(*kv, launch.worldSize); });
       }
-      merged[r][rank] =
-          missingRankResult(rank, missingWhy(rank), "no result from this rank: not checked",
-                            *published);
+      merged[r][rank] = missingRankResult(rank, missingWhy(rank),
+                                          "no result from this rank: not checked", *published);
     }
   }
   return merged;
@@ -368,9 +363,9 @@ std::vector<std::vector<scenario::RankResult>> withOwn(
   if (merged.size() < own.size()) {
     std::vector<scenario::RankResult> missing;
     for (int rank = 0; rank < launch.worldSize; ++rank) {
-      missing.push_back(missingRankResult(
-          rank, fmt::format("no result from rank {} for this repetition", rank), "not checked",
-          {}));
+      missing.push_back(
+          missingRankResult(rank, fmt::format("no result from rank {} for this repetition", rank),
+                            "not checked", {}));
     }
     merged.resize(own.size(), missing);
   }
@@ -389,7 +384,8 @@ void recordLostStore(scenario::RankResult& result, const std::string& host,
       return;
     }
   }
-  result.leaks.reason = fmt::format("lost {} in the end-of-run vote ({}): not checked", host, error);
+  result.leaks.reason =
+      fmt::format("lost {} in the end-of-run vote ({}): not checked", host, error);
 }
 
 }  // namespace
@@ -400,9 +396,9 @@ RankProcessOutcome runRankProcess(const scenario::Scenario& scenario, const Rank
   RankProgress progress;
   std::mutex storeMutex;
   std::shared_ptr<collective::KeyValueStore> evidenceStore;  // the watcher's own connection
-  EvidenceFolder local;  // under a launcher: results that need no store (evidence_folder.hpp)
-  // Under a launcher the reporting rank is rank 0, or, when rank 0's process is gone, the
-  // lowest rank of its node still alive (EvidenceFolder::lowestLiveRank).
+  // Under a launcher: results that need no store (evidence_folder.hpp). The reporting rank is
+  // rank 0, or, when rank 0's process is gone, the lowest rank of its node still alive.
+  EvidenceFolder local;
   // A termination signal (the launcher tearing the job down, Ctrl-C, the local launcher's
   // SIGTERM): hand on what this rank did, at once and bounded, then exit with the signal.
   TerminationWatcher watcher([&](int signal) {
@@ -457,9 +453,10 @@ RankProcessOutcome runRankProcess(const scenario::Scenario& scenario, const Rank
     const int self = launch.rank;
     const MissingWhy missingWhy = [self, folder](int rank) {
       if (folder.known(rank) && !folder.alive(rank)) return endedWithoutResult(rank, self);
-      return fmt::format("no result from rank {}: it died, was stopped, or never finished its "
-                         "steps",
-                         rank);
+      return fmt::format(
+          "no result from rank {}: it died, was stopped, or never finished its "
+          "steps",
+          rank);
     };
     std::vector<std::vector<scenario::RankResult>> merged;
     bool gathered = false;
@@ -470,8 +467,7 @@ RankProcessOutcome runRankProcess(const scenario::Scenario& scenario, const Rank
       const auto storeWait = interruptStoreWait(launch.launcher);
       std::thread([promise, kv, launch, found, storeWait, missingWhy, folder] {
         try {
-          promise->set_value(
-              gatherResults(kv.get(), launch, found, storeWait, missingWhy, folder));
+          promise->set_value(gatherResults(kv.get(), launch, found, storeWait, missingWhy, folder));
         } catch (...) {
           promise->set_exception(std::current_exception());
         }
@@ -492,18 +488,19 @@ RankProcessOutcome runRankProcess(const scenario::Scenario& scenario, const Rank
       const MissingWhy unknown = [&](int rank) {
         return storeProblem.empty()
                    ? missingWhy(rank)
-                   : fmt::format("unknown: no result from rank {} in the local evidence folder, "
-                                 "and the store could not be read when rank {} was stopped ({})",
-                                 rank, self, storeProblem);
+                   : fmt::format(
+                         "unknown: no result from rank {} in the local evidence folder, "
+                         "and the store could not be read when rank {} was stopped ({})",
+                         rank, self, storeProblem);
       };
       merged = gatherResults(nullptr, launch, found, std::chrono::milliseconds(0), unknown, folder);
     }
-    spdlog::debug("rank {}: evidence after signal {}: {} local results in {} ms, store {} in {} ms",
-                  launch.rank, signal, others,
-                  std::chrono::duration_cast<std::chrono::milliseconds>(localDone - began).count(),
-                  gathered ? "read" : (storeProblem.empty() ? "not needed" : storeProblem),
-                  std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - localDone)
-                      .count());
+    spdlog::debug(
+        "rank {}: evidence after signal {}: {} local results in {} ms, store {} in {} ms",
+        launch.rank, signal, others,
+        std::chrono::duration_cast<std::chrono::milliseconds>(localDone - began).count(),
+        gathered ? "read" : (storeProblem.empty() ? "not needed" : storeProblem),
+        std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - localDone).count());
     folder.remove();  // read: gone before the report, which a SIGKILL may cut short
     onInterrupted(withOwn(std::move(merged), results, launch), signal);
   });
@@ -574,7 +571,8 @@ RankProcessOutcome runRankProcess(const scenario::Scenario& scenario, const Rank
       diagnostics::Watchdog watchdog(env.recorder, transport.control->keyValueStore(), watch);
       outcome.results.push_back(scenario::runRank(scenario, env));
     }
-    if (!storeLost.empty()) recordLostStore(outcome.results.back(), storeHostName(launch), storeLost);
+    if (!storeLost.empty())
+      recordLostStore(outcome.results.back(), storeHostName(launch), storeLost);
     progress.repetitionDone(outcome.results.back());
     if (!gatherOnRankZero) {
       scenario::writeOutputFile(launch.resultFile, rankResultsDocument(outcome.results));
@@ -599,13 +597,13 @@ RankProcessOutcome runRankProcess(const scenario::Scenario& scenario, const Rank
     const int reporter = local.usable() ? local.lowestLiveRank(launch.worldSize) : -1;
     const std::string localProblem = local.writeResults(document);
     if (reporter != launch.rank) {
-      fmt::print(stderr, "hmc-run rank {}: lost {} ({}); {}\n", launch.rank,
-                 storeHostName(launch), storeLost,
-                 localProblem.empty()
-                     ? fmt::format("its results are in {} for rank {} to report", local.path(),
-                                   reporter)
-                     : fmt::format("its results are lost: {} (rank {} reports what it has)",
-                                   localProblem, reporter));
+      fmt::print(
+          stderr, "hmc-run rank {}: lost {} ({}); {}\n", launch.rank, storeHostName(launch),
+          storeLost,
+          localProblem.empty()
+              ? fmt::format("its results are in {} for rank {} to report", local.path(), reporter)
+              : fmt::format("its results are lost: {} (rank {} reports what it has)", localProblem,
+                            reporter));
       return outcome;
     }
     // Every rank of the node still alive writes its results as it finds the store gone (its
@@ -613,18 +611,19 @@ RankProcessOutcome runRankProcess(const scenario::Scenario& scenario, const Rank
     ResultsByRank found = readLocalResults(local, launch.worldSize, launch.rank,
                                            Clock::now() + timeout + std::chrono::seconds(1));
     found[launch.rank] = outcome.results;
-    outcome.merged = withOwn(
-        gatherResults(nullptr, launch, std::move(found), std::chrono::milliseconds(0),
-                      [&](int rank) {
-                        if (local.known(rank) && !local.alive(rank)) {
-                          return endedWithoutResult(rank, launch.rank);
-                        }
-                        return fmt::format("no result from rank {}: it lost the store too and "
-                                           "wrote nothing to {} within the deadline",
-                                           rank, local.path());
-                      },
-                      local),
-        outcome.results, launch);
+    outcome.merged = withOwn(gatherResults(
+                                 nullptr, launch, std::move(found), std::chrono::milliseconds(0),
+                                 [&](int rank) {
+                                   if (local.known(rank) && !local.alive(rank)) {
+                                     return endedWithoutResult(rank, launch.rank);
+                                   }
+                                   return fmt::format(
+                                       "no result from rank {}: it lost the store too and "
+                                       "wrote nothing to {} within the deadline",
+                                       rank, local.path());
+                                 },
+                                 local),
+                             outcome.results, launch);
     local.remove();
     fmt::print(stderr, "hmc-run rank {}: lost {} ({}); reporting what every rank did\n",
                launch.rank, storeHostName(launch), storeLost);
@@ -635,18 +634,19 @@ RankProcessOutcome runRankProcess(const scenario::Scenario& scenario, const Rank
     try {
       waitForKeys(*kv, {"results-read"}, Clock::now() + timeout);
     } catch (const std::exception& error) {
-      spdlog::debug("rank {}: the store went away before rank 0 read the results: {}",
-                    launch.rank, error.what());
+      spdlog::debug("rank {}: the store went away before rank 0 read the results: {}", launch.rank,
+                    error.what());
     }
     return outcome;
   }
   outcome.merged = gatherResults(
-      kv.get(), launch,
-      readLocalResults(local, launch.worldSize, launch.rank, Clock::now()), timeout,
+      kv.get(), launch, readLocalResults(local, launch.worldSize, launch.rank, Clock::now()),
+      timeout,
       [&](int rank) {
-        return fmt::format("no result from rank {} within {:g} s: it died, was stopped, or never "
-                           "finished its steps",
-                           rank, std::chrono::duration<double>(timeout).count());
+        return fmt::format(
+            "no result from rank {} within {:g} s: it died, was stopped, or never "
+            "finished its steps",
+            rank, std::chrono::duration<double>(timeout).count());
       },
       local);
   try {
