@@ -62,9 +62,9 @@ EvidenceFolder EvidenceFolder::create(int rank) {
 }
 
 void EvidenceFolder::announce(collective::KeyValueStore& kv) const {
-  if (!usable()) return;
   try {
-    kv.set(kFolderKey, thisHost() + "\n" + path_);
+    // Without a folder too ("none"), so that no rank waits for the announcement.
+    kv.set(kFolderKey, usable() ? thisHost() + "\n" + path_ : std::string("none"));
   } catch (const std::exception& error) {
     spdlog::debug("rank {}: cannot announce the evidence folder: {}", rank_, error.what());
   }

@@ -30,8 +30,8 @@ class EvidenceFolder {
   // Rank 0: creates the folder. A folder that cannot be created leaves no local evidence
   // (logged), never an error.
   static EvidenceFolder create(int rank);
-  // Rank 0 announces the folder in `kv`; the others read the announcement (waiting up to
-  // `timeout`, as for any rendezvous key) and join it. Logged, never thrown.
+  // Rank 0 announces the folder (or that it has none) in `kv`; the others read the announcement
+  // (waiting up to `timeout`, as for any rendezvous key) and join it. Logged, never thrown.
   void announce(collective::KeyValueStore& kv) const;
   static EvidenceFolder join(collective::KeyValueStore& kv, int rank,
                              std::chrono::milliseconds timeout);
