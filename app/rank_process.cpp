@@ -204,9 +204,11 @@ std::vector<std::vector<scenario::RankResult>> gatherResults(
     try {
       read();
     } catch (const std::exception& error) {
+      // Debug level only: in a launcher's teardown the launcher may stop reading this rank's
+      // stderr, and a blocked write would hold the log's lock that the report path needs.
       storeFailed = error.what();
-      spdlog::warn("rank {}: the store failed while gathering results: {}", launch.rank,
-                   storeFailed);
+      spdlog::debug("rank {}: the store failed while gathering results: {}", launch.rank,
+                    storeFailed);
     }
   };
   std::size_t repetitions = 1;
@@ -495,14 +497,17 @@ RankProcessOutcome runRankProcess(const scenario::Scenario& scenario, const Rank
       };
       merged = gatherResults(nullptr, launch, found, std::chrono::milliseconds(0), unknown, folder);
     }
+    const auto storeDone = Clock::now();
+    folder.remove();  // read: gone before the report, which a SIGKILL may cut short
+    onInterrupted(withOwn(std::move(merged), results, launch), signal);
+    // Only after the report: under mpirun a write to stderr blocked in some teardowns here
+    // (Open MPI stops reading the ranks' output), which lost the report when logged before.
     spdlog::debug(
         "rank {}: evidence after signal {}: {} local results in {} ms, store {} in {} ms",
         launch.rank, signal, others,
         std::chrono::duration_cast<std::chrono::milliseconds>(localDone - began).count(),
         gathered ? "read" : (storeProblem.empty() ? "not needed" : storeProblem),
-        std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - localDone).count());
-    folder.remove();  // read: gone before the report, which a SIGKILL may cut short
-    onInterrupted(withOwn(std::move(merged), results, launch), signal);
+        std::chrono::duration_cast<std::chrono::milliseconds>(storeDone - localDone).count());
   });
   if (gatherOnRankZero && launch.rank == 0) {
     auto created = EvidenceFolder::create(launch.rank);
