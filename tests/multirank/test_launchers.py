@@ -441,9 +441,10 @@ if TEARDOWN:
         check_store_host_dies("mpirun", 2, "store")
         check_store_host_dies("mpirun", 4, "tcp")
 
-# mpirun's teardown cases are opt-in (--mpirun-teardown): Open MPI sends SIGKILL 1 s after
-# SIGTERM, and here rank 0 lost that race in some runs (no report, or a rank known only by its
-# heartbeat), at 2 ranks too when other mpirun jobs ran just before. Known gap (issue 9).
+# mpirun's crash and SIGTERM cases are opt-in (--mpirun-teardown): Open MPI sends SIGKILL 1 s
+# after SIGTERM. With the local evidence folder the SIGTERM case passed 6 of 6 rounds and the
+# crash case at 4 ranks failed 2 of 6 (rank 0 wrote nothing at all within that second; cause
+# not found), so they stay opt-in. Known gap (issue 9).
 if TEARDOWN and "--mpirun-teardown" in sys.argv:
     @test
     def mpirun_crash_is_diagnosed_and_reported():
