@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <future>
@@ -403,7 +404,14 @@ RankProcessOutcome runRankProcess(const scenario::Scenario& scenario, const Rank
   EvidenceFolder local;
   // A termination signal (the launcher tearing the job down, Ctrl-C, the local launcher's
   // SIGTERM): hand on what this rank did, at once and bounded, then exit with the signal.
+  // Set once the main thread has every rank's results after losing the store and is about to
+  // report them: a launcher's SIGTERM then must not end the process in the middle of it.
+  std::atomic<bool> reportingInMain{false};
   TerminationWatcher watcher([&](int signal) {
+    if (reportingInMain) {
+      // The main thread reports and exits; the watcher's hard limit still bounds it.
+      for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+    }
     const auto results = progress.snapshot(scenario, launch.rank, signal);
     if (!gatherOnRankZero) {
       scenario::writeOutputFile(launch.resultFile, rankResultsDocument(results));
@@ -629,6 +637,7 @@ RankProcessOutcome runRankProcess(const scenario::Scenario& scenario, const Rank
                                  },
                                  local),
                              outcome.results, launch);
+    reportingInMain = true;
     local.remove();
     fmt::print(stderr, "hmc-run rank {}: lost {} ({}); reporting what every rank did\n",
                launch.rank, storeHostName(launch), storeLost);
