@@ -27,6 +27,7 @@
 
 #include "hmc/collective/launch_env.hpp"
 #include "hmc/collective/store_transport.hpp"
+#include "hmc/diagnostics/heartbeat.hpp"
 #include "hmc/diagnostics/watchdog.hpp"
 #include "hmc/error.hpp"
 #include "process_group.hpp"
@@ -96,6 +97,12 @@ class StoreLiaison {
     std::lock_guard<std::mutex> lock(mutex_);
     return flights_;
   }
+  // The last heartbeat of each rank announced dead, read as its death was announced (the
+  // store dies with rank 0 before the launcher reads the results).
+  std::map<int, diagnostics::Heartbeat> lastHeartbeats() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return heartbeats_;
+  }
 
  private:
   bool stopping() {
@@ -133,7 +140,10 @@ class StoreLiaison {
       const bool last = stop_;
       lock.unlock();
       try {
-        for (const auto& [rank, why] : deaths) collective::announceDeadRank(*kv, rank, why);
+        for (const auto& [rank, why] : deaths) {
+          collective::announceDeadRank(*kv, rank, why);
+          readHeartbeat(*kv, rank);
+        }
         const std::int64_t count = kv->add(collective::kFlightPublishedKey, 0);
         if (count != seen) {
           seen = count;
@@ -151,6 +161,19 @@ class StoreLiaison {
     }
   }
 
+  void readHeartbeat(collective::KeyValueStore& kv, int rank) {
+    const std::string key = diagnostics::heartbeatKey(rank);
+    if (!kv.check({key})) return;
+    try {
+      auto beat = diagnostics::Heartbeat::fromJson(
+          nlohmann::json::parse(kv.get(key, std::chrono::milliseconds(500))));
+      std::lock_guard<std::mutex> guard(mutex_);
+      heartbeats_[rank] = std::move(beat);
+    } catch (const nlohmann::json::exception& error) {
+      spdlog::debug("launcher: rank {}'s heartbeat is unreadable: {}", rank, error.what());
+    }
+  }
+
   collective::StoreTransportOptions options_;
   int worldSize_;
   Clock::time_point connectUntil_;
@@ -160,6 +183,7 @@ class StoreLiaison {
   bool gone_ = false;
   std::deque<std::pair<int, std::string>> deaths_;
   std::map<int, diagnostics::PublishedFlight> flights_;
+  std::map<int, diagnostics::Heartbeat> heartbeats_;
   std::thread thread_;
 };
 
@@ -206,6 +230,20 @@ std::vector<scenario::RankResult> readRankResults(const fs::path& file, int rank
     spdlog::warn("rank {} wrote an unreadable result {}: {}", rank, file.string(), error.what());
     return {};
   }
+}
+
+// A dead rank's last heartbeat in its result: its last completed collective and the one it was
+// in, for the hang diagnosis ("last completed 'recycle' #80"), and where it was.
+void addHeartbeat(scenario::RankResult& slot, const diagnostics::Heartbeat& beat) {
+  if (beat.lastCompleted) slot.flight.push_back(*beat.lastCompleted);
+  if (beat.current &&
+      (!beat.lastCompleted || beat.current->sequence != beat.lastCompleted->sequence)) {
+    slot.flight.push_back(*beat.current);
+  }
+  *slot.crashReason += beat.step < 0 ? fmt::format("; last heartbeat ({}): outside its steps",
+                                                   diagnostics::toString(beat.state))
+                                     : fmt::format("; last heartbeat ({}): in step {}",
+                                                   diagnostics::toString(beat.state), beat.step);
 }
 
 }  // namespace
@@ -293,6 +331,8 @@ LocalLaunchResult launchLocalRanks(const scenario::Scenario& scenario,
   }
 
   const auto flights = liaison ? liaison->flights() : std::map<int, diagnostics::PublishedFlight>{};
+  const auto heartbeats =
+      liaison ? liaison->lastHeartbeats() : std::map<int, diagnostics::Heartbeat>{};
   liaison.reset();
   glooLiaison.reset();
   std::vector<std::vector<scenario::RankResult>> byRank(world);
@@ -313,6 +353,10 @@ LocalLaunchResult launchLocalRanks(const scenario::Scenario& scenario,
         // Where it was, if its watchdog published its flight record before it died.
         slot = missingRankResult(rank, status,
                                  "the rank process died without a result: not checked", flights);
+        // No flight record published: its last heartbeat says what it had completed.
+        if (auto beat = heartbeats.find(rank); slot.flight.empty() && beat != heartbeats.end()) {
+          addHeartbeat(slot, beat->second);
+        }
       }
     }
   }

@@ -395,7 +395,8 @@ std::optional<RanResults> runPrepared(const std::string& file, const PreparedSce
   if (plan.launch) {
     auto outcome = hmc::app::runRankProcess(prepared.scenario, rankLaunchFor(file, options, plan),
                                             true, onInterrupted);
-    if (!plan.reporting) return std::nullopt;
+    // Rank 0 reports; another rank only when rank 0 is gone with the store (rank_process.hpp).
+    if (!outcome.merged) return std::nullopt;
     RanResults ran;
     ran.repetitions = std::move(*outcome.merged);
     return ran;
@@ -469,9 +470,16 @@ int runScenarios(const RunOptions& options, const std::vector<std::string>& comm
   }
   hmc::scenario::limitTorchThreads(1);
   std::vector<std::unique_ptr<hmc::scenario::Reporter>> reporters;
-  if (plan.reporting)
-    reporters = makeReporters(options, anyDirectory || files.size() > 1, files.size());
+  // Under a launcher another rank than rank 0 reports when rank 0 is gone: it makes its
+  // reporters then.
+  const auto ensureReporters = [&] {
+    if (reporters.empty()) {
+      reporters = makeReporters(options, anyDirectory || files.size() > 1, files.size());
+    }
+  };
+  if (plan.reporting) ensureReporters();
   auto publish = [&](const ScenarioReport& report) {
+    ensureReporters();
     for (auto& reporter : reporters) reporter->report(report);
   };
 
@@ -514,13 +522,14 @@ int runScenarios(const RunOptions& options, const std::vector<std::string>& comm
               prepared.scenario, std::move(merged), plan.warmup,
               runInfo(plan, prepared.scenario, startedAt, wall, command));
           report.interrupted = true;
+          ensureReporters();
           for (auto& reporter : reporters) {
             reporter->report(report);
             reporter->finish(true);
           }
           fmt::print(stderr,
-                     "hmc-run: rank 0 stopped by signal {} ({}); reported what every rank did\n",
-                     signal, strsignal(signal));
+                     "hmc-run: rank {} stopped by signal {} ({}); reported what every rank did\n",
+                     plan.launch ? plan.launch->rank : 0, signal, strsignal(signal));
           std::fflush(stdout);
         };
     auto ran = runPrepared(file, prepared, options, plan, executable, progress, onInterrupted);

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <future>
@@ -15,6 +16,7 @@
 #include <optional>
 #include <thread>
 
+#include "evidence_folder.hpp"
 #include "hmc/collective/store_transport.hpp"
 #include "hmc/collective/transport_factory.hpp"
 #include "hmc/diagnostics/heartbeat.hpp"
@@ -29,14 +31,19 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// How long rank 0 waits for the others' results after a termination signal (they publish
-// theirs within milliseconds of the same signal). Under mpirun not at all: Open MPI sends
-// SIGKILL 1 s after SIGTERM (odls_base_sigkill_timeout), so rank 0 reports at once from what
-// the store holds (results, else every rank's heartbeat). torchrun and srun give seconds.
-std::chrono::milliseconds interruptGatherFor(const std::string& launcher) {
+// How long the reporting rank waits for the others' results after a termination signal (they
+// write theirs to the local evidence folder within milliseconds of the same signal, then to
+// the store). Under mpirun briefly: Open MPI sends SIGKILL 1 s after SIGTERM
+// (odls_base_sigkill_timeout), so the reporting rank waits for the local files of the ranks
+// still alive for at most 400 ms and reads the store once without waiting. torchrun and srun
+// give seconds.
+std::chrono::milliseconds interruptLocalWait(const std::string& launcher) {
+  return launcher == "mpirun" ? std::chrono::milliseconds(400) : std::chrono::milliseconds(1000);
+}
+std::chrono::milliseconds interruptStoreWait(const std::string& launcher) {
   return launcher == "mpirun" ? std::chrono::milliseconds(0) : std::chrono::milliseconds(1000);
 }
-// The bound on that reading beyond the wait, should the store not answer.
+// The bound on reading the store beyond the wait, should the store not answer.
 constexpr std::chrono::milliseconds kInterruptRead{300};
 
 // Polls for `keys` until all exist or `deadline` passes.
@@ -109,8 +116,11 @@ namespace {
 // A rank without results, as its last heartbeat shows it: waiting in a collective (hung, so
 // the hang diagnosis says where), or elsewhere (crashed: it left no result). nullopt without
 // a heartbeat.
+// `deadWhy`: the rank's process is known to have ended (the evidence folder): crashed, saying
+// so, whatever its heartbeat shows (a heartbeat lags by up to its period).
 std::optional<scenario::RankResult> fromHeartbeat(collective::KeyValueStore& kv, int rank,
-                                                  std::optional<std::uint64_t> completedByOthers) {
+                                                  std::optional<std::uint64_t> completedByOthers,
+                                                  const std::optional<std::string>& deadWhy) {
   try {
     const std::string key = diagnostics::heartbeatKey(rank);
     if (!kv.check({key})) return std::nullopt;
@@ -126,12 +136,13 @@ std::optional<scenario::RankResult> fromHeartbeat(collective::KeyValueStore& kv,
     result.leaks.reason = "no result from this rank (stopped or died): not checked";
     const bool stale =
         completedByOthers && beat.current && beat.current->sequence <= *completedByOthers;
-    if (beat.state == diagnostics::RankState::kWaiting && beat.current && !stale) {
+    if (beat.state == diagnostics::RankState::kWaiting && beat.current && !stale && !deadWhy) {
       result.hung = true;
     } else {
       result.crashed = true;
       result.crashReason = fmt::format(
-          "no result from rank {}: it died or was stopped; its last heartbeat ({}): {}", rank,
+          "{}; its last heartbeat ({}): {}",
+          deadWhy ? *deadWhy : fmt::format("no result from rank {}: it died or was stopped", rank),
           diagnostics::toString(beat.state),
           beat.step < 0 ? std::string("outside its steps") : fmt::format("in step {}", beat.step));
     }
@@ -142,23 +153,80 @@ std::optional<scenario::RankResult> fromHeartbeat(collective::KeyValueStore& kv,
   }
 }
 
-// Rank 0 of an external launch: every rank's results, through the store (bounded by the
-// timeout; a rank without results is a crashed rank, with its flight record if it published
-// one).
-std::vector<std::vector<scenario::RankResult>> gatherResults(collective::KeyValueStore& kv,
-                                                             const RankLaunch& launch,
-                                                             std::chrono::milliseconds timeout) {
+// What the store's loss is called in this launch: rank 0 hosts the store unless the
+// launcher's agent does (torchrun).
+std::string storeHostName(const RankLaunch& launch) {
+  return launch.agentHostsStore ? std::string("the store's host (the launcher's agent)")
+                                : std::string("the store's host (rank 0)");
+}
+
+using ResultsByRank = std::map<int, std::vector<scenario::RankResult>>;
+// Why a rank without results has none: the crash reason for rank `rank`.
+using MissingWhy = std::function<std::string(int rank)>;
+
+// The results the other ranks wrote to the local evidence folder: polls until every rank of
+// this node that is still alive wrote its own, or `deadline` passes.
+ResultsByRank readLocalResults(const EvidenceFolder& local, int worldSize, int self,
+                               Clock::time_point deadline) {
+  ResultsByRank found;
+  if (!local.usable()) return found;
+  for (;;) {
+    bool pending = false;
+    for (int rank = 0; rank < worldSize; ++rank) {
+      if (rank == self || found.count(rank) != 0) continue;
+      if (auto text = local.readResults(rank)) {
+        try {
+          found[rank] = parseRankResults(*text);
+          continue;
+        } catch (const std::exception& error) {
+          spdlog::warn("rank {} wrote unreadable results to {}: {}", rank, local.path(),
+                       error.what());
+        }
+      }
+      pending = pending || local.alive(rank);
+    }
+    if (!pending || Clock::now() >= deadline) return found;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+// The reporting rank: every rank's results, from `local` (the evidence folder's files) first,
+// then the store `kv` (waiting up to `wait` for results; nullptr: the store is gone, or a
+// store that fails is given up at its first error), then a rank's heartbeat or published
+// flight record; a rank without any is a crashed rank saying `missingWhy`.
+std::vector<std::vector<scenario::RankResult>> gatherResults(
+    collective::KeyValueStore* kv, const RankLaunch& launch, ResultsByRank local,
+    std::chrono::milliseconds wait, const MissingWhy& missingWhy, const EvidenceFolder& folder) {
   std::vector<std::vector<scenario::RankResult>> byRank(launch.worldSize);
-  const auto deadline = Clock::now() + timeout;
-  std::optional<std::map<int, diagnostics::PublishedFlight>> published;
+  const auto deadline = Clock::now() + wait;
+  std::string storeFailed;
+  const auto fromStore = [&](auto&& read) {
+    if (kv == nullptr || !storeFailed.empty()) return;
+    try {
+      read();
+    } catch (const std::exception& error) {
+      // Debug level only: in a launcher's teardown the launcher may stop reading this rank's
+      // stderr, and a blocked write would hold the log's lock that the report path needs.
+      storeFailed = error.what();
+      spdlog::debug("rank {}: the store failed while gathering results: {}", launch.rank,
+                    storeFailed);
+    }
+  };
   std::size_t repetitions = 1;
   for (int rank = 0; rank < launch.worldSize; ++rank) {
-    const std::string key = fmt::format("result/{}", rank);
-    if (!waitForKeys(kv, {key}, deadline)) continue;
-    try {
-      byRank[rank] = parseRankResults(kv.get(key, timeout));
-    } catch (const std::exception& error) {
-      spdlog::warn("rank {} sent unreadable results: {}", rank, error.what());
+    if (auto it = local.find(rank); it != local.end()) {
+      byRank[rank] = std::move(it->second);
+    } else {
+      fromStore([&] {
+        const std::string key = fmt::format("result/{}", rank);
+        if (!waitForKeys(*kv, {key}, deadline)) return;
+        const std::string text = kv->get(key, wait + kInterruptRead);
+        try {
+          byRank[rank] = parseRankResults(text);
+        } catch (const std::exception& error) {
+          spdlog::warn("rank {} sent unreadable results: {}", rank, error.what());
+        }
+      });
     }
     repetitions = std::max(repetitions, byRank[rank].size());
   }
@@ -172,6 +240,7 @@ std::vector<std::vector<scenario::RankResult>> gatherResults(collective::KeyValu
       completedByOthers = std::max(completedByOthers.value_or(0), entry.sequence);
     }
   }
+  std::optional<std::map<int, diagnostics::PublishedFlight>> published;
   std::vector<std::vector<scenario::RankResult>> merged(
       repetitions, std::vector<scenario::RankResult>(launch.worldSize));
   for (int rank = 0; rank < launch.worldSize; ++rank) {
@@ -182,17 +251,20 @@ std::vector<std::vector<scenario::RankResult>> gatherResults(collective::KeyValu
       }
       // Where it was: its heartbeat (every rank writes one at least every second), else the
       // flight record its watchdog published at a deadline.
-      if (auto seen = fromHeartbeat(kv, rank, completedByOthers)) {
+      std::optional<scenario::RankResult> seen;
+      std::optional<std::string> deadWhy;
+      if (folder.known(rank) && !folder.alive(rank)) deadWhy = missingWhy(rank);
+      fromStore([&] { seen = fromHeartbeat(*kv, rank, completedByOthers, deadWhy); });
+      if (seen) {
         merged[r][rank] = std::move(*seen);
         continue;
       }
-      if (!published) published = diagnostics::readPublishedFlights(kv, launch.worldSize);
-      merged[r][rank] = missingRankResult(
-          rank,
-          fmt::format("no result from rank {} within {:g} s: it died, was stopped, or never "
-                      "finished its steps",
-                      rank, std::chrono::duration<double>(timeout).count()),
-          "no result from this rank: not checked", *published);
+      if (!published) {
+        published.emplace();
+        fromStore([&] { *published = diagnostics::readPublishedFlights(*kv, launch.worldSize); });
+      }
+      merged[r][rank] = missingRankResult(rank, missingWhy(rank),
+                                          "no result from this rank: not checked", *published);
     }
   }
   return merged;
@@ -277,100 +349,179 @@ class RankProgress {
 
 }  // namespace
 
+namespace {
+
+// A rank of this node whose process is gone and left no result.
+std::string endedWithoutResult(int rank, int reporter) {
+  return fmt::format("rank {}'s process ended without a result (killed or crashed){}", rank,
+                     rank == 0 && reporter != 0
+                         ? fmt::format("; rank {} reports in its place", reporter)
+                         : std::string());
+}
+
+// Every rank's results for the report, with this rank's own (as it has them now) in place.
+std::vector<std::vector<scenario::RankResult>> withOwn(
+    std::vector<std::vector<scenario::RankResult>> merged,
+    const std::vector<scenario::RankResult>& own, const RankLaunch& launch) {
+  if (merged.size() < own.size()) {
+    std::vector<scenario::RankResult> missing;
+    for (int rank = 0; rank < launch.worldSize; ++rank) {
+      missing.push_back(
+          missingRankResult(rank, fmt::format("no result from rank {} for this repetition", rank),
+                            "not checked", {}));
+    }
+    merged.resize(own.size(), missing);
+  }
+  for (std::size_t r = 0; r < own.size(); ++r) merged[r][launch.rank] = own[r];
+  return merged;
+}
+
+// A rank that lost the store: the step that failed because of it (the last one that hung on
+// a rank failure) says so; a rank whose steps all passed says it in its leak check.
+void recordLostStore(scenario::RankResult& result, const std::string& host,
+                     const std::string& error) {
+  for (auto it = result.steps.rbegin(); it != result.steps.rend(); ++it) {
+    if (it->status == scenario::StepStatus::kHang && it->error &&
+        it->error->kind == ErrorKind::kRankFailure) {
+      it->error->message += fmt::format("; lost {}: {}", host, error);
+      return;
+    }
+  }
+  result.leaks.reason =
+      fmt::format("lost {} in the end-of-run vote ({}): not checked", host, error);
+}
+
+}  // namespace
+
 RankProcessOutcome runRankProcess(const scenario::Scenario& scenario, const RankLaunch& launch,
                                   bool gatherOnRankZero, const InterruptedReport& onInterrupted) {
   const auto timeout = collective::timeoutFromSeconds(scenario.timeoutS);
   RankProgress progress;
   std::mutex storeMutex;
   std::shared_ptr<collective::KeyValueStore> evidenceStore;  // the watcher's own connection
+  // Under a launcher: results that need no store (evidence_folder.hpp). The reporting rank is
+  // rank 0, or, when rank 0's process is gone, the lowest rank of its node still alive.
+  EvidenceFolder local;
   // A termination signal (the launcher tearing the job down, Ctrl-C, the local launcher's
   // SIGTERM): hand on what this rank did, at once and bounded, then exit with the signal.
+  // Set once the main thread has every rank's results after losing the store and is about to
+  // report them: a launcher's SIGTERM then must not end the process in the middle of it.
+  std::atomic<bool> reportingInMain{false};
   TerminationWatcher watcher([&](int signal) {
+    if (reportingInMain) {
+      // The main thread reports and exits; the watcher's hard limit still bounds it.
+      for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+    }
     const auto results = progress.snapshot(scenario, launch.rank, signal);
     if (!gatherOnRankZero) {
       scenario::writeOutputFile(launch.resultFile, rankResultsDocument(results));
       return;
     }
+    const std::string document = rankResultsDocument(results);
     std::shared_ptr<collective::KeyValueStore> kv;
+    EvidenceFolder folder;
     {
       std::lock_guard<std::mutex> lock(storeMutex);
       kv = evidenceStore;
+      folder = local;
     }
+    // Who reports, decided before this rank's file exists: a reporting rank that finds every
+    // file it waits for removes the folder and exits. Then the local file: it needs no store,
+    // which may stall or be gone in a teardown.
+    const int reporter = folder.usable() ? folder.lowestLiveRank(launch.worldSize) : 0;
+    const std::string localProblem = folder.writeResults(document);
     std::string storeProblem = kv ? "" : "the rank had not joined the store yet";
-    const bool reporting = launch.rank == 0 && onInterrupted;
-    // The reporting rank keeps its own results (nobody reads them from the store), so that no
-    // store round trip stands between the signal and the report.
-    if (kv && !reporting) {
-      try {
-        kv->set(fmt::format("result/{}", launch.rank), rankResultsDocument(results));
-      } catch (const std::exception& error) {
-        storeProblem = error.what();
-      }
-    }
+    const bool reporting = launch.rank == reporter && onInterrupted;
     if (!reporting) {
-      if (!storeProblem.empty()) {
-        fmt::print(stderr,
-                   "hmc-run rank {}: stopped by signal {}; cannot hand on its results: {}\n",
-                   launch.rank, signal, storeProblem);
-      }
-      return;
-    }
-    // Rank 0 reports. The others publish theirs as they receive the same signal: wait briefly
-    // for them. The store may be gone with the launcher's agent that hosted it: then rank 0
-    // reports what it knows itself.
-    std::vector<std::vector<scenario::RankResult>> merged;
-    if (storeProblem.empty()) {
-      // Bounded even when the store stalls (a launcher's SIGKILL follows soon): the gather
-      // runs on its own thread, abandoned past its time (the process exits right after).
-      auto gathered =
-          std::make_shared<std::promise<std::vector<std::vector<scenario::RankResult>>>>();
-      auto future = gathered->get_future();
-      std::thread([gathered, kv, &launch] {
+      // The store too, for a reporting rank on another node.
+      if (kv) {
         try {
-          gathered->set_value(gatherResults(*kv, launch, interruptGatherFor(launch.launcher)));
-        } catch (...) {
-          gathered->set_exception(std::current_exception());
-        }
-      }).detach();
-      const auto bound = interruptGatherFor(launch.launcher) + kInterruptRead;
-      if (future.wait_for(bound) != std::future_status::ready) {
-        storeProblem = fmt::format("the store did not answer within {} ms", bound.count());
-      } else {
-        try {
-          merged = future.get();
-          // Rank 0's own results, as it has them now (the store holds only a finished run's).
-          if (merged.size() < results.size()) {
-            std::vector<scenario::RankResult> missing;
-            for (int rank = 0; rank < launch.worldSize; ++rank) {
-              missing.push_back(missingRankResult(
-                  rank, fmt::format("no result from rank {} for this repetition", rank),
-                  "not checked", {}));
-            }
-            merged.resize(results.size(), missing);
-          }
-          for (std::size_t r = 0; r < results.size(); ++r) merged[r][launch.rank] = results[r];
+          kv->set(fmt::format("result/{}", launch.rank), document);
         } catch (const std::exception& error) {
           storeProblem = error.what();
         }
       }
+      if (!storeProblem.empty() && !localProblem.empty()) {
+        fmt::print(stderr,
+                   "hmc-run rank {}: stopped by signal {}; cannot hand on its results: {}; {}\n",
+                   launch.rank, signal, storeProblem, localProblem);
+      }
+      return;
     }
-    if (!storeProblem.empty()) {
-      merged.assign(std::max<std::size_t>(1, results.size()),
-                    std::vector<scenario::RankResult>(launch.worldSize));
-      for (std::size_t r = 0; r < merged.size(); ++r) {
-        for (int rank = 0; rank < launch.worldSize; ++rank) {
-          merged[r][rank] =
-              rank == launch.rank && r < results.size()
-                  ? results[r]
-                  : missingRankResult(rank,
-                                      "unknown: the store was gone when rank 0 was stopped (" +
-                                          storeProblem + ")",
-                                      "not checked", {});
+    // This rank reports. The others write theirs as they receive the same signal: the local
+    // files of the ranks still alive (bounded), then the store for the rest (bounded even
+    // when the store stalls: a launcher's SIGKILL follows soon; the read runs on its own
+    // thread, abandoned past its time, as the process exits right after).
+    const auto began = Clock::now();
+    ResultsByRank found = readLocalResults(folder, launch.worldSize, launch.rank,
+                                           began + interruptLocalWait(launch.launcher));
+    const auto localDone = Clock::now();
+    const std::size_t others = found.size();
+    // Its own results count when judging whether a heartbeat is stale (a crashed rank's last
+    // heartbeat may show it waiting in a collective this rank completed).
+    found[launch.rank] = results;
+    const int self = launch.rank;
+    const MissingWhy missingWhy = [self, folder](int rank) {
+      if (folder.known(rank) && !folder.alive(rank)) return endedWithoutResult(rank, self);
+      return fmt::format(
+          "no result from rank {}: it died, was stopped, or never finished its "
+          "steps",
+          rank);
+    };
+    std::vector<std::vector<scenario::RankResult>> merged;
+    bool gathered = false;
+    if (kv && static_cast<int>(found.size()) < launch.worldSize) {
+      auto promise =
+          std::make_shared<std::promise<std::vector<std::vector<scenario::RankResult>>>>();
+      auto future = promise->get_future();
+      const auto storeWait = interruptStoreWait(launch.launcher);
+      std::thread([promise, kv, launch, found, storeWait, missingWhy, folder] {
+        try {
+          promise->set_value(gatherResults(kv.get(), launch, found, storeWait, missingWhy, folder));
+        } catch (...) {
+          promise->set_exception(std::current_exception());
         }
+      }).detach();
+      if (future.wait_for(storeWait + kInterruptRead) == std::future_status::ready) {
+        try {
+          merged = future.get();
+          gathered = true;
+        } catch (const std::exception& error) {
+          storeProblem = error.what();
+        }
+      } else {
+        storeProblem = fmt::format("the store did not answer within {} ms",
+                                   (storeWait + kInterruptRead).count());
       }
     }
-    onInterrupted(std::move(merged), signal);
+    if (!gathered) {
+      const MissingWhy unknown = [&](int rank) {
+        return storeProblem.empty()
+                   ? missingWhy(rank)
+                   : fmt::format(
+                         "unknown: no result from rank {} in the local evidence folder, "
+                         "and the store could not be read when rank {} was stopped ({})",
+                         rank, self, storeProblem);
+      };
+      merged = gatherResults(nullptr, launch, found, std::chrono::milliseconds(0), unknown, folder);
+    }
+    const auto storeDone = Clock::now();
+    folder.remove();  // read: gone before the report, which a SIGKILL may cut short
+    onInterrupted(withOwn(std::move(merged), results, launch), signal);
+    // Only after the report: under mpirun a write to stderr blocked in some teardowns here
+    // (Open MPI stops reading the ranks' output), which lost the report when logged before.
+    spdlog::debug(
+        "rank {}: evidence after signal {}: {} local results in {} ms, store {} in {} ms",
+        launch.rank, signal, others,
+        std::chrono::duration_cast<std::chrono::milliseconds>(localDone - began).count(),
+        gathered ? "read" : (storeProblem.empty() ? "not needed" : storeProblem),
+        std::chrono::duration_cast<std::chrono::milliseconds>(storeDone - localDone).count());
   });
+  if (gatherOnRankZero && launch.rank == 0) {
+    auto created = EvidenceFolder::create(launch.rank);
+    std::lock_guard<std::mutex> lock(storeMutex);
+    local = std::move(created);
+  }
   const collective::ProcessTransport transport =
       collective::makeTransport(launch.transport, launch.transportOptions(timeout));
   // The control store: out-of-band votes and results (and the `store` transport itself).
@@ -379,9 +530,19 @@ RankProcessOutcome runRankProcess(const scenario::Scenario& scenario, const Rank
     std::lock_guard<std::mutex> lock(storeMutex);
     evidenceStore = transport.control->keyValueStore();
   }
+  if (gatherOnRankZero) {
+    if (launch.rank == 0) {
+      local.announce(*kv);
+    } else {
+      auto joined = EvidenceFolder::join(*kv, launch.rank, timeout);
+      std::lock_guard<std::mutex> lock(storeMutex);
+      local = std::move(joined);
+    }
+  }
 
   RankProcessOutcome outcome;
   bool everyoneClean = true;
+  std::string storeLost;  // the store's error, once a store request failed
   for (int repetition = 0; repetition < launch.repetitions && everyoneClean; ++repetition) {
     scenario::RankEnvironment env;
     env.collective = transport.collective;
@@ -391,12 +552,19 @@ RankProcessOutcome runRankProcess(const scenario::Scenario& scenario, const Rank
     progress.beginRepetition(env.recorder);
     env.agreeOnShutdown = [&, repetition](bool clean) {
       const std::string stem = fmt::format("vote/{}", repetition);
-      kv->set(fmt::format("{}/{}", stem, launch.rank), clean ? "1" : "0");
-      // A dead rank never votes: stop waiting for it (it cannot shut down cleanly anyway).
-      everyoneClean = waitForRanks(*kv, stem, launch.worldSize, Clock::now() + timeout);
-      for (const auto& key : rankKeys(stem, launch.worldSize)) {
-        if (!everyoneClean) break;
-        everyoneClean = kv->get(key, timeout) == "1";
+      try {
+        kv->set(fmt::format("{}/{}", stem, launch.rank), clean ? "1" : "0");
+        // A dead rank never votes: stop waiting for it (it cannot shut down cleanly anyway).
+        everyoneClean = waitForRanks(*kv, stem, launch.worldSize, Clock::now() + timeout);
+        for (const auto& key : rankKeys(stem, launch.worldSize)) {
+          if (!everyoneClean) break;
+          everyoneClean = kv->get(key, timeout) == "1";
+        }
+      } catch (const std::exception& error) {
+        // The store's host died (rank 0, or the launcher's agent): nobody can agree on
+        // anything any more; keep the steps and report what this rank knows.
+        storeLost = error.what();
+        everyoneClean = false;
       }
       return everyoneClean;
     };
@@ -416,6 +584,8 @@ RankProcessOutcome runRankProcess(const scenario::Scenario& scenario, const Rank
       diagnostics::Watchdog watchdog(env.recorder, transport.control->keyValueStore(), watch);
       outcome.results.push_back(scenario::runRank(scenario, env));
     }
+    if (!storeLost.empty())
+      recordLostStore(outcome.results.back(), storeHostName(launch), storeLost);
     progress.repetitionDone(outcome.results.back());
     if (!gatherOnRankZero) {
       scenario::writeOutputFile(launch.resultFile, rankResultsDocument(outcome.results));
@@ -426,14 +596,79 @@ RankProcessOutcome runRankProcess(const scenario::Scenario& scenario, const Rank
   // The hosting rank's transport waits (bounded) in its destructor until every rank left.
   if (!gatherOnRankZero) return outcome;
 
-  kv->set(fmt::format("result/{}", launch.rank), rankResultsDocument(outcome.results));
-  if (launch.rank != 0) {
-    // Wait (bounded) until rank 0 has read every result before the store may go away.
-    waitForKeys(*kv, {"results-read"}, Clock::now() + timeout);
+  const std::string document = rankResultsDocument(outcome.results);
+  if (storeLost.empty()) {
+    try {
+      kv->set(fmt::format("result/{}", launch.rank), document);
+    } catch (const std::exception& error) {
+      storeLost = error.what();
+    }
+  }
+  if (!storeLost.empty()) {
+    // No store: the local evidence folder carries the results, and the lowest rank of the node
+    // still alive reports (rank 0 hosted the store and is gone).
+    const int reporter = local.usable() ? local.lowestLiveRank(launch.worldSize) : -1;
+    const std::string localProblem = local.writeResults(document);
+    if (reporter != launch.rank) {
+      fmt::print(
+          stderr, "hmc-run rank {}: lost {} ({}); {}\n", launch.rank, storeHostName(launch),
+          storeLost,
+          localProblem.empty()
+              ? fmt::format("its results are in {} for rank {} to report", local.path(), reporter)
+              : fmt::format("its results are lost: {} (rank {} reports what it has)", localProblem,
+                            reporter));
+      return outcome;
+    }
+    // Every rank of the node still alive writes its results as it finds the store gone (its
+    // own deadline at most): wait for them that long.
+    ResultsByRank found = readLocalResults(local, launch.worldSize, launch.rank,
+                                           Clock::now() + timeout + std::chrono::seconds(1));
+    found[launch.rank] = outcome.results;
+    outcome.merged = withOwn(gatherResults(
+                                 nullptr, launch, std::move(found), std::chrono::milliseconds(0),
+                                 [&](int rank) {
+                                   if (local.known(rank) && !local.alive(rank)) {
+                                     return endedWithoutResult(rank, launch.rank);
+                                   }
+                                   return fmt::format(
+                                       "no result from rank {}: it lost the store too and "
+                                       "wrote nothing to {} within the deadline",
+                                       rank, local.path());
+                                 },
+                                 local),
+                             outcome.results, launch);
+    reportingInMain = true;
+    local.remove();
+    fmt::print(stderr, "hmc-run rank {}: lost {} ({}); reporting what every rank did\n",
+               launch.rank, storeHostName(launch), storeLost);
     return outcome;
   }
-  outcome.merged = gatherResults(*kv, launch, timeout);
-  kv->set("results-read", "1");
+  if (launch.rank != 0) {
+    // Wait (bounded) until rank 0 has read every result before the store may go away.
+    try {
+      waitForKeys(*kv, {"results-read"}, Clock::now() + timeout);
+    } catch (const std::exception& error) {
+      spdlog::debug("rank {}: the store went away before rank 0 read the results: {}", launch.rank,
+                    error.what());
+    }
+    return outcome;
+  }
+  outcome.merged = gatherResults(
+      kv.get(), launch, readLocalResults(local, launch.worldSize, launch.rank, Clock::now()),
+      timeout,
+      [&](int rank) {
+        return fmt::format(
+            "no result from rank {} within {:g} s: it died, was stopped, or never "
+            "finished its steps",
+            rank, std::chrono::duration<double>(timeout).count());
+      },
+      local);
+  try {
+    kv->set("results-read", "1");
+  } catch (const std::exception& error) {
+    spdlog::debug("rank 0: cannot mark the results read: {}", error.what());
+  }
+  local.remove();
   return outcome;
 }
 

@@ -15,14 +15,16 @@ connect faults: no store at the master, a silent listener on the master port, a 
 port, an advertised address that is not this host's.
 
 The teardown cases check the evidence that survives the launcher's teardown: a crashed rank
-(the diagnosis printed, --report naming the dead rank and where every other rank was) and
-SIGTERM to the launcher. --no-teardown-cases leaves them out.
+(the diagnosis printed, --report naming the dead rank and where every other rank was),
+SIGTERM to the launcher, and kill -9 of rank 0, the store's host (the lowest surviving rank
+reports from the local evidence folder). --no-teardown-cases leaves them out.
 
 Exit 0 when every case passed, 1 when one failed, 77 (CTest skip) when none failed but a
 launcher is not installed (the reason printed). Every wait is bounded; a launcher still
 running at its bound is killed with its whole process group. Python 3 standard library only.
 """
 
+import glob
 import json
 import os
 import re
@@ -302,7 +304,12 @@ def crash_scenario(world):
 def check_crash(launcher, world):
     before = set(hmc_processes())
     path = report_path(f"{launcher}-crash-{world}")
-    run = launch(LAUNCHERS[launcher](world, [crash_scenario(world), "--report", path]),
+    # --timeout 10: the scenario's 2 s would also bound how long a rank waits for rank 0's
+    # store at start, and 4 ranks loading LibTorch on 2 busy cores can differ by more than that
+    # (rank 1 exited "found no c10d store ... within 2 s" in one of 12 mpirun rounds here).
+    # rank 1's death is seen at once anyway (its closed connection).
+    run = launch(LAUNCHERS[launcher](world, [crash_scenario(world), "--timeout", "10",
+                                             "--report", path]),
                  report=path)
     assert run.returncode != 0, run  # the launcher reports the dead rank
     text = run.stdout + run.stderr
@@ -320,8 +327,26 @@ def check_crash(launcher, world):
     assert_no_hmc_left(before)
 
 
+def wait_for_evidence_pids(proc, tmpdir, world, bound=90):
+    """Every rank's pid, from rank 0's evidence folder under `tmpdir` (each rank writes its pid
+    there once it joined the store, so it is past LibTorch's loading and the rendezvous)."""
+    end = time.monotonic() + bound
+    pid_of = {}
+    while len(pid_of) < world:
+        assert time.monotonic() < end and proc.poll() is None, "the ranks did not start"
+        for pid_file in glob.glob(os.path.join(tmpdir, "hmc-evidence-*", "rank*.pid")):
+            try:
+                with open(pid_file) as f:
+                    pid_of[int(os.path.basename(pid_file)[4:-4])] = int(f.read())
+            except (OSError, ValueError):
+                pass
+        time.sleep(0.1)
+    return pid_of
+
+
 def check_sigterm(launcher, world):
     before = set(hmc_processes())
+    tmpdir = tempfile.mkdtemp(prefix=f"sigterm-{launcher}-{world}-", dir=TMP)
     path = report_path(f"{launcher}-sigterm-{world}")
     long_sleep = scenario(f"long-sleep-{world}", [
         {"op": "create", "module": "a"},
@@ -330,13 +355,10 @@ def check_sigterm(launcher, world):
     ], world_size=world, timeout_s=90)
     command = LAUNCHERS[launcher](world, [long_sleep, "--report", path])
     began = time.monotonic()
-    proc = start(command)
+    proc = start(command, env={"TMPDIR": tmpdir})
     try:
-        end = time.monotonic() + 60
-        while len([p for p in descendants(proc.pid) if p in set(hmc_processes())]) < world:
-            assert time.monotonic() < end and proc.poll() is None, "the ranks did not start"
-            time.sleep(0.1)
-        time.sleep(8)  # every rank past its rendezvous (LibTorch takes seconds to load), sleeping
+        wait_for_evidence_pids(proc, tmpdir, world)
+        time.sleep(2)  # every rank past its first steps, sleeping
         sent = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         run = finish(proc, command, began, 90, path)
@@ -351,6 +373,51 @@ def check_sigterm(launcher, world):
     for rank in run.report["ranks"]:
         assert len(rank.get("steps", [])) >= 2, f"rank {rank['rank']} lost its steps: {rank}"
     assert_no_hmc_left(before)
+    left = glob.glob(os.path.join(tmpdir, "hmc-evidence-*"))
+    assert not left, f"the evidence folder outlived the job: {left}"
+
+
+def check_store_host_dies(launcher, world, transport):
+    """kill -9 of rank 0 (the store's host) in the middle of a churn of collectives: the lowest
+    surviving rank reports from the evidence folder's files (rank_process.hpp)."""
+    before = set(hmc_processes())
+    tmpdir = tempfile.mkdtemp(prefix=f"store-host-{launcher}-{world}-", dir=TMP)
+    path = report_path(f"{launcher}-store-host-{transport}-{world}")
+    churn = scenario(f"churn-{world}", [
+        {"op": "repeat", "count": 1000000, "label": "churn", "steps": [
+            {"op": "create", "module": "m"},
+            {"op": "forward", "module": "m"},
+            {"op": "drop", "module": "m"},
+            {"op": "close_all"},
+        ]},
+    ], world_size=world, timeout_s=5)
+    command = LAUNCHERS[launcher](world, [churn, "--transport", transport, "--report", path])
+    began = time.monotonic()
+    proc = start(command, env={"TMPDIR": tmpdir})
+    try:
+        pid_of = wait_for_evidence_pids(proc, tmpdir, world)
+        time.sleep(1.5)  # every rank inside the churn
+        os.kill(pid_of[0], signal.SIGKILL)
+        run = finish(proc, command, began, 90, path)
+    except BaseException:
+        kill_group(proc)
+        proc.communicate()
+        raise
+    assert run.returncode != 0, run
+    assert_all_ranks(run, world)
+    ranks = run.report["ranks"]
+    assert ranks[0].get("crashed"), ranks[0]
+    for rank in range(1, world):
+        steps = ranks[rank].get("steps", [])
+        assert any(s["status"] == "hang" for s in steps), f"rank {rank} lost its steps: {ranks}"
+    diagnosis = run.report["hang"]["diagnosis"]
+    assert diagnosis.startswith("rank 0 crashed ("), diagnosis
+    for rank in range(1, world):
+        assert re.search(rf"rank {rank} waits in '[a-zA-Z ]+' #\d+", diagnosis), diagnosis
+    assert "# hang: rank 0 crashed" in run.stdout, f"no diagnosis printed:\n{run}"
+    assert_no_hmc_left(before)
+    left = glob.glob(os.path.join(tmpdir, "hmc-evidence-*"))
+    assert not left, f"the evidence folder outlived the job: {left}"
 
 
 if TEARDOWN:
@@ -364,9 +431,20 @@ if TEARDOWN:
         for world in (2, 4):
             check_sigterm("torchrun", world)
 
-# mpirun's teardown cases are opt-in (--mpirun-teardown): Open MPI sends SIGKILL 1 s after
-# SIGTERM, and here rank 0 lost that race in some runs (no report, or a rank known only by its
-# heartbeat), at 2 ranks too when other mpirun jobs ran just before. Known gap (issue 9).
+    @test
+    def torchrun_store_host_killed_lowest_survivor_reports_tcp_2_and_store_4():
+        check_store_host_dies("torchrun", 2, "tcp")
+        check_store_host_dies("torchrun", 4, "store")
+
+    @test
+    def mpirun_store_host_killed_lowest_survivor_reports_store_2_and_tcp_4():
+        check_store_host_dies("mpirun", 2, "store")
+        check_store_host_dies("mpirun", 4, "tcp")
+
+# mpirun's crash and SIGTERM cases are opt-in (--mpirun-teardown): Open MPI sends SIGKILL 1 s
+# after SIGTERM. With the local evidence folder the SIGTERM case passed 6 of 6 rounds and the
+# crash case at 4 ranks failed 2 of 6 (rank 0 wrote nothing at all within that second; cause
+# not found), so they stay opt-in. Known gap (issue 9).
 if TEARDOWN and "--mpirun-teardown" in sys.argv:
     @test
     def mpirun_crash_is_diagnosed_and_reported():

@@ -4,7 +4,8 @@
 Usage: test_multi_process.py HMC_RUN SOURCE_DIR [-k NAME] [--no-gloo]
 
 Covers the local launcher with the tcp, store and gloo transports (2 and 4 ranks), a crashed rank
-(rank_failure within the deadline), a skipped close (hang diagnosis), launches under
+(rank_failure within the deadline), the store's host (rank 0) and another rank killed with
+SIGKILL in the middle of a run, a skipped close (hang diagnosis), launches under
 simulated torchrun / srun / mpirun variables, and that no rank process outlives a run or a
 Ctrl-C. Every wait is bounded; a hmc-run still running at its bound is killed with its whole
 process group. Python 3 standard library only. Prints "N passed, N failed" last.
@@ -231,6 +232,110 @@ def gloo_crash_is_rank_failure_and_ends_in_time():
     assert close["status"] == "hang", run.report["ranks"][0]
     assert close["error"]["kind"] == "rank_failure", close
     assert run.seconds < deadline + 5, f"the run took {run.seconds:.1f} s: {run}"
+    assert_no_rank_left(run)
+
+
+# (b') the store's host dies: kill -9 of a rank from outside, in the middle of a churn of
+# collectives. Survivors keep their steps and say where they waited; the dead rank is named
+# with its last completed collective when its heartbeat could still be read.
+CHURN_STEPS = [
+    {"op": "repeat", "count": 1000000, "label": "churn", "steps": [
+        {"op": "create", "module": "m"},
+        {"op": "forward", "module": "m"},
+        {"op": "drop", "module": "m"},
+        {"op": "close_all"},
+    ]},
+]
+
+
+def status_ranks(port):
+    """Every rank's heartbeat as `hmc-run status --json` shows it, or None."""
+    try:
+        proc = subprocess.run([HMC_RUN, "status", "--master-port", str(port), "--json",
+                               "--timeout", "5"], env=clean_env(), capture_output=True,
+                              text=True, timeout=60)
+        return json.loads(proc.stdout)["ranks"] if proc.stdout.strip() else None
+    except (subprocess.TimeoutExpired, ValueError, KeyError):
+        return None
+
+
+def kill_rank_in_churn(transport, world, victim):
+    """Runs the churn, kills rank `victim` with SIGKILL once every rank is in its steps; returns
+    the finished Run."""
+    path = scenario(f"churn-{world}", CHURN_STEPS, world_size=world, timeout_s=5)
+    port = free_port()
+    pid_file = os.path.join(TMP, f"pids-churn-{transport}-{world}-{victim}")
+    report_path = os.path.join(TMP, f"report-churn-{transport}-{world}-{victim}.json")
+    proc = start([path, "--transport", transport, "--master-port", str(port),
+                  "--report", report_path], pid_file=pid_file)
+    try:
+        end = time.monotonic() + 90  # LibTorch loads in every rank on 2 busy cores
+        while True:
+            assert time.monotonic() < end and proc.poll() is None, "the ranks never ran steps"
+            ranks = status_ranks(port)
+            if ranks and len(ranks) == world and all(
+                    r.get("state") in ("running", "waiting") for r in ranks):
+                break
+            time.sleep(0.2)
+        time.sleep(1)  # every rank well inside the churn
+        pids = read_pids(pid_file)
+        os.kill(pids[victim], signal.SIGKILL)
+        began = time.monotonic()
+        stdout, stderr = proc.communicate(timeout=60)
+    except BaseException:
+        kill_tree(proc, pid_file)
+        proc.communicate()
+        raise
+    data = None
+    if os.path.exists(report_path):
+        with open(report_path) as f:
+            data = json.load(f)
+    return Run(proc.returncode, stdout, stderr, time.monotonic() - began, data, pids)
+
+
+def check_store_host_dies(transport, world):
+    run = kill_rank_in_churn(transport, world, 0)
+    # A crash with no `crash` fault in the scenario: outcome fail, exit 1 (not 2, not a signal).
+    assert run.returncode == 1, run
+    assert run.report is not None and run.report["outcome"] == "fail", run
+    ranks = run.report["ranks"]
+    assert ranks[0].get("crashed") and "killed by signal 9" in ranks[0]["crash_reason"], ranks[0]
+    for rank in range(1, world):
+        assert not ranks[rank].get("crashed"), ranks[rank]  # not "exited with status 1"
+        steps = ranks[rank]["steps"]
+        assert steps and steps[0]["status"] == "hang", ranks[rank]
+        error = steps[0]["error"]
+        assert error["kind"] == "rank_failure", error
+        # tcp: rank 0's closed connection; store: the store server is gone. Both add the loss.
+        assert "lost the store's host (rank 0)" in error["message"], error
+    diagnosis = run.report["hang"]["diagnosis"]
+    assert "rank 0 crashed (killed by signal 9" in diagnosis, diagnosis
+    for rank in range(1, world):
+        assert re.search(rf"rank {rank} waits in '[a-zA-Z ]+' #\d+ \(step 0\)", diagnosis), diagnosis
+    assert "# hang: rank 0 crashed" in run.stdout, run  # the diagnosis is printed
+    assert run.seconds < 5 + 10, f"the survivors took {run.seconds:.1f} s to report: {run}"
+    assert_no_rank_left(run)
+
+
+# tcp at 2 and store at 4 here; test_launchers.py covers the other pairs under torchrun and
+# mpirun (each run costs seconds of LibTorch loading per rank).
+@test
+def store_host_killed_survivors_keep_their_steps_tcp_2_and_store_4():
+    check_store_host_dies("tcp", 2)
+    check_store_host_dies("store", 4)
+
+
+@test
+def killed_rank_is_diagnosed_with_its_last_completed_collective():
+    run = kill_rank_in_churn("tcp", 2, 1)
+    assert run.returncode == 1, run
+    rank1 = run.report["ranks"][1]
+    assert rank1.get("crashed") and "killed by signal 9" in rank1["crash_reason"], rank1
+    diagnosis = run.report["hang"]["diagnosis"]
+    # It completed collectives (a second in the churn) and its heartbeat says which.
+    assert re.search(r"rank 1 crashed \(killed by signal 9 \(Killed\); last heartbeat \([a-z]+\)"
+                     r": in step 0\); last completed '[a-zA-Z ]+' #\d+ \(step 0\)", diagnosis), \
+        diagnosis
     assert_no_rank_left(run)
 
 
