@@ -20,6 +20,10 @@ namespace hmc::app {
 
 constexpr int kExitUsage = 2;
 
+// Set by the front to its own path before it execs the runner; the runner starts its rank
+// processes through it (`hmc-run _rank ...`).
+inline constexpr const char* kFrontEnv = "HMC_RUN_FRONT";
+
 // The options of a run (the default command).
 struct RunOptions {
   std::vector<std::string> paths;

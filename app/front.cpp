@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <csignal>
 #include <cstring>
 #include <filesystem>
@@ -29,16 +30,17 @@ namespace {
 constexpr const char* kRunnerName = "hmc-run-torch";
 
 // Paths where the runner may be, in the order they are tried.
-std::vector<fs::path> runnerCandidates() {
-  std::error_code ec;
-  const fs::path self = fs::read_symlink("/proc/self/exe", ec);
-  const fs::path dir = ec ? fs::path(".") : self.parent_path();
+std::vector<fs::path> runnerCandidates(const fs::path& self) {
+  const fs::path dir = self.empty() ? fs::path(".") : self.parent_path();
   return {dir / kRunnerName, (dir / HMC_RUNNER_FROM_BINDIR).lexically_normal()};
 }
 
 // Replaces this process with the runner; returns only on failure, with the exit code.
 int execRunner(char** argv) {
-  const auto candidates = runnerCandidates();
+  std::error_code ec;
+  const fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) setenv(hmc::app::kFrontEnv, self.c_str(), 1);
+  const auto candidates = runnerCandidates(ec ? fs::path() : self);
   std::string tried;
   for (const auto& candidate : candidates) {
     if (access(candidate.c_str(), X_OK) != 0) {

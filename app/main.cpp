@@ -16,6 +16,7 @@
 #include <atomic>
 #include <chrono>
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
@@ -69,7 +70,13 @@ struct RunPlan {
   std::size_t flightCapacity = 64;
 };
 
+// What hmc-run's own rank processes run: the front that exec'd this runner (it names itself in
+// HMC_RUN_FRONT), so that they are `hmc-run _rank ...` as before, else this program.
 std::string selfExecutable(const char* argv0) {
+  if (const char* front = std::getenv(hmc::app::kFrontEnv);
+      front != nullptr && *front != '\0' && access(front, X_OK) == 0) {
+    return front;
+  }
   std::error_code ec;
   const auto path = fs::read_symlink("/proc/self/exe", ec);
   return ec ? std::string(argv0) : path.string();
