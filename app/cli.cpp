@@ -178,10 +178,10 @@ std::vector<std::string> expandPaths(const std::vector<std::string>& paths, bool
 
 CommandLine::CommandLine()
     : app{"hmc-run " HMC_VERSION
-      ": run execution-resource lifecycle scenarios (hmc-scenario/1 JSON) across ranks and\n"
-      "report manifest mismatches, leaks, hangs (which rank, which stage) and workspace reuse\n"
-      "timings. Ranks run as threads of this process, as local processes, or as the ranks\n"
-      "of a torchrun/srun/mpirun launch (--transport).",
+          ": run execution-resource lifecycle scenarios (hmc-scenario/1 JSON) across ranks and\n"
+          "report manifest mismatches, leaks, hangs (which rank, which stage) and workspace reuse\n"
+          "timings. Ranks run as threads of this process, as local processes, or as the ranks\n"
+          "of a torchrun/srun/mpirun launch (--transport).",
           "hmc-run"} {
   app.footer(
       "Examples:\n"

@@ -8,17 +8,16 @@
 // The runner is found next to this executable (the build tree) or at
 // HMC_RUNNER_FROM_BINDIR relative to it (an installed bin/ -> libexec/).
 
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdlib>
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <string>
 #include <vector>
-
-#include <fmt/format.h>
 
 #include "cli.hpp"
 #include "signals.hpp"

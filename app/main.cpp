@@ -82,7 +82,6 @@ std::string selfExecutable(const char* argv0) {
   return ec ? std::string(argv0) : path.string();
 }
 
-
 std::string isoNow() {
   const std::time_t now = std::time(nullptr);
   std::tm tm{};
@@ -518,7 +517,6 @@ int runRankCommand(const hmc::app::RankLaunch& launch) {
 }
 
 }  // namespace
-
 
 int main(int argc, char** argv) {
   // Before any thread exists, so that every thread inherits it: termination signals reach
