@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the build tree into a temporary prefix, then configures, builds and runs a small
-# program that finds hmc with find_package(hmc CONFIG) and binds and closes a module.
+# program that finds hmc with find_package(hmc CONFIG) and binds and closes a module; and
+# checks that the installed hmc-run (bin/, torch-free) finds its runner (libexec/) for a run.
 # usage: check_install.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build="$1"
@@ -13,4 +14,14 @@ cmake -S "$source/tests/install/consumer" -B "$work/consumer" -G Ninja \
   || { cat "$work/configure.log"; exit 1; }
 cmake --build "$work/consumer" > "$work/build.log" 2>&1 || { cat "$work/build.log"; exit 1; }
 "$work/consumer/consumer"
+hmc_run="$work/prefix/bin/hmc-run"
+if [ -x "$hmc_run" ]; then  # a build with HMC_WITH_TORCH=OFF installs no hmc-run
+  "$hmc_run" validate "$source/scenarios/quickstart.json" > "$work/validate.log" \
+    || { echo "installed hmc-run validate failed:"; cat "$work/validate.log"; exit 1; }
+  "$hmc_run" "$source/scenarios/quickstart.json" --quiet > "$work/run.log" 2>&1 \
+    || { echo "installed hmc-run did not run the quickstart scenario:"; cat "$work/run.log"; exit 1; }
+  grep -q "^# OK" "$work/run.log" \
+    || { echo "installed hmc-run printed no '# OK':"; cat "$work/run.log"; exit 1; }
+  echo "installed hmc-run ran the quickstart scenario through its runner"
+fi
 echo "1 passed, 0 failed"

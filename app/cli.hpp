@@ -1,0 +1,86 @@
+#pragma once
+// hmc-run's command line, declared once for both of its programs:
+// - `hmc-run` (front.cpp), the installed command: links no LibTorch, so `--help`, `--version`,
+//   `validate`, `list` and `compare` start in milliseconds; for everything else it execs
+// - `hmc-run-torch` (main.cpp, the runner): scenario runs, the hidden `_rank`, `status`,
+//   with argv unchanged. The runner parses the same command line again and accepts every
+//   command itself, so either program gives the same outputs and exit codes.
+
+#include <CLI/CLI.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "compare_command.hpp"
+#include "hmc/collective/transport.hpp"
+#include "rank_launch.hpp"
+#include "status_command.hpp"
+
+namespace hmc::app {
+
+constexpr int kExitUsage = 2;
+
+// Set by the front to its own path before it execs the runner; the runner starts its rank
+// processes through it (`hmc-run _rank ...`).
+inline constexpr const char* kFrontEnv = "HMC_RUN_FRONT";
+
+// The options of a run (the default command).
+struct RunOptions {
+  std::vector<std::string> paths;
+  ScenarioOverrides overrides;  // --world-size, --device, --timeout
+  collective::Transport transport = collective::Transport::kAuto;
+  std::optional<std::string> reportPath;
+  std::optional<std::string> tracePath;
+  std::string logLevel = "warn";
+  bool quiet = false;
+  std::optional<std::string> masterAddr;
+  std::optional<int> masterPort;
+  int repetitions = 1;
+  std::optional<int> warmup;  // default: 1 when repetitions > 1
+};
+
+// Every option and subcommand of hmc-run, writing into the fields below (so neither copyable
+// nor movable).
+struct CommandLine {
+  CommandLine();
+  CommandLine(const CommandLine&) = delete;
+  CommandLine& operator=(const CommandLine&) = delete;
+
+  // Parses argv. Returns the exit code when parsing ended the command (--help and --version
+  // printed, or a usage error printed to stderr), else nullopt.
+  std::optional<int> parse(int argc, char** argv);
+  // Whether the parsed command needs LibTorch: a scenario run, `_rank` or `status`.
+  bool needsTorch() const;
+  // Runs a parsed command that needs no LibTorch (validate, list, compare, or no command at
+  // all: the "no scenario given" usage error) and returns its exit code. Only when
+  // !needsTorch().
+  int runWithoutTorch();
+
+  CLI::App app;
+  RunOptions run;
+  RankLaunch rankLaunch;
+  StatusOptions status;
+  CompareOptions compare;
+  std::vector<std::string> validateFiles;
+  std::optional<int> validateWorldSize;
+  std::string listDirectory;
+
+  CLI::App* rankCommand = nullptr;
+  CLI::App* validateCommand = nullptr;
+  CLI::App* statusCommand = nullptr;
+  CLI::App* listCommand = nullptr;
+  CLI::App* compareCommand = nullptr;
+};
+
+// The `hmc` logger on stderr at `level` (trace ... off).
+void setUpLogging(const std::string& level);
+
+// "hmc-run: <message>" on stderr.
+void usageError(const std::string& message);
+
+// Files the paths name: a file itself, or a directory's *.json files in name order. Sets
+// *anyDirectory when a path is a directory. Throws ScenarioError for a directory it cannot
+// list or that holds no *.json.
+std::vector<std::string> expandPaths(const std::vector<std::string>& paths, bool* anyDirectory);
+
+}  // namespace hmc::app

@@ -1,0 +1,127 @@
+// The reuse cycle of hmc at one rank (create a module, forward with backward, drop it; every
+// cycle after the first reuses the idle workspace) against its floor: the same LibTorch work
+// done alone, side by side in one run.
+//
+// - BM_ReuseCycleFloor: LibTorch only. Per cycle a new 64x64 weight (randn * 0.01, a leaf
+//   that requires grad, as ScratchModule's parameter), an 8x64 input that requires grad, a
+//   custom autograd Function computing x @ weight (ScratchFn's forward and backward without
+//   the workspace), and backward of the sum: what scenarios/reuse-churn.json asks of LibTorch.
+// - BM_ReuseCycleModule: hmc::nn::ScratchLinear on a one-rank manager: the same work plus
+//   hmc's module (torch::nn::Module, group creation, bind through recycle, retire on drop).
+// - BM_ReuseCycleRunner: the scenario runner (hmc-run's per-rank step loop, thread driver,
+//   one rank) on a `repeat` of create/forward/drop: adds step dispatch and report
+//   bookkeeping. Time per cycle is the counter `cycle` (the set-up and close of the run are
+//   amortised over kRunnerCycles).
+//
+// CPU time is the process's (every thread: the runner's rank is a thread), which the other
+// loads of a shared machine disturb less than wall time. Ratio = cycle CPU time / floor CPU
+// time; compare medians of --benchmark_repetitions.
+
+#include <benchmark/benchmark.h>
+#include <fmt/format.h>
+#include <torch/autograd.h>
+#include <torch/torch.h>
+
+#include <memory>
+#include <string>
+
+#include "hmc/collective/collective.hpp"
+#include "hmc/lifecycle/resource_manager.hpp"
+#include "hmc/resources/host_resources.hpp"
+#include "hmc/scenario/runner.hpp"
+#include "hmc/scenario/scenario.hpp"
+#include "hmc/scenario/thread_driver.hpp"
+#include "hmc/torch/scratch_modules.hpp"
+
+namespace {
+
+constexpr std::int64_t kFeatures = 64;  // the scenario format's defaults
+constexpr std::int64_t kBatch = 8;
+constexpr int kRunnerCycles = 1000;
+
+struct FloorFn : public torch::autograd::Function<FloorFn> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& weight) {
+    ctx->save_for_backward({x, weight});
+    return x.matmul(weight);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor& grad = grads[0];
+    return {grad.matmul(saved[1].t()), saved[0].t().matmul(grad)};
+  }
+};
+
+void BM_ReuseCycleFloor(benchmark::State& state) {
+  hmc::scenario::limitTorchThreads(1);
+  for (auto _ : state) {
+    torch::Tensor weight = (torch::randn({kFeatures, kFeatures}) * 0.01).requires_grad_(true);
+    torch::Tensor x = torch::randn({kBatch, kFeatures}).requires_grad_(true);
+    torch::Tensor y = FloorFn::apply(x, weight.to(x.device(), x.scalar_type()));
+    y.sum().backward();
+    benchmark::DoNotOptimize(weight.grad().data_ptr());
+  }
+}
+BENCHMARK(BM_ReuseCycleFloor)->MeasureProcessCPUTime();
+
+void BM_ReuseCycleModule(benchmark::State& state) {
+  hmc::scenario::limitTorchThreads(1);
+  auto manager = std::make_shared<hmc::lifecycle::ResourceManager>(
+      std::make_shared<hmc::collective::LocalCollective>());
+  auto resources = std::make_shared<hmc::resources::RankResources>();
+  std::int64_t cycles = 0;
+  std::int64_t reused = 0;
+  for (auto _ : state) {
+    hmc::nn::ScratchOptions options;
+    options.manager = manager;
+    options.resources = resources;
+    auto module = std::make_shared<hmc::nn::ScratchLinear>(std::move(options));
+    torch::Tensor x = torch::randn({kBatch, kFeatures}).requires_grad_(true);
+    torch::Tensor y = module->forward(x);
+    y.sum().backward();
+    ++cycles;
+    if (module->lastBind() && module->lastBind()->reused) ++reused;
+    module.reset();  // drop: the group turns idle and the next cycle's bind reuses it
+  }
+  manager->closeGroups();
+  state.counters["reused"] = cycles > 0 ? static_cast<double>(reused) / cycles : 0.0;
+  state.counters["groups"] = static_cast<double>(manager->groupCount());
+}
+BENCHMARK(BM_ReuseCycleModule)->MeasureProcessCPUTime();
+
+void BM_ReuseCycleRunner(benchmark::State& state) {
+  const std::string text = fmt::format(R"({{
+    "format": "hmc-scenario/1", "name": "reuse-cycle-bench", "world_size": 1, "device": "cpu",
+    "dtype": "float32", "timeout_s": 60,
+    "steps": [
+      {{"op": "repeat", "count": {}, "label": "cycles", "steps": [
+        {{"op": "create", "module": "m"}},
+        {{"op": "forward", "module": "m"}},
+        {{"op": "drop", "module": "m"}}
+      ]}},
+      {{"op": "check", "groups": 1, "bound_groups": 1, "runtime_live": true}},
+      {{"op": "close_all"}}
+    ]}})",
+                                       kRunnerCycles);
+  const auto scenario = hmc::scenario::parseScenarioText(text, "<torch_bench>");
+  hmc::scenario::limitTorchThreads(1);
+  for (auto _ : state) {
+    const auto ranks = hmc::scenario::runOnThreads(scenario);
+    bool ok = ranks.size() == 1 && !ranks[0].crashed && !ranks[0].hung;
+    for (const auto& step : ok ? ranks[0].steps : std::vector<hmc::scenario::StepResult>{}) {
+      ok = ok && step.status == hmc::scenario::StepStatus::kOk;
+    }
+    if (!ok) {
+      state.SkipWithError("the reuse-cycle scenario did not pass on its one rank");
+      break;
+    }
+  }
+  state.counters["cycle"] = benchmark::Counter(
+      kRunnerCycles, benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
+}
+BENCHMARK(BM_ReuseCycleRunner)->MeasureProcessCPUTime()->Unit(benchmark::kMillisecond);
+
+}  // namespace
+
+BENCHMARK_MAIN();
