@@ -146,7 +146,7 @@ TEST_SUITE("process transports") {
           CHECK_MESSAGE((r.kind == "timeout" || r.kind == "rank_failure"), describe(r));
           CHECK(r.message.find("'recycle' #1") != std::string::npos);
           CHECK(r.message.find(std::to_string(last)) != std::string::npos);
-          CHECK(r.seconds < 2.0 + 8.0);  // deadline + connection setup + slack
+          CHECK(r.seconds < 2.0 + 30.0);  // deadline + start-up on a loaded 2-core machine
         }
       }
     }
