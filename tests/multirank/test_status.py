@@ -202,7 +202,12 @@ def test_a_rank_past_its_deadline_exits_3():
         {"op": "sleep", "ranks": [0, 2, 3], "seconds": 60},
     ], timeout_s=3)
     with Job([path]) as job:
-        code, doc, err, _ = poll_status(job.port, lambda c, d: c == 3)
+        # Exit 3 comes as soon as rank 1 waits past its deadline; its timeout is recorded a
+        # moment later ("waits ... past its deadline" first, then "waited ... until"): poll
+        # for the recorded one.
+        code, doc, err, _ = poll_status(
+            job.port, lambda c, d: c == 3 and d is not None and
+            str(d["ranks"][1].get("problem", "")).startswith("rank 1 waited"))
         assert doc["verdict"] == "hung" and doc["exit_code"] == 3, doc
         problem = doc["ranks"][1]["problem"]
         assert problem == "rank 1 waited in 'close validation' #1 until its 3 s deadline " \
