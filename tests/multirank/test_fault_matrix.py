@@ -395,8 +395,9 @@ def wait_for_window(port, world, window_step, proc, env):
     end = time.monotonic() + STATUS_BOUND_S
     last = "no status yet"
     while time.monotonic() < end:
-        if proc.poll() is not None:
-            return f"hmc-run ended (exit {proc.returncode}) before every rank reached the window"
+        if proc.poll() is not None:  # the product's failure, not the test's: not retried
+            return (f"hmc-run ended (exit {proc.returncode}) before every rank was seen in the "
+                    "window")
         try:
             status = subprocess.run([HMC_RUN, "status", "--master-port", str(port), "--json",
                                      "--timeout", "2"], capture_output=True, text=True,
@@ -456,7 +457,7 @@ def run_cell(cell, work):
             why = (wait_for_window(int(found.group(1)), cell.world, fault_index, proc, env)
                    if found else f"no store address on hmc-run's stderr: {early_stderr!r}")
             if why:
-                problems.append(f"{MISSED_WINDOW}: {why}")
+                problems.append(f"{MISSED_WINDOW}: {why}" if proc.poll() is None else why)
             else:
                 pids = read_pids(pid_file)
                 sent_at = time.monotonic()
