@@ -71,8 +71,11 @@ REFERENCE = "--no-reference" not in sys.argv
 LIST_ONLY = "--list" in sys.argv
 ONLY = sys.argv[sys.argv.index("-k") + 1] if "-k" in sys.argv else None
 
-TIMEOUT_S = 2.0        # every collective's deadline in the generated scenarios
-STALL_S = 3.5          # a stall past the deadline
+# Every collective's deadline in the generated scenarios. It also bounds a rank's connect to
+# rank 0's store, so rank 0 must load LibTorch and listen within it: 2 s was too short on a
+# loaded machine (rank 1 "found no c10d store ... within 2 s" in 11 of 204 cells).
+TIMEOUT_S = 4.0
+STALL_S = 5.5          # a stall past the deadline
 WINDOW_S = 5.0         # the sleep in which a rank is signalled from outside
 STATUS_BOUND_S = 90.0  # how long to wait for every rank to reach the window
 SLACK_S = 5.0          # the "+ 5 s" of every bound
