@@ -195,6 +195,14 @@ void writePidFile(const std::vector<pid_t>& pids) {
   for (pid_t pid : pids) out << pid << '\n';
 }
 
+// Whether the process is stopped (SIGSTOP, SIGTSTP: state T in /proc/PID/stat).
+bool processStopped(pid_t pid) {
+  std::ifstream in(fmt::format("/proc/{}/stat", pid));
+  const std::string stat((std::istreambuf_iterator<char>(in)), {});
+  const auto name = stat.rfind(')');
+  return name != std::string::npos && name + 2 < stat.size() && stat[name + 2] == 'T';
+}
+
 // A private folder for the run's result files: under $TMPDIR (else /tmp), removed at the end.
 class RunFolder {
  public:
@@ -308,8 +316,39 @@ LocalLaunchResult launchLocalRanks(const scenario::Scenario& scenario,
   // notices the dead rank, then the bounded end-of-run agreement) plus a margin to finish,
   // then SIGTERM, then SIGKILL.
   const auto grace = 2 * timeout + std::chrono::seconds(5);
+  // A rank stopped from outside (SIGSTOP) neither progresses nor exits: its peers time out,
+  // and nothing else would end the run. One seen stopped for longer than the deadline counts
+  // as failed (the others get the grace); once every running rank is, they are stopped at
+  // once (ProcessGroup's SIGTERM comes with SIGCONT, so each can still write what it did).
+  // Only ranks seen stopped at two polls a deadline apart: a Ctrl-Z of the whole job stops
+  // this loop too, and a rank continued in between starts over.
+  std::vector<std::optional<ProcessGroup::Clock::time_point>> stoppedSince(world);
+  auto nextStopCheck = ProcessGroup::Clock::now();
   LocalLaunchResult result;
   while (ranks.running() > 0) {
+    if (const auto now = ProcessGroup::Clock::now(); now >= nextStopCheck) {
+      nextStopCheck = now + std::chrono::milliseconds(100);
+      bool anyStuck = false;
+      bool allStuck = true;
+      for (int rank = 0; rank < world; ++rank) {
+        if (ranks.status(rank)) continue;
+        if (!processStopped(ranks.pid(rank))) {
+          stoppedSince[rank].reset();
+          allStuck = false;
+          continue;
+        }
+        if (!stoppedSince[rank]) stoppedSince[rank] = now;
+        const bool stuck = now - *stoppedSince[rank] >= timeout;
+        anyStuck = anyStuck || stuck;
+        allStuck = allStuck && stuck;
+      }
+      if (anyStuck && !ranks.stopping()) {
+        spdlog::warn("a rank process stays stopped (SIGSTOP?) past the deadline: the run ends "
+                     "within {} s", std::chrono::duration_cast<std::chrono::seconds>(grace).count());
+        ranks.stopAt(now + grace);
+      }
+      if (anyStuck && allStuck) ranks.stopNow();
+    }
     for (int rank : ranks.poll()) {
       const int status = *ranks.status(rank);
       const bool clean = WIFEXITED(status) && WEXITSTATUS(status) == 0;

@@ -104,7 +104,10 @@ void ProcessGroup::stopAt(Clock::time_point when) {
 
 void ProcessGroup::signalRunning(int signal) {
   for (const auto& child : children_) {
-    if (!child.status) kill(child.pid, signal);
+    if (child.status) continue;
+    kill(child.pid, signal);
+    // A stopped child (SIGSTOP) would keep SIGTERM pending: continue it so that it can act.
+    if (signal == SIGTERM) kill(child.pid, SIGCONT);
   }
 }
 

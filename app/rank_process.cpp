@@ -566,6 +566,11 @@ RankProcessOutcome runRankProcess(const scenario::Scenario& scenario, const Rank
         storeLost = error.what();
         everyoneClean = false;
       }
+      // Every rank voted here, so every rank has read the previous repetition's votes: drop
+      // this rank's, or a long --repetitions run grows the store by world_size keys each time.
+      if (everyoneClean && repetition > 0) {
+        kv->deleteKey(fmt::format("vote/{}/{}", repetition - 1, launch.rank));
+      }
       return everyoneClean;
     };
     {
