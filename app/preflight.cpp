@@ -204,7 +204,8 @@ std::string preflight(const RunShape& shape) {
       skip != nullptr && *skip != '\0' && std::string(skip) != "0") {
     return "";
   }
-  const PreflightResult result = checkRun(shape, estimateNeeds(shape), readHostLimits());
+  const RunNeeds needs = estimateNeeds(shape);
+  const PreflightResult result = checkRun(shape, needs, readHostLimits());
   if (!result.refusal.empty()) return result.refusal;
   if (result.raiseOpenFilesTo) {
     rlimit value{};
@@ -220,7 +221,7 @@ std::string preflight(const RunShape& shape) {
     fmt::print(stderr,
                "# hmc-run: raised the open-file soft limit (ulimit -n) from {} to {}: the "
                "store's host needs about {} for {} ranks\n",
-               before, *result.raiseOpenFilesTo, estimateNeeds(shape).storeHostFiles,
+               before, *result.raiseOpenFilesTo, needs.storeHostFiles,
                shape.worldSize);
   }
   return "";
