@@ -552,6 +552,68 @@ def a_silent_listener_on_the_master_port_does_not_block_past_the_deadline():
     assert seconds < CONNECT_BOUND_S, f"{seconds:.1f} s:\n{err}"
 
 
+def listener_that_hangs_up(close_listener_first):
+    """A listener on 127.0.0.2 that accepts connections and closes each without a word; with
+    `close_listener_first`, it takes one connection, stops listening, then hangs up (a store
+    whose host dies while a rank connects). Returns (port, stop)."""
+    import threading
+    listener = socket.socket()
+    listener.bind(("127.0.0.2", 0))
+    listener.listen(16)
+    listener.settimeout(0.2)
+    port = listener.getsockname()[1]
+    stopped = threading.Event()
+
+    def serve():
+        while not stopped.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                continue
+            if close_listener_first:
+                listener.close()
+                conn.close()
+                return
+            conn.close()
+        listener.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+
+    def stop():
+        stopped.set()
+        thread.join(5)
+    return port, stop
+
+
+@test
+def a_store_that_goes_away_while_a_rank_connects_is_named_as_gone():
+    # The probe's connection is closed unanswered and nothing listens any more: the store's host
+    # died, which the message says, instead of blaming "another service".
+    port, stop = listener_that_hangs_up(close_listener_first=True)
+    try:
+        code, out, err, seconds = one_rank(torchrun_vars(1, 2, port), CONNECT_DEADLINE_S, 60)
+    finally:
+        stop()
+    assert code != 0, (code, out, err)
+    assert f"the c10d store at 127.0.0.2:{port} went away while this rank connected" in err, err
+    assert "another service" not in err, err
+    assert seconds < CONNECT_BOUND_S, f"{seconds:.1f} s:\n{err}"
+
+
+@test
+def a_listener_that_hangs_up_unanswered_is_named_as_another_service():
+    port, stop = listener_that_hangs_up(close_listener_first=False)
+    try:
+        code, out, err, seconds = one_rank(torchrun_vars(1, 2, port), CONNECT_DEADLINE_S, 60)
+    finally:
+        stop()
+    assert code != 0, (code, out, err)
+    assert f"the listener at 127.0.0.2:{port} closed the connection instead of answering" in err, err
+    assert "went away" not in err, err
+    assert seconds < CONNECT_BOUND_S, f"{seconds:.1f} s:\n{err}"
+
+
 @test
 def a_taken_master_port_names_the_port_and_what_to_do():
     with socket.socket() as taken:

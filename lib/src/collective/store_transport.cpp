@@ -144,6 +144,29 @@ const char* kCheckMaster =
     "check that MASTER_ADDR (--master-addr) is the host of rank 0 and MASTER_PORT "
     "(--master-port) the port of its store, and that rank 0 is running";
 
+// After a listener closed or reset a probe's connection without answering: is anything still
+// listening there? A foreign service accepts again; a store whose host just exited (rank 0
+// killed while this rank connected, or the job tearing down) refuses. At most `bound` (and
+// `deadline`) is spent finding out; anything but a refusal keeps the foreign-service wording.
+bool refusedNow(const sockaddr_storage& address, socklen_t length, int family,
+                Clock::time_point deadline) {
+  Fd socket{::socket(family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0)};
+  if (socket.fd < 0) return false;
+  if (::connect(socket.fd, reinterpret_cast<const sockaddr*>(&address), length) == 0) return false;
+  if (errno == ECONNREFUSED) return true;
+  if (errno != EINPROGRESS) return false;
+  pollfd p{socket.fd, POLLOUT, 0};
+  const auto by = std::min(deadline, Clock::now() + std::chrono::milliseconds(500));
+  int ready = 0;
+  while ((ready = ::poll(&p, 1, pollMillis(by))) < 0 && errno == EINTR) {
+  }
+  if (ready <= 0) return false;
+  int error = 0;
+  socklen_t size = sizeof(error);
+  ::getsockopt(socket.fd, SOL_SOCKET, SO_ERROR, &error, &size);
+  return error == ECONNREFUSED;
+}
+
 // Before c10d's client connects: something at host:port must accept a connection and answer
 // one store request (c10d_compat::storeProbeRequest) before `deadline`. A refused or
 // unroutable connection is retried (rank 0 may not listen yet), as c10d does.
@@ -219,18 +242,27 @@ void probeStore(const StoreTransportOptions& options, int port, Clock::time_poin
             got += static_cast<std::size_t>(n);
             continue;
           }
+          const int recvError = n < 0 ? errno : 0;
+          const bool closed = n == 0 || recvError == ECONNRESET;
+          if (closed && refusedNow(*address, length, candidate.family, deadline)) {
+            throw BackendError(fmt::format(
+                "{}: the c10d store at {} went away while this rank connected (it closed the "
+                "connection, and nothing listens there any more): its host (rank 0, or the "
+                "launcher's agent) exited or was killed; see that process's output for why",
+                who, endpoint));
+          }
           if (n == 0) {
             throw BackendError(fmt::format(
                 "{}: the listener at {} closed the connection instead of answering as a c10d "
                 "store: another service holds that port, or it is not hmc's master; {}",
                 who, endpoint, kCheckMaster));
           }
-          if (errno == EINTR) continue;
-          if (errno != EAGAIN && errno != EWOULDBLOCK) {
+          if (recvError == EINTR) continue;
+          if (recvError != EAGAIN && recvError != EWOULDBLOCK) {
             throw BackendError(fmt::format(
                 "{}: the listener at {} failed the c10d store's handshake ({}): another service "
                 "holds that port, or it is not hmc's master; {}",
-                who, endpoint, osReason(errno), kCheckMaster));
+                who, endpoint, osReason(recvError), kCheckMaster));
           }
           pollfd p{socket.fd, POLLIN, 0};
           if (::poll(&p, 1, pollMillis(deadline)) == 0 && Clock::now() >= deadline) {
