@@ -108,19 +108,30 @@ void EvidenceFolder::writePid() const {
   }
 }
 
-std::string EvidenceFolder::writeResults(const std::string& document) const {
+std::string EvidenceFolder::writeResults(const std::string& document, bool early) const {
   if (!usable()) return "no local evidence folder";
   try {
-    scenario::writeOutputFile(file(rank_, "json"), document);
+    scenario::writeOutputFile(file(rank_, early ? "early.json" : "json"), document);
     return "";
   } catch (const std::exception& error) {
     return error.what();
   }
 }
 
-std::optional<std::string> EvidenceFolder::readResults(int rank) const {
+void EvidenceFolder::markReported() const {
+  if (!usable()) return;
+  try {
+    scenario::writeOutputFile(path_ + "/reported", "1");
+  } catch (const std::exception& error) {
+    spdlog::debug("rank {}: {}", rank_, error.what());
+  }
+}
+
+bool EvidenceFolder::reported() const { return usable() && fs::exists(path_ + "/reported"); }
+
+std::optional<std::string> EvidenceFolder::readResults(int rank, bool early) const {
   if (!usable()) return std::nullopt;
-  return readFile(file(rank, "json"));
+  return readFile(file(rank, early ? "early.json" : "json"));
 }
 
 bool EvidenceFolder::alive(int rank) const {
@@ -142,8 +153,13 @@ int EvidenceFolder::lowestLiveRank(int worldSize) const {
 
 void EvidenceFolder::remove() const {
   if (!usable()) return;
+  // Renamed first (atomic): a rank that writes its results at the same moment (each rank of a
+  // launcher's teardown gets the signal at once) then finds no folder, instead of adding a file
+  // between remove_all's listing and its rmdir, which left the folder behind.
   std::error_code ec;
-  fs::remove_all(path_, ec);
+  const std::string gone = path_ + ".removed";
+  fs::rename(path_, gone, ec);
+  fs::remove_all(ec ? path_ : gone, ec);
 }
 
 }  // namespace hmc::app

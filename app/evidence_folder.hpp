@@ -39,10 +39,17 @@ class EvidenceFolder {
   bool usable() const noexcept { return !path_.empty(); }
   const std::string& path() const noexcept { return path_; }
 
-  // Writes this rank's results document. Returns "" or why not.
-  std::string writeResults(const std::string& document) const;
-  // Rank `rank`'s results document, if it wrote one.
-  std::optional<std::string> readResults(int rank) const;
+  // Writes this rank's results document. Returns "" or why not. `early`: the snapshot taken
+  // at Open MPI's SIGCONT, 1 s before its SIGTERM ("rank<R>.early.json"); only a reporting
+  // rank stopped by a signal reads it, for a rank whose final file is not there in time.
+  std::string writeResults(const std::string& document, bool early = false) const;
+  // Rank `rank`'s results document (or its early snapshot), if it wrote one.
+  std::optional<std::string> readResults(int rank, bool early = false) const;
+  // The reporting rank made the report at Open MPI's warning ("reported"): the others need not
+  // write their results at the SIGTERM that follows (a file written then could keep the
+  // reporting rank from removing the folder).
+  void markReported() const;
+  bool reported() const;
   // Whether rank `rank` wrote its pid here and that process is alive (not a zombie). False
   // for a rank of another node.
   bool alive(int rank) const;

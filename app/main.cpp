@@ -23,6 +23,7 @@
 #include <iostream>
 #include <mutex>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -386,23 +387,23 @@ hmc::scenario::RunInfo runInfo(const RunPlan& plan, const hmc::scenario::Scenari
 
 // The reporters of the reporting process. With --report - the JSON goes to stdout and the
 // console table to stderr.
-std::vector<std::unique_ptr<hmc::scenario::Reporter>> makeReporters(const RunOptions& options,
-                                                                    bool directory,
-                                                                    std::size_t total) {
+// `console`: where the table goes instead of stdout (stderr when JSON goes to stdout).
+std::vector<std::unique_ptr<hmc::scenario::Reporter>> makeReporters(
+    const RunOptions& options, bool directory, std::size_t total, std::ostream* console = nullptr) {
   std::vector<std::unique_ptr<hmc::scenario::Reporter>> reporters;
-  hmc::scenario::ConsoleOptions console;
-  console.quiet = options.quiet;
-  console.directory = directory;
-  console.total = total;
-  console.errors = &std::cerr;  // an invalid scenario's error; results stay on stdout
+  hmc::scenario::ConsoleOptions consoleOptions;
+  consoleOptions.quiet = options.quiet;
+  consoleOptions.directory = directory;
+  consoleOptions.total = total;
+  consoleOptions.errors = &std::cerr;  // an invalid scenario's error; results stay on stdout
   const bool jsonOnStdout = (options.reportPath && *options.reportPath == "-") ||
                             (options.tracePath && *options.tracePath == "-");
   // Files first: a rank 0 stopped by a launcher may have only moments before SIGKILL, and the
   // report file is what survives.
   if (options.reportPath) reporters.push_back(hmc::scenario::makeJsonReporter(*options.reportPath));
   if (options.tracePath) reporters.push_back(hmc::scenario::makeTraceReporter(*options.tracePath));
-  reporters.push_back(
-      hmc::scenario::makeConsoleReporter(jsonOnStdout ? std::cerr : std::cout, console));
+  std::ostream& table = console != nullptr ? *console : jsonOnStdout ? std::cerr : std::cout;
+  reporters.push_back(hmc::scenario::makeConsoleReporter(table, consoleOptions));
   return reporters;
 }
 
@@ -471,22 +472,48 @@ int runScenarios(const RunOptions& options, const std::vector<std::string>& comm
     std::string startedAt = isoNow();
     // Rank 0 under a launcher that tears the job down: report what every rank did, from the
     // signal's thread, before the process exits (the main thread is blocked in a collective).
+    // Under mpirun the files are written at Open MPI's warning (kEarly) and the table, kept
+    // here, is printed at its SIGTERM (rank_process.hpp).
+    std::ostringstream earlyTable;
     const hmc::app::InterruptedReport onInterrupted =
-        [&](std::vector<std::vector<RankResult>> merged, int signal) {
+        [&](std::vector<std::vector<RankResult>> merged, int signal, hmc::app::InterruptMode mode) {
+          const int rank = plan.launch ? plan.launch->rank : 0;
+          const auto said = [&] {
+            fmt::print(stderr,
+                       "hmc-run: rank {} stopped by signal {} ({}); reported what every rank did\n",
+                       rank, signal, strsignal(signal));
+          };
+          if (mode == hmc::app::InterruptMode::kPublishEarly) {
+            // Where makeReporters puts the table (a JSON on stdout, "-", was written with the
+            // files at the warning: it cannot wait for a SIGTERM that leaves 20-50 ms).
+            const bool jsonOnStdout = (options.reportPath && *options.reportPath == "-") ||
+                                      (options.tracePath && *options.tracePath == "-");
+            const std::string text = earlyTable.str();
+            std::fwrite(text.data(), 1, text.size(), jsonOnStdout ? stderr : stdout);
+            std::fflush(stdout);
+            said();
+            return;
+          }
           const double wall =
               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
           ScenarioReport report = hmc::scenario::buildReport(
               prepared.scenario, std::move(merged), plan.warmup,
               runInfo(plan, prepared.scenario, startedAt, wall, command));
           report.interrupted = true;
+          if (mode == hmc::app::InterruptMode::kEarly) {
+            earlyTable.str("");
+            for (auto& reporter : makeReporters(options, false, files.size(), &earlyTable)) {
+              reporter->report(report);
+              reporter->finish(true);
+            }
+            return;
+          }
           ensureReporters();
           for (auto& reporter : reporters) {
             reporter->report(report);
             reporter->finish(true);
           }
-          fmt::print(stderr,
-                     "hmc-run: rank {} stopped by signal {} ({}); reported what every rank did\n",
-                     plan.launch ? plan.launch->rank : 0, signal, strsignal(signal));
+          said();
           std::fflush(stdout);
         };
     auto ran = runPrepared(file, prepared, options, plan, executable, progress, onInterrupted);
@@ -570,6 +597,11 @@ int main(int argc, char** argv) {
   }
   try {
     return runScenarios(options, command, selfExecutable(argv[0]));
+  } catch (const hmc::Error& error) {
+    // A rank that cannot join its world (no store at the master, a listener that is not one):
+    // the message names what, where and what to do; it is not a bug of hmc-run.
+    fmt::print(stderr, "hmc-run: {}\n", error.what());
+    return 1;
   } catch (const std::exception& error) {
     fmt::print(stderr, "hmc-run: internal error: {}\n", error.what());
     return 1;

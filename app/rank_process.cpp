@@ -33,16 +33,23 @@ using Clock = std::chrono::steady_clock;
 
 // How long the reporting rank waits for the others' results after a termination signal (they
 // write theirs to the local evidence folder within milliseconds of the same signal, then to
-// the store). Under mpirun briefly: Open MPI sends SIGKILL 1 s after SIGTERM
-// (odls_base_sigkill_timeout), so the reporting rank waits for the local files of the ranks
-// still alive for at most 400 ms and reads the store once without waiting. torchrun and srun
-// give seconds.
+// the store). Under mpirun the report is made at Open MPI's SIGCONT, 1 s before its SIGTERM
+// (which SIGKILL follows within 20-50 ms, seen with strace: odls_base_sigkill_timeout is the
+// time between the two signals, not after SIGTERM), so the waits must fit in that second: at
+// most 400 ms for the local files of the ranks still alive, and the store read once without
+// waiting. torchrun and srun give seconds after SIGTERM.
 std::chrono::milliseconds interruptLocalWait(const std::string& launcher) {
   return launcher == "mpirun" ? std::chrono::milliseconds(400) : std::chrono::milliseconds(1000);
 }
 std::chrono::milliseconds interruptStoreWait(const std::string& launcher) {
   return launcher == "mpirun" ? std::chrono::milliseconds(0) : std::chrono::milliseconds(1000);
 }
+// How long the reporting rank waits for a live rank's final file (written at its own SIGTERM)
+// before it takes that rank's early snapshot instead (written at Open MPI's SIGCONT).
+constexpr std::chrono::milliseconds kUseEarlySnapshotAfter{20};
+// A report made at Open MPI's warning is printed at the SIGTERM that follows within about 1 s;
+// one older than this (the warning was not a teardown) is made again.
+constexpr std::chrono::seconds kEarlyReportFresh{3};
 // The bound on reading the store beyond the wait, should the store not answer.
 constexpr std::chrono::milliseconds kInterruptRead{300};
 
@@ -62,18 +69,52 @@ std::vector<std::string> rankKeys(const std::string& stem, int worldSize) {
   return keys;
 }
 
-// Polls for every rank's "<stem>/<rank>" until all exist, a rank whose key is missing is
-// announced dead ("dead/<rank>", set by hmc-run's launcher), or `deadline` passes.
+// Whether rank `rank` is known to be gone: announced dead in the store (hmc-run's own launcher
+// does that), or its process on this node ended (the evidence folder's pid file: torchrun,
+// mpirun and srun announce nothing, and Open MPI tears the job down 1 s after a rank's death,
+// so nobody may wait for a dead rank's vote or result up to the deadline). A rank found gone
+// through the folder is announced in the store for ranks on other nodes and `hmc-run status`.
+bool rankGone(collective::KeyValueStore& kv, const EvidenceFolder* folder, int rank, int self) {
+  if (folder != nullptr && folder->known(rank) && !folder->alive(rank)) {
+    try {
+      if (!kv.check({collective::deadRankKey(rank)})) {
+        collective::announceDeadRank(
+            kv, rank,
+            fmt::format("rank {}'s process ended (seen by rank {} on its node)", rank, self));
+      }
+    } catch (const std::exception& error) {
+      spdlog::debug("rank {}: cannot announce rank {}'s end in the store: {}", self, rank,
+                    error.what());
+    }
+    return true;
+  }
+  return kv.check({collective::kAnyDeadKey}) && kv.check({collective::deadRankKey(rank)});
+}
+
+// Polls for every rank's "<stem>/<rank>" until all exist, a rank whose key is missing is gone
+// (rankGone), or `deadline` passes.
 bool waitForRanks(collective::KeyValueStore& kv, const std::string& stem, int worldSize,
-                  Clock::time_point deadline) {
+                  Clock::time_point deadline, const EvidenceFolder* folder, int self) {
   const auto keys = rankKeys(stem, worldSize);
   for (int round = 0;; ++round) {
     if (kv.check(keys)) return true;
-    if (round % 10 == 9 && kv.check({collective::kAnyDeadKey})) {  // every ~50 ms
+    if (round % 10 == 9) {  // every ~50 ms
       for (int rank = 0; rank < worldSize; ++rank) {
-        if (!kv.check({keys[rank]}) && kv.check({collective::deadRankKey(rank)})) return false;
+        if (!kv.check({keys[rank]}) && rankGone(kv, folder, rank, self)) return false;
       }
     }
+    if (Clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+// Polls for rank `rank`'s `key` until it exists (true), the rank is gone (rankGone), or
+// `deadline` passes.
+bool waitForRankKey(collective::KeyValueStore& kv, const std::string& key, int rank,
+                    Clock::time_point deadline, const EvidenceFolder* folder, int self) {
+  for (int round = 0;; ++round) {
+    if (kv.check({key})) return true;
+    if (round % 10 == 9 && rankGone(kv, folder, rank, self)) return kv.check({key});
     if (Clock::now() >= deadline) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
@@ -165,23 +206,32 @@ using ResultsByRank = std::map<int, std::vector<scenario::RankResult>>;
 using MissingWhy = std::function<std::string(int rank)>;
 
 // The results the other ranks wrote to the local evidence folder: polls until every rank of
-// this node that is still alive wrote its own, or `deadline` passes.
+// this node that is still alive wrote its own, or `deadline` passes. With `earlyAfter`, a rank
+// whose final file is still missing that long after the call is taken from its early snapshot
+// (EvidenceFolder::writeResults), if it wrote one.
 ResultsByRank readLocalResults(const EvidenceFolder& local, int worldSize, int self,
-                               Clock::time_point deadline) {
+                               Clock::time_point deadline,
+                               std::optional<std::chrono::milliseconds> earlyAfter = std::nullopt) {
   ResultsByRank found;
   if (!local.usable()) return found;
+  const auto earlyFrom = earlyAfter ? Clock::now() + *earlyAfter : Clock::time_point::max();
+  const auto take = [&](int rank, const std::string& text) {
+    try {
+      found[rank] = parseRankResults(text);
+      return true;
+    } catch (const std::exception& error) {
+      spdlog::warn("rank {} wrote unreadable results to {}: {}", rank, local.path(), error.what());
+      return false;
+    }
+  };
   for (;;) {
     bool pending = false;
+    const bool early = Clock::now() >= earlyFrom;
     for (int rank = 0; rank < worldSize; ++rank) {
       if (rank == self || found.count(rank) != 0) continue;
-      if (auto text = local.readResults(rank)) {
-        try {
-          found[rank] = parseRankResults(*text);
-          continue;
-        } catch (const std::exception& error) {
-          spdlog::warn("rank {} wrote unreadable results to {}: {}", rank, local.path(),
-                       error.what());
-        }
+      if (auto text = local.readResults(rank); text && take(rank, *text)) continue;
+      if (early) {
+        if (auto text = local.readResults(rank, true); text && take(rank, *text)) continue;
       }
       pending = pending || local.alive(rank);
     }
@@ -219,7 +269,7 @@ std::vector<std::vector<scenario::RankResult>> gatherResults(
     } else {
       fromStore([&] {
         const std::string key = fmt::format("result/{}", rank);
-        if (!waitForKeys(*kv, {key}, deadline)) return;
+        if (!waitForRankKey(*kv, key, rank, deadline, &folder, launch.rank)) return;
         const std::string text = kv->get(key, wait + kInterruptRead);
         try {
           byRank[rank] = parseRankResults(text);
@@ -404,18 +454,32 @@ RankProcessOutcome runRankProcess(const scenario::Scenario& scenario, const Rank
   EvidenceFolder local;
   // A termination signal (the launcher tearing the job down, Ctrl-C, the local launcher's
   // SIGTERM): hand on what this rank did, at once and bounded, then exit with the signal.
-  // Set once the main thread has every rank's results after losing the store and is about to
-  // report them: a launcher's SIGTERM then must not end the process in the middle of it.
-  std::atomic<bool> reportingInMain{false};
-  TerminationWatcher watcher([&](int signal) {
-    if (reportingInMain) {
-      // The main thread reports and exits; the watcher's hard limit still bounds it.
-      for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+  // Who hands on this rank's results after losing the store: the main thread (it has every
+  // rank's results and reports them; a launcher's SIGTERM then must not end the process in the
+  // middle of it) or the watcher (a termination signal came first; it reports and exits), the
+  // first to claim it. Both at once left a half-removed evidence folder.
+  enum : int { kNobody = 0, kMainThread = 1, kWatcher = 2 };
+  std::atomic<int> handingOn{kNobody};
+  // What the watcher's thread knows of a report made at Open MPI's warning (kEarly).
+  std::optional<Clock::time_point> earlyReportAt;
+  // Hands on what this rank did, on the watcher's thread: at a termination signal (`early`
+  // false), and under mpirun at Open MPI's warning, the SIGCONT it sends 1 s before its SIGTERM
+  // (`early` true; SIGKILL follows SIGTERM within 20-50 ms, too soon to gather anything then).
+  // At the warning every rank writes an early snapshot of its results (as stopped by SIGTERM,
+  // which follows) to the evidence folder only (the job may yet go on: nothing a normal end
+  // reads), and the reporting rank writes the report's files from them and keeps the console's
+  // text, which it prints at the SIGTERM.
+  const auto handOn = [&](int signal, bool early) {
+    // The main thread reports and exits by itself (the watcher's hard limit still bounds it).
+    if (early) {
+      if (handingOn.load() == kMainThread) return true;
+    } else if (int nobody = kNobody; !handingOn.compare_exchange_strong(nobody, kWatcher)) {
+      return false;
     }
     const auto results = progress.snapshot(scenario, launch.rank, signal);
     if (!gatherOnRankZero) {
       scenario::writeOutputFile(launch.resultFile, rankResultsDocument(results));
-      return;
+      return true;
     }
     const std::string document = rankResultsDocument(results);
     std::shared_ptr<collective::KeyValueStore> kv;
@@ -429,9 +493,17 @@ RankProcessOutcome runRankProcess(const scenario::Scenario& scenario, const Rank
     // file it waits for removes the folder and exits. Then the local file: it needs no store,
     // which may stall or be gone in a teardown.
     const int reporter = folder.usable() ? folder.lowestLiveRank(launch.worldSize) : 0;
-    const std::string localProblem = folder.writeResults(document);
-    std::string storeProblem = kv ? "" : "the rank had not joined the store yet";
     const bool reporting = launch.rank == reporter && onInterrupted;
+    if (!early && reporting && earlyReportAt && Clock::now() - *earlyReportAt < kEarlyReportFresh) {
+      folder.remove();
+      onInterrupted({}, signal, InterruptMode::kPublishEarly);
+      return true;
+    }
+    // The report was made at Open MPI's warning: nothing more to hand on.
+    if (!early && !reporting && folder.reported()) return true;
+    const std::string localProblem = folder.writeResults(document, early);
+    if (early && !reporting) return true;
+    std::string storeProblem = kv ? "" : "the rank had not joined the store yet";
     if (!reporting) {
       // The store too, for a reporting rank on another node.
       if (kv) {
@@ -446,15 +518,16 @@ RankProcessOutcome runRankProcess(const scenario::Scenario& scenario, const Rank
                    "hmc-run rank {}: stopped by signal {}; cannot hand on its results: {}; {}\n",
                    launch.rank, signal, storeProblem, localProblem);
       }
-      return;
+      return true;
     }
     // This rank reports. The others write theirs as they receive the same signal: the local
     // files of the ranks still alive (bounded), then the store for the rest (bounded even
     // when the store stalls: a launcher's SIGKILL follows soon; the read runs on its own
     // thread, abandoned past its time, as the process exits right after).
     const auto began = Clock::now();
-    ResultsByRank found = readLocalResults(folder, launch.worldSize, launch.rank,
-                                           began + interruptLocalWait(launch.launcher));
+    ResultsByRank found = readLocalResults(
+        folder, launch.worldSize, launch.rank, began + interruptLocalWait(launch.launcher),
+        early ? std::chrono::milliseconds(0) : kUseEarlySnapshotAfter);
     const auto localDone = Clock::now();
     const std::size_t others = found.size();
     // Its own results count when judging whether a heartbeat is stale (a crashed rank's last
@@ -474,7 +547,8 @@ RankProcessOutcome runRankProcess(const scenario::Scenario& scenario, const Rank
       auto promise =
           std::make_shared<std::promise<std::vector<std::vector<scenario::RankResult>>>>();
       auto future = promise->get_future();
-      const auto storeWait = interruptStoreWait(launch.launcher);
+      const auto storeWait =
+          early ? std::chrono::milliseconds(200) : interruptStoreWait(launch.launcher);
       std::thread([promise, kv, launch, found, storeWait, missingWhy, folder] {
         try {
           promise->set_value(gatherResults(kv.get(), launch, found, storeWait, missingWhy, folder));
@@ -506,17 +580,30 @@ RankProcessOutcome runRankProcess(const scenario::Scenario& scenario, const Rank
       merged = gatherResults(nullptr, launch, found, std::chrono::milliseconds(0), unknown, folder);
     }
     const auto storeDone = Clock::now();
-    folder.remove();  // read: gone before the report, which a SIGKILL may cut short
-    onInterrupted(withOwn(std::move(merged), results, launch), signal);
+    if (early) {
+      onInterrupted(withOwn(std::move(merged), results, launch), signal, InterruptMode::kEarly);
+      earlyReportAt = Clock::now();
+      folder.markReported();
+    } else {
+      folder.remove();  // read: gone before the report, which a SIGKILL may cut short
+      onInterrupted(withOwn(std::move(merged), results, launch), signal, InterruptMode::kReport);
+    }
     // Only after the report: under mpirun a write to stderr blocked in some teardowns here
     // (Open MPI stops reading the ranks' output), which lost the report when logged before.
     spdlog::debug(
-        "rank {}: evidence after signal {}: {} local results in {} ms, store {} in {} ms",
-        launch.rank, signal, others,
+        "rank {}: evidence after signal {}{}: {} local results in {} ms, store {} in {} ms",
+        launch.rank, signal, early ? " (early, at SIGCONT)" : "", others,
         std::chrono::duration_cast<std::chrono::milliseconds>(localDone - began).count(),
         gathered ? "read" : (storeProblem.empty() ? "not needed" : storeProblem),
         std::chrono::duration_cast<std::chrono::milliseconds>(storeDone - localDone).count());
-  });
+    return true;
+  };
+  const auto onTermination = [&](int signal) { return handOn(signal, false); };
+  const auto onWarning = [&] { handOn(SIGTERM, true); };
+  // Open MPI's warning only under mpirun: no other launcher sends a SIGCONT to running ranks.
+  TerminationWatcher watcher(
+      onTermination, 5,
+      gatherOnRankZero && launch.launcher == "mpirun" ? std::function<void()>(onWarning) : nullptr);
   if (gatherOnRankZero && launch.rank == 0) {
     auto created = EvidenceFolder::create(launch.rank);
     std::lock_guard<std::mutex> lock(storeMutex);
@@ -555,7 +642,8 @@ RankProcessOutcome runRankProcess(const scenario::Scenario& scenario, const Rank
       try {
         kv->set(fmt::format("{}/{}", stem, launch.rank), clean ? "1" : "0");
         // A dead rank never votes: stop waiting for it (it cannot shut down cleanly anyway).
-        everyoneClean = waitForRanks(*kv, stem, launch.worldSize, Clock::now() + timeout);
+        everyoneClean =
+            waitForRanks(*kv, stem, launch.worldSize, Clock::now() + timeout, &local, launch.rank);
         for (const auto& key : rankKeys(stem, launch.worldSize)) {
           if (!everyoneClean) break;
           everyoneClean = kv->get(key, timeout) == "1";
@@ -642,7 +730,11 @@ RankProcessOutcome runRankProcess(const scenario::Scenario& scenario, const Rank
                                  },
                                  local),
                              outcome.results, launch);
-    reportingInMain = true;
+    if (int nobody = kNobody; !handingOn.compare_exchange_strong(nobody, kMainThread)) {
+      // A termination signal came first: the watcher reports and exits the process (its hard
+      // limit bounds it).
+      for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+    }
     local.remove();
     fmt::print(stderr, "hmc-run rank {}: lost {} ({}); reporting what every rank did\n",
                launch.rank, storeHostName(launch), storeLost);
@@ -662,6 +754,7 @@ RankProcessOutcome runRankProcess(const scenario::Scenario& scenario, const Rank
       kv.get(), launch, readLocalResults(local, launch.worldSize, launch.rank, Clock::now()),
       timeout,
       [&](int rank) {
+        if (local.known(rank) && !local.alive(rank)) return endedWithoutResult(rank, launch.rank);
         return fmt::format(
             "no result from rank {} within {:g} s: it died, was stopped, or never "
             "finished its steps",
@@ -672,6 +765,11 @@ RankProcessOutcome runRankProcess(const scenario::Scenario& scenario, const Rank
     kv->set("results-read", "1");
   } catch (const std::exception& error) {
     spdlog::debug("rank 0: cannot mark the results read: {}", error.what());
+  }
+  // Every result is here: the report is this thread's now, even if a launcher's SIGTERM comes
+  // before it is printed (else the watcher, finding the folder removed, would hand on nothing).
+  if (int nobody = kNobody; !handingOn.compare_exchange_strong(nobody, kMainThread)) {
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));  // the watcher reports
   }
   local.remove();
   return outcome;

@@ -40,10 +40,18 @@ std::string rankResultsDocument(const std::vector<scenario::RankResult>& results
 // Reads that document back. Throws (nlohmann::json or ValueError) on a malformed one.
 std::vector<scenario::RankResult> parseRankResults(const std::string& text);
 
-// Rank 0 of an external launch stopped by `signal`: every rank's results so far (per
-// repetition), to report before the process exits.
-using InterruptedReport =
-    std::function<void(std::vector<std::vector<scenario::RankResult>> merged, int signal)>;
+// How the reporting rank of an external launch reports when stopped by a signal.
+enum class InterruptMode {
+  kReport,        // stopped by `signal`: report `merged` (files and console), then exit
+  kEarly,         // Open MPI's warning (SIGCONT, 1 s before SIGTERM): report `merged` as stopped
+                  // by `signal` to the files, and keep the console's text for kPublishEarly
+  kPublishEarly,  // the SIGTERM after kEarly (SIGKILL follows within 20-50 ms): print the kept
+                  // text (`merged` is empty)
+};
+// Rank 0 of an external launch (or the lowest live rank of its node) stopped by `signal`: every
+// rank's results so far (per repetition), to report before the process exits.
+using InterruptedReport = std::function<void(std::vector<std::vector<scenario::RankResult>> merged,
+                                             int signal, InterruptMode mode)>;
 
 // Runs one rank. The caller has blocked the termination signals (signals.hpp) before any
 // thread started: a SIGTERM, SIGINT or SIGHUP makes the rank hand on what it did so far (its

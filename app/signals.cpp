@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 
 namespace hmc::app {
 namespace {
@@ -48,6 +49,7 @@ SignalScope::~SignalScope() {
 void blockTerminationSignals() {
   sigset_t set = terminationSet();
   sigaddset(&set, kStopWatcher);
+  sigaddset(&set, SIGCONT);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
 }
 
@@ -56,13 +58,29 @@ void unblockTerminationSignals() {
   pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
 }
 
-TerminationWatcher::TerminationWatcher(std::function<void(int)> onSignal, unsigned hardLimitSeconds)
-    : onSignal_(std::move(onSignal)), hardLimitSeconds_(hardLimitSeconds) {
+TerminationWatcher::TerminationWatcher(std::function<bool(int)> onSignal, unsigned hardLimitSeconds,
+                                       std::function<void()> onWarning)
+    : onSignal_(std::move(onSignal)),
+      hardLimitSeconds_(hardLimitSeconds),
+      onWarning_(std::move(onWarning)) {
   thread_ = std::thread([this] {
     sigset_t set = terminationSet();
     sigaddset(&set, kStopWatcher);
+    if (onWarning_) sigaddset(&set, SIGCONT);
+    // Wakes every 200 ms, so that a SIGCONT that resumes a stopped process (the last wake long
+    // ago) is told apart from Open MPI's warning to a running one.
+    const timespec tick{0, 200 * 1000 * 1000};
+    auto lastWake = std::chrono::steady_clock::now();
     int signal = 0;
-    while (sigwait(&set, &signal) != 0) {
+    for (;;) {
+      signal = sigtimedwait(&set, nullptr, &tick);
+      const auto now = std::chrono::steady_clock::now();
+      const bool wasStopped = now - lastWake > std::chrono::seconds(1);
+      lastWake = now;
+      if (signal < 0) continue;  // the tick (EAGAIN) or EINTR
+      if (signal != SIGCONT) break;
+      if (!wasStopped) onWarning_();
+      lastWake = std::chrono::steady_clock::now();
     }
     if (signal == kStopWatcher) return;
     // From now on a second termination signal ends the process at once (default action,
@@ -72,8 +90,8 @@ TerminationWatcher::TerminationWatcher(std::function<void(int)> onSignal, unsign
     sigset_t unblock = terminationSet();
     pthread_sigmask(SIG_UNBLOCK, &unblock, nullptr);
     ::alarm(hardLimitSeconds_);
-    onSignal_(signal);
-    ::_exit(128 + signal);
+    if (onSignal_(signal)) ::_exit(128 + signal);
+    // The owner's thread reports and exits by itself (within the hard limit).
   });
 }
 

@@ -30,7 +30,9 @@ class SignalScope {
   struct sigaction old_[3] = {};
 };
 
-// Blocks SIGINT, SIGTERM and SIGHUP in the calling thread and every thread it starts later.
+// Blocks SIGINT, SIGTERM and SIGHUP (and SIGCONT, for a TerminationWatcher's warning; its
+// default action, resuming a stopped process, happens blocked or not) in the calling thread and
+// every thread it starts later.
 void blockTerminationSignals();
 // Unblocks them in the calling thread (where a SignalScope's handler, or the default action,
 // should take them).
@@ -38,16 +40,24 @@ void unblockTerminationSignals();
 
 class TerminationWatcher {
  public:
-  // `onSignal(signal)` runs on the watcher's thread at the first termination signal; it must
-  // end the process (_exit) within `hardLimitSeconds`, else SIGALRM ends it.
-  TerminationWatcher(std::function<void(int signal)> onSignal, unsigned hardLimitSeconds = 5);
+  // `onSignal(signal)` runs on the watcher's thread at the first termination signal; when it
+  // returns true the process exits (_exit) with 128 + signal, false leaves the exit to the
+  // owner's thread (which is reporting already); either way within `hardLimitSeconds`, else
+  // SIGALRM ends the process. `onWarning`, when
+  // given, runs on the same thread at a SIGCONT to a running process (Open MPI sends SIGCONT
+  // 1 s before its SIGTERM, which it follows with SIGKILL within 20-50 ms); not for a SIGCONT
+  // that resumes a stopped process (the watcher, woken every 200 ms, saw no wake for over a
+  // second). It must return within a second and must not end the process.
+  TerminationWatcher(std::function<bool(int signal)> onSignal, unsigned hardLimitSeconds = 5,
+                     std::function<void()> onWarning = nullptr);
   ~TerminationWatcher();  // the process keeps the signals blocked; the thread is stopped
   TerminationWatcher(const TerminationWatcher&) = delete;
   TerminationWatcher& operator=(const TerminationWatcher&) = delete;
 
  private:
-  std::function<void(int)> onSignal_;
+  std::function<bool(int)> onSignal_;
   unsigned hardLimitSeconds_;
+  std::function<void()> onWarning_;
   std::thread thread_;
 };
 

@@ -441,18 +441,18 @@ if TEARDOWN:
         check_store_host_dies("mpirun", 2, "store")
         check_store_host_dies("mpirun", 4, "tcp")
 
-# mpirun's crash and SIGTERM cases are opt-in (--mpirun-teardown): Open MPI sends SIGKILL 1 s
-# after SIGTERM. With the local evidence folder the SIGTERM case passed 6 of 6 rounds and the
-# crash case at 4 ranks failed 2 of 6 (rank 0 wrote nothing at all within that second; cause
-# not found), so they stay opt-in. Known gap (issue 9).
-if TEARDOWN and "--mpirun-teardown" in sys.argv:
+# Open MPI's teardown after a rank's death (seen with strace): SIGCONT to every rank, SIGTERM 1 s
+# later, SIGKILL about 50 ms after that. The survivors therefore stop waiting for a rank whose
+# process they see gone (the evidence folder's pid files) and report within that second, before
+# any signal; the SIGTERM path alone (50 ms) lost the report at 4 ranks in 4 of 10 runs here.
+if TEARDOWN:
     @test
-    def mpirun_crash_is_diagnosed_and_reported():
+    def mpirun_crash_is_diagnosed_and_reported_at_2_and_4():
         for world in (2, 4):
             check_crash("mpirun", world)
 
     @test
-    def mpirun_sigterm_keeps_the_evidence():
+    def mpirun_sigterm_keeps_the_evidence_at_2_and_4():
         for world in (2, 4):
             check_sigterm("mpirun", world)
 
@@ -609,8 +609,11 @@ def a_listener_that_hangs_up_unanswered_is_named_as_another_service():
     finally:
         stop()
     assert code != 0, (code, out, err)
-    assert f"the listener at 127.0.0.2:{port} closed the connection instead of answering" in err, err
-    assert "went away" not in err, err
+    # A close or a reset (as the kernel delivers it), both with the other-service wording.
+    assert re.search(rf"the listener at 127\.0\.0\.2:{port} (closed the connection instead of "
+                     rf"answering|failed the c10d store's handshake)", err), err
+    assert "another service holds that port" in err and "went away" not in err, err
+    assert "internal error" not in err, err
     assert seconds < CONNECT_BOUND_S, f"{seconds:.1f} s:\n{err}"
 
 

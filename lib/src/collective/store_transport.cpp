@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "c10d_compat.hpp"
-#include "socket_guards.hpp"
 #include "hmc/error.hpp"
+#include "socket_guards.hpp"
 #include "store_transport_state.hpp"
 
 namespace hmc::collective {
@@ -209,11 +209,12 @@ void probeStore(const StoreTransportOptions& options, int port, Clock::time_poin
     const auto length = candidate.length;
     // One address may swallow the connection (a firewall): give it at most 2 s of the deadline
     // when there are others to try.
-    const auto connectBy =
-        candidates.size() > 1 ? std::min(deadline, Clock::now() + std::chrono::seconds(2))
-                              : deadline;
+    const auto connectBy = candidates.size() > 1
+                               ? std::min(deadline, Clock::now() + std::chrono::seconds(2))
+                               : deadline;
     int error = socket.fd < 0 ? errno : 0;  // e.g. IPv6 disabled: try the next address
-    if (error == 0 && ::connect(socket.fd, reinterpret_cast<const sockaddr*>(address), length) != 0) {
+    if (error == 0 &&
+        ::connect(socket.fd, reinterpret_cast<const sockaddr*>(address), length) != 0) {
       error = errno;
       if (error == EINPROGRESS) {
         pollfd p{socket.fd, POLLOUT, 0};
