@@ -137,10 +137,11 @@ std::string formatSeconds(std::chrono::milliseconds duration) {
   return fmt::format("{:g} s", static_cast<double>(duration.count()) / 1000.0);
 }
 
-// One allgather of `slot`-byte frames: [u64 length][bytes, zero padded].
+// One allgather of `slot`-byte frames: [u64 length][bytes, zero padded]. `running` is set
+// when it throws because `wait` passed while the allgather still runs.
 std::vector<at::Tensor> allgatherFrames(c10d::ProcessGroupGloo& group, const Bytes& envelope,
-                                        std::size_t slot, int world,
-                                        std::chrono::milliseconds wait) {
+                                        std::size_t slot, int world, std::chrono::milliseconds wait,
+                                        bool* running) {
   at::Tensor input = at::zeros({static_cast<std::int64_t>(slot)}, at::kByte);
   const std::uint64_t length = envelope.size();
   std::memcpy(input.data_ptr(), &length, kLengthBytes);
@@ -150,7 +151,12 @@ std::vector<at::Tensor> allgatherFrames(c10d::ProcessGroupGloo& group, const Byt
   for (int peer = 0; peer < world; ++peer) outputs[0].push_back(at::empty_like(input));
   std::vector<at::Tensor> inputs{input};
   auto work = group.allgather(outputs, inputs);
-  work->wait(wait);
+  try {
+    work->wait(wait);
+  } catch (...) {
+    *running = !work->isCompleted();
+    throw;
+  }
   return outputs[0];
 }
 
@@ -220,13 +226,15 @@ std::vector<Bytes> GlooTransport::gather(std::uint64_t sequence, std::string_vie
                std::chrono::milliseconds(1)) +
       std::chrono::seconds(1);
   const auto entered = std::chrono::system_clock::now();
+  bool running = false;
   try {
     const std::size_t slot = s.options.slotBytes;
-    std::vector<at::Tensor> frames = allgatherFrames(*s.group, envelope, slot, world, wait);
+    std::vector<at::Tensor> frames =
+        allgatherFrames(*s.group, envelope, slot, world, wait, &running);
     std::uint64_t longest = 0;
     for (const auto& frame : frames) longest = std::max(longest, frameLength(frame));
     if (longest + kLengthBytes > slot) {
-      frames = allgatherFrames(*s.group, envelope, longest + kLengthBytes, world, wait);
+      frames = allgatherFrames(*s.group, envelope, longest + kLengthBytes, world, wait, &running);
     }
     std::vector<Bytes> out(world);
     for (int peer = 0; peer < world; ++peer) {
@@ -241,6 +249,11 @@ std::vector<Bytes> GlooTransport::gather(std::uint64_t sequence, std::string_vie
     const auto failedAt = Clock::now();
     const auto failed = std::chrono::system_clock::now();
     s.broken = fmt::format("'{}' #{}: {}", stage, sequence, reason);
+    // Close this rank's side at once: a peer still waiting in this allgather (the ring passes
+    // frames along, so one rank's failure can leave another waiting on a live rank) fails on
+    // the closed connection instead of at its own deadline, and leaves its arrival key in
+    // time. Not while the allgather still runs: the group's destructor would wait for it.
+    if (!running) s.group.reset();
     hmc::detail::GlooTransportState::Arrivals arrivals;
     try {
       arrivals = s.absentRanks(

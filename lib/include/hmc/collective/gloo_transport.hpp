@@ -13,8 +13,10 @@
 // but the allgather itself still runs until the group's timeout.
 //
 // After any failure (timeout, a peer gone) the process group is unusable: the transport is
-// marked broken and every later exchange throws BackendError until every rank calls
-// rebuild() (collective) which creates a fresh group under new store keys.
+// marked broken, closes its side of the group at once (so that a peer still waiting in the
+// same allgather on this rank fails on the closed connection rather than at its deadline), and
+// every later exchange throws BackendError until every rank calls rebuild() (collective),
+// which creates a fresh group under new store keys.
 //
 // Errors: a timeout raises TimeoutError naming the stage and the ranks that had not entered
 // the collective by this rank's deadline: after a failure each rank leaves a key in the store
