@@ -93,17 +93,7 @@ WHERE = ("one", "all")
 
 # Cells that fail for a product reason too large to fix in the test's scope: (pattern over the
 # cell's id, why). Excluded from the default run, listed in its output; --known-gaps runs them.
-KNOWN_GAPS = [
-    (r"^gloo/\d+r/stall@[a-z_]+/one$",
-     "gloo names no rank when one stalls past the deadline but enters before the survivors' "
-     "arrival grace (min(deadline, 2 s)) ends: 'ranks [] did not arrive' (absentRanks in "
-     "lib/src/collective/gloo_transport.cpp sees the late rank's key, written when its own "
-     "allgather fails, as an arrival); needs the entry time in the key"),
-    (r"^gloo/4r/(crash|kill9)@[a-z_]+/one$",
-     "gloo at 4 ranks: when rank 3 dies, ranks 0 and 2 record 'timeout' (docs: rank_failure at "
-     "once, by the closed connection) and name the live rank 1 as not arrived too ('ranks [1, "
-     "3] did not arrive'); rank 1 alone sees the launcher's death notice (full run, 4 cells)"),
-]
+KNOWN_GAPS = []
 
 LAUNCH_VARS = re.compile(r"^(RANK|WORLD_SIZE|LOCAL_RANK|LOCAL_WORLD_SIZE|MASTER_ADDR|MASTER_PORT|"
                          r"GROUP_RANK|TORCHELASTIC_.*|SLURM_.*|OMPI_.*|PMI_.*|PMIX_.*|HMC_.*|"

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <optional>
+#include <sstream>
 #include <thread>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -14,6 +15,16 @@
 #include "store_transport_state.hpp"
 
 namespace hmc::detail {
+
+namespace {
+
+using WallTime = std::chrono::system_clock::time_point;
+
+long long wallMillis(WallTime time) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(time.time_since_epoch()).count();
+}
+
+}  // namespace
 
 struct GlooTransportState {
   collective::GlooTransportOptions options;
@@ -28,37 +39,63 @@ struct GlooTransportState {
     return fmt::format("{}/at/{}/{}", options.store.prefix, sequence, rank);
   }
 
-  // After a failed allgather: which ranks never entered collective `sequence`. Ranks that
-  // entered fail too (within the arrival skew) and leave a key; we look for the others' keys
-  // for up to `grace`, on a fresh connection. Throws when the store is gone.
-  // `deadWhy`: set to a launcher's announcement when every absent rank was announced dead.
-  std::vector<int> absentRanks(std::uint64_t sequence, int self, int world,
-                               std::chrono::milliseconds grace, std::string* deadWhy) {
+  // After a failed allgather: which ranks had not entered collective `sequence` by this rank's
+  // deadline. Ranks that entered fail too (within the arrival skew, or at once when a failing
+  // rank closes its group) and leave a key saying when they entered and when they failed; we
+  // look for the others' keys for up to `grace`, on a fresh connection. A rank that enters
+  // after our deadline fails at once on the closed connections and leaves a key within the
+  // grace too: its entry time tells it apart. The times are wall-clock milliseconds, so
+  // ranks on different hosts compare them within their clocks' skew. Throws when the store is
+  // gone.
+  struct Arrivals {
+    std::vector<int> absent;      // no key, or entered after our deadline
+    std::vector<int> leftBefore;  // had failed before we entered
+    std::string deadWhy;          // a launcher's announcement, when every absent rank was one
+  };
+  Arrivals absentRanks(std::uint64_t sequence, int self, int world, std::chrono::milliseconds grace,
+                       WallTime entered, WallTime failed, WallTime deadline) {
     StoreTransportOptions quick = options.store;
     quick.timeout = std::min(quick.timeout, std::chrono::milliseconds(2000));
     auto probe = connectTcpStore(quick, false, false, port);
-    probe->set(arrivalKey(sequence, self), {1});
-    std::vector<int> absent;
+    probe->set(arrivalKey(sequence, self), c10d_compat::toVector(fmt::format(
+                                               "{} {}", wallMillis(entered), wallMillis(failed))));
+    Arrivals out;
+    std::vector<int> unseen;
     for (int peer = 0; peer < world; ++peer) {
-      if (peer != self) absent.push_back(peer);
+      if (peer != self) unseen.push_back(peer);
     }
     const auto end = collective::Clock::now() + grace;
     for (;;) {
-      absent.erase(
-          std::remove_if(absent.begin(), absent.end(),
-                         [&](int peer) { return probe->check({arrivalKey(sequence, peer)}); }),
-          absent.end());
-      if (absent.empty() || collective::Clock::now() >= end) return absent;
+      for (auto it = unseen.begin(); it != unseen.end();) {
+        const std::string key = arrivalKey(sequence, *it);
+        if (!probe->check({key})) {
+          ++it;
+          continue;
+        }
+        long long peerEntered = 0;
+        long long peerFailed = 0;
+        std::istringstream value(c10d_compat::toBytes(probe->get(key)));
+        if (value >> peerEntered >> peerFailed) {
+          if (peerEntered > wallMillis(deadline)) out.absent.push_back(*it);
+          if (peerFailed < wallMillis(entered)) out.leftBefore.push_back(*it);
+        }
+        it = unseen.erase(it);
+      }
+      if (unseen.empty() || collective::Clock::now() >= end) break;
       // Ranks a launcher announced dead will not arrive: stop waiting for them.
       if (probe->check({options.store.prefix + "/kv/" + collective::kAnyDeadKey}) &&
-          std::all_of(absent.begin(), absent.end(), [&](int peer) {
+          std::all_of(unseen.begin(), unseen.end(), [&](int peer) {
             return probe->check({deadKeyOf(options.store.prefix, peer)});
           })) {
-        *deadWhy = c10d_compat::toBytes(probe->get(deadKeyOf(options.store.prefix, absent[0])));
-        return absent;
+        out.deadWhy = c10d_compat::toBytes(probe->get(deadKeyOf(options.store.prefix, unseen[0])));
+        break;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
+    out.absent.insert(out.absent.end(), unseen.begin(), unseen.end());
+    std::sort(out.absent.begin(), out.absent.end());
+    if (!out.deadWhy.empty() && out.absent != unseen) out.deadWhy.clear();
+    return out;
   }
 
   void createGroup() {
@@ -100,10 +137,11 @@ std::string formatSeconds(std::chrono::milliseconds duration) {
   return fmt::format("{:g} s", static_cast<double>(duration.count()) / 1000.0);
 }
 
-// One allgather of `slot`-byte frames: [u64 length][bytes, zero padded].
+// One allgather of `slot`-byte frames: [u64 length][bytes, zero padded]. `running` is set
+// when it throws because `wait` passed while the allgather still runs.
 std::vector<at::Tensor> allgatherFrames(c10d::ProcessGroupGloo& group, const Bytes& envelope,
-                                        std::size_t slot, int world,
-                                        std::chrono::milliseconds wait) {
+                                        std::size_t slot, int world, std::chrono::milliseconds wait,
+                                        bool* running) {
   at::Tensor input = at::zeros({static_cast<std::int64_t>(slot)}, at::kByte);
   const std::uint64_t length = envelope.size();
   std::memcpy(input.data_ptr(), &length, kLengthBytes);
@@ -113,7 +151,12 @@ std::vector<at::Tensor> allgatherFrames(c10d::ProcessGroupGloo& group, const Byt
   for (int peer = 0; peer < world; ++peer) outputs[0].push_back(at::empty_like(input));
   std::vector<at::Tensor> inputs{input};
   auto work = group.allgather(outputs, inputs);
-  work->wait(wait);
+  try {
+    work->wait(wait);
+  } catch (...) {
+    *running = !work->isCompleted();
+    throw;
+  }
   return outputs[0];
 }
 
@@ -182,13 +225,16 @@ std::vector<Bytes> GlooTransport::gather(std::uint64_t sequence, std::string_vie
       std::max(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()),
                std::chrono::milliseconds(1)) +
       std::chrono::seconds(1);
+  const auto entered = std::chrono::system_clock::now();
+  bool running = false;
   try {
     const std::size_t slot = s.options.slotBytes;
-    std::vector<at::Tensor> frames = allgatherFrames(*s.group, envelope, slot, world, wait);
+    std::vector<at::Tensor> frames =
+        allgatherFrames(*s.group, envelope, slot, world, wait, &running);
     std::uint64_t longest = 0;
     for (const auto& frame : frames) longest = std::max(longest, frameLength(frame));
     if (longest + kLengthBytes > slot) {
-      frames = allgatherFrames(*s.group, envelope, longest + kLengthBytes, world, wait);
+      frames = allgatherFrames(*s.group, envelope, longest + kLengthBytes, world, wait, &running);
     }
     std::vector<Bytes> out(world);
     for (int peer = 0; peer < world; ++peer) {
@@ -200,21 +246,38 @@ std::vector<Bytes> GlooTransport::gather(std::uint64_t sequence, std::string_vie
     throw;
   } catch (const std::exception& error) {
     const std::string reason = compat::messageOf(error);
+    const auto failedAt = Clock::now();
+    const auto failed = std::chrono::system_clock::now();
     s.broken = fmt::format("'{}' #{}: {}", stage, sequence, reason);
-    std::vector<int> absent;
-    std::string deadWhy;
+    // Close this rank's side at once: a peer still waiting in this allgather (the ring passes
+    // frames along, so one rank's failure can leave another waiting on a live rank) fails on
+    // the closed connection instead of at its own deadline, and leaves its arrival key in
+    // time. Not while the allgather still runs: the group's destructor would wait for it.
+    if (!running) s.group.reset();
+    hmc::detail::GlooTransportState::Arrivals arrivals;
     try {
-      absent = s.absentRanks(sequence, self, world,
-                             std::min(timeout(), std::chrono::milliseconds(2000)), &deadWhy);
+      arrivals = s.absentRanks(
+          sequence, self, world, std::min(timeout(), std::chrono::milliseconds(2000)), entered,
+          failed,
+          failed +
+              std::chrono::duration_cast<std::chrono::system_clock::duration>(deadline - failedAt));
     } catch (const std::exception&) {
       throw RankFailure(
           fmt::format("{}: the c10d store server at {} is gone (so is the rank "
                       "hosting it); gloo: {}",
                       context(), s.endpoint(), reason));
     }
-    if (!deadWhy.empty()) {
+    const std::vector<int>& absent = arrivals.absent;
+    if (!arrivals.deadWhy.empty()) {
       throw RankFailure(fmt::format("{}: {}; ranks {} had not entered this collective (gloo: {})",
-                                    context(), deadWhy, formatRankList(absent), reason));
+                                    context(), arrivals.deadWhy, formatRankList(absent), reason));
+    }
+    if (absent.empty() && !arrivals.leftBefore.empty()) {
+      // This rank is the late one: the others gave up on the collective before it entered.
+      throw TimeoutError(fmt::format(
+          "'{}' #{} on rank {}: this rank arrived late, after ranks {} had left this collective "
+          "(their deadline passed or they failed) (gloo: {})",
+          stage, sequence, self, formatRankList(arrivals.leftBefore), reason));
     }
     if (compat::isTimeout(reason) || Clock::now() >= deadline) {
       throw TimeoutError(fmt::format(

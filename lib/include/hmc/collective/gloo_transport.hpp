@@ -13,16 +13,22 @@
 // but the allgather itself still runs until the group's timeout.
 //
 // After any failure (timeout, a peer gone) the process group is unusable: the transport is
-// marked broken and every later exchange throws BackendError until every rank calls
-// rebuild() (collective) which creates a fresh group under new store keys.
+// marked broken, closes its side of the group at once (so that a peer still waiting in the
+// same allgather on this rank fails on the closed connection rather than at its deadline), and
+// every later exchange throws BackendError until every rank calls rebuild() (collective),
+// which creates a fresh group under new store keys.
 //
 // Errors: a timeout raises TimeoutError naming the stage and the ranks that had not entered
-// the collective: after a failure each rank leaves a key in the store and looks for the
-// others' for up to min(timeout, 2 s) (nothing is written on the fast path), less when every
-// missing rank was announced dead ("<prefix>/gloo/kv/dead/<rank>" in this transport's store,
-// as hmc-run's local launcher does): then it raises RankFailure with the announcement. A peer
-// that closed its connection (crashed) before the deadline raises RankFailure naming the
-// ranks that left no key.
+// the collective by this rank's deadline: after a failure each rank leaves a key in the store
+// with the wall-clock times it entered and failed, and looks for the others' for up to
+// min(timeout, 2 s) (nothing is written on the fast path); a rank whose key says it entered
+// after the deadline counts as not arrived (ranks on different hosts compare within their
+// clocks' skew). Less than the 2 s when every missing rank was announced dead
+// ("<prefix>/gloo/kv/dead/<rank>" in this transport's store, as hmc-run's local launcher
+// does): then it raises RankFailure with the announcement. A peer that closed its connection
+// (crashed) before the deadline raises RankFailure naming the ranks that left no key. A rank
+// that arrives after the others left the collective raises TimeoutError saying it was late and
+// naming them.
 //
 // Thread safety: one thread at a time, like every Collective.
 
