@@ -70,17 +70,21 @@ TerminationWatcher::TerminationWatcher(std::function<bool(int)> onSignal, unsign
     // Wakes every 200 ms, so that a SIGCONT that resumes a stopped process (the last wake long
     // ago) is told apart from Open MPI's warning to a running one.
     const timespec tick{0, 200 * 1000 * 1000};
-    auto lastWake = std::chrono::steady_clock::now();
+    // A wait that ended over a second after it began marks a resume; the SIGCONT may come with
+    // that wake or with the next one (the stop interrupts the wait with EINTR).
+    using Clock = std::chrono::steady_clock;
+    auto lastWake = Clock::now();
+    auto resumedAt = lastWake - std::chrono::hours(1);  // never resumed yet
     int signal = 0;
     for (;;) {
       signal = sigtimedwait(&set, nullptr, &tick);
-      const auto now = std::chrono::steady_clock::now();
-      const bool wasStopped = now - lastWake > std::chrono::seconds(1);
+      const auto now = Clock::now();
+      if (now - lastWake > std::chrono::seconds(1)) resumedAt = now;
       lastWake = now;
       if (signal < 0) continue;  // the tick (EAGAIN) or EINTR
       if (signal != SIGCONT) break;
-      if (!wasStopped) onWarning_();
-      lastWake = std::chrono::steady_clock::now();
+      if (now - resumedAt > std::chrono::milliseconds(500)) onWarning_();
+      lastWake = Clock::now();
     }
     if (signal == kStopWatcher) return;
     // From now on a second termination signal ends the process at once (default action,
