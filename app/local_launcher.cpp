@@ -17,6 +17,7 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <map>
 #include <mutex>
@@ -228,17 +229,80 @@ class RunFolder {
   fs::path path_;
 };
 
-// The results a rank process wrote (one per repetition it finished), or none.
-std::vector<scenario::RankResult> readRankResults(const fs::path& file, int rank) {
+// A rank's result of one repetition, as it wrote it (runRankProcess), or nullopt when the
+// file is missing or unreadable.
+std::optional<scenario::RankResult> readRankResult(const fs::path& file, int rank) {
   std::ifstream in(file);
-  if (!in) return {};
+  if (!in) return std::nullopt;
   try {
-    return parseRankResults(std::string(std::istreambuf_iterator<char>(in), {}));
+    auto results = parseRankResults(std::string(std::istreambuf_iterator<char>(in), {}));
+    if (results.size() == 1) return std::move(results.front());
+    spdlog::warn("rank {} wrote {} results to {}, not one", rank, results.size(), file.string());
   } catch (const std::exception& error) {
     spdlog::warn("rank {} wrote an unreadable result {}: {}", rank, file.string(), error.what());
-    return {};
   }
+  return std::nullopt;
 }
+
+// The ranks' result files, one per rank and repetition: hands each repetition on once every
+// rank wrote its own, and removes them, so that neither the launcher nor the run folder grows
+// with the repetitions.
+class RepetitionFiles {
+ public:
+  RepetitionFiles(const RunFolder& folder, int world,
+                  const std::function<void(std::vector<scenario::RankResult>)>& onRepetition)
+      : folder_(folder), world_(world), onRepetition_(onRepetition) {}
+
+  // The result file stem of `rank` (RankLaunch::resultFile).
+  std::string stem(int rank) const { return (folder_ / fmt::format("rank{}", rank)).string(); }
+
+  // Hands on the next repetitions that every rank has written, in order.
+  void handOnReady() {
+    for (;;) {
+      std::vector<fs::path> files;
+      for (int rank = 0; rank < world_; ++rank) {
+        files.emplace_back(repetitionResultFile(stem(rank), next_));
+        std::error_code ec;
+        if (!fs::exists(files.back(), ec)) return;
+      }
+      std::vector<scenario::RankResult> ranks;
+      for (int rank = 0; rank < world_; ++rank) {
+        auto result = readRankResult(files[rank], rank);
+        if (!result) return;  // read once every rank has exited (rest())
+        ranks.push_back(std::move(*result));
+      }
+      hand(std::move(ranks));
+    }
+  }
+
+  // The results `rank` wrote from the next repetition on, up to its first missing or
+  // unreadable file.
+  std::vector<scenario::RankResult> rest(int rank) const {
+    std::vector<scenario::RankResult> results;
+    for (std::size_t r = next_;; ++r) {
+      auto result = readRankResult(repetitionResultFile(stem(rank), r), rank);
+      if (!result) return results;
+      results.push_back(std::move(*result));
+    }
+  }
+
+  // Hands on the next repetition and removes its files.
+  void hand(std::vector<scenario::RankResult> ranks) {
+    if (onRepetition_) onRepetition_(std::move(ranks));
+    for (int rank = 0; rank < world_; ++rank) {
+      std::error_code ec;
+      fs::remove(repetitionResultFile(stem(rank), next_), ec);
+    }
+    ++next_;
+  }
+  std::size_t handedOn() const noexcept { return next_; }
+
+ private:
+  const RunFolder& folder_;
+  int world_;
+  const std::function<void(std::vector<scenario::RankResult>)>& onRepetition_;
+  std::size_t next_ = 0;
+};
 
 // A dead rank's last heartbeat in its result: its last completed collective and the one it was
 // in, for the hang diagnosis ("last completed 'recycle' #80"), and where it was.
@@ -275,6 +339,7 @@ LocalLaunchResult launchLocalRanks(const scenario::Scenario& scenario,
   int glooPort = collective::freeLoopbackPort();
   if (glooPort == port) glooPort = collective::freeLoopbackPort();
 
+  RepetitionFiles files(folder, world, options.onRepetition);
   // The caller's SignalScope records Ctrl-C, SIGTERM and SIGHUP (pendingSignal()).
   ProcessGroup ranks;
   for (int rank = 0; rank < world; ++rank) {
@@ -286,7 +351,7 @@ LocalLaunchResult launchLocalRanks(const scenario::Scenario& scenario,
     launch.masterPort = port;
     launch.glooPort = glooPort;
     launch.agentHostsStore = false;
-    launch.resultFile = (folder / fmt::format("rank{}.json", rank)).string();
+    launch.resultFile = files.stem(rank);
     std::vector<std::string> args = launch.toArgs();
     args.insert(args.begin(), options.executable);
     ranks.spawn(args);
@@ -366,26 +431,30 @@ LocalLaunchResult launchLocalRanks(const scenario::Scenario& scenario,
       result.interrupted = true;
       ranks.stopNow();
     }
+    files.handOnReady();
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
+  files.handOnReady();
 
   const auto flights = liaison ? liaison->flights() : std::map<int, diagnostics::PublishedFlight>{};
   const auto heartbeats =
       liaison ? liaison->lastHeartbeats() : std::map<int, diagnostics::Heartbeat>{};
   liaison.reset();
   glooLiaison.reset();
+  // The repetitions not every rank finished (and the first one, when no rank wrote any).
   std::vector<std::vector<scenario::RankResult>> byRank(world);
-  std::size_t repetitions = 1;
+  std::size_t repetitions = files.handedOn() == 0 ? 1 : 0;
   for (int rank = 0; rank < world; ++rank) {
-    byRank[rank] = readRankResults(folder / fmt::format("rank{}.json", rank), rank);
+    byRank[rank] = files.rest(rank);
     repetitions = std::max(repetitions, byRank[rank].size());
   }
   // A rank that died in repetition k left results for the ones before: it is missing from k on.
-  result.repetitions.assign(repetitions, std::vector<scenario::RankResult>(world));
+  std::vector<std::vector<scenario::RankResult>> rest(repetitions,
+                                                      std::vector<scenario::RankResult>(world));
   for (int rank = 0; rank < world; ++rank) {
     const std::string status = describeWaitStatus(*ranks.status(rank), kCrashExitStatus);
     for (std::size_t r = 0; r < repetitions; ++r) {
-      auto& slot = result.repetitions[r][rank];
+      auto& slot = rest[r][rank];
       if (r < byRank[rank].size()) {
         slot = std::move(byRank[rank][r]);  // a rank stopped by a signal says where itself
       } else {
@@ -399,6 +468,8 @@ LocalLaunchResult launchLocalRanks(const scenario::Scenario& scenario,
       }
     }
   }
+  for (auto& ranksOfRepetition : rest) files.hand(std::move(ranksOfRepetition));
+  result.repetitions = files.handedOn();
   return result;
 }
 

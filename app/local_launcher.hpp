@@ -14,6 +14,8 @@
 //
 // Test hook: HMC_LAUNCH_PID_FILE=PATH writes the rank processes' pids there, one a line.
 
+#include <cstddef>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -32,13 +34,17 @@ struct LocalLaunchOptions {
   // The scenario file's bytes as the parent read and parsed them: the ranks run exactly these.
   std::string scenarioText;
   std::optional<int> masterPort;  // --master-port: the control store's port (else a free one)
+  // Called on the launcher's thread with each repetition's results, every rank's in rank order
+  // (a rank that died without one is a crashed rank with its exit status), in the order of the
+  // repetitions: while the ranks run, as soon as every rank has written its result of the next
+  // repetition, and for the rest once every rank has exited. The launcher keeps none of them
+  // (a long --repetitions run stays flat).
+  std::function<void(std::vector<scenario::RankResult>)> onRepetition;
 };
 
 struct LocalLaunchResult {
-  // One entry per repetition, each with every rank's result (a rank that died without one is
-  // a crashed rank with its exit status).
-  std::vector<std::vector<scenario::RankResult>> repetitions;
-  bool interrupted = false;  // Ctrl-C, SIGTERM or SIGHUP stopped the run
+  std::size_t repetitions = 0;  // handed to onRepetition (at least one)
+  bool interrupted = false;     // Ctrl-C, SIGTERM or SIGHUP stopped the run
 };
 
 // Blocks until every rank process has exited. Throws RuntimeError when a rank cannot be

@@ -271,9 +271,10 @@ PreparedScenario prepareScenario(const std::string& file, const RunOptions& opti
   return prepared;
 }
 
-// Every rank's results, per repetition.
+// Every rank's results, per repetition, folded into the report as each repetition ends (the
+// report's samples and the repetition it shows, not every result: scripts/soak runs thousands).
 struct RanResults {
-  std::vector<std::vector<RankResult>> repetitions;
+  hmc::scenario::ReportBuilder repetitions;
   bool interrupted = false;
 };
 
@@ -308,16 +309,15 @@ RanResults runOnThreads(const PreparedScenario& prepared, const RunOptions& opti
       thread.join();
     }
   } join{done, watcher};
-  RanResults ran;
+  RanResults ran{hmc::scenario::ReportBuilder(scenario, plan.warmup)};
   for (int repetition = 0; repetition < options.repetitions && !interrupt.interrupted();
        ++repetition) {
-    ran.repetitions.push_back(hmc::scenario::runOnThreads(scenario, runOptions));
-    const auto& ranks = ran.repetitions.back();
+    auto ranks = hmc::scenario::runOnThreads(scenario, runOptions);
     // After a hang or a crash the world is not repeated (as with rank processes).
-    if (std::any_of(ranks.begin(), ranks.end(),
-                    [](const RankResult& rank) { return rank.hung || rank.crashed; })) {
-      break;
-    }
+    const bool last = std::any_of(ranks.begin(), ranks.end(),
+                                  [](const RankResult& rank) { return rank.hung || rank.crashed; });
+    ran.repetitions.add(std::move(ranks));
+    if (last) break;
   }
   ran.interrupted = interrupt.interrupted();
   return ran;
@@ -355,8 +355,8 @@ std::optional<RanResults> runPrepared(const std::string& file, const PreparedSce
                                             true, onInterrupted);
     // Rank 0 reports; another rank only when rank 0 is gone with the store (rank_process.hpp).
     if (!outcome.merged) return std::nullopt;
-    RanResults ran;
-    ran.repetitions = std::move(*outcome.merged);
+    RanResults ran{hmc::scenario::ReportBuilder(prepared.scenario, plan.warmup)};
+    for (auto& ranks : *outcome.merged) ran.repetitions.add(std::move(ranks));
     return ran;
   }
   if (plan.transport == Transport::kThreads) {
@@ -367,8 +367,12 @@ std::optional<RanResults> runPrepared(const std::string& file, const PreparedSce
   launchOptions.launch = rankLaunchFor(file, options, plan);
   launchOptions.scenarioText = prepared.text;
   launchOptions.masterPort = options.masterPort;
-  auto launched = hmc::app::launchLocalRanks(prepared.scenario, launchOptions);
-  return RanResults{std::move(launched.repetitions), launched.interrupted};
+  RanResults ran{hmc::scenario::ReportBuilder(prepared.scenario, plan.warmup)};
+  launchOptions.onRepetition = [&ran](std::vector<RankResult> ranks) {
+    ran.repetitions.add(std::move(ranks));
+  };
+  ran.interrupted = hmc::app::launchLocalRanks(prepared.scenario, launchOptions).interrupted;
+  return ran;
 }
 
 hmc::scenario::RunInfo runInfo(const RunPlan& plan, const hmc::scenario::Scenario& scenario,
@@ -521,9 +525,9 @@ int runScenarios(const RunOptions& options, const std::vector<std::string>& comm
     if (!ran) return 0;  // a non-reporting rank: rank 0 reports
     const double wall =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    ScenarioReport report = hmc::scenario::buildReport(
-        prepared.scenario, std::move(ran->repetitions), plan.warmup,
-        runInfo(plan, prepared.scenario, std::move(startedAt), wall, command));
+    ScenarioReport report =
+        std::move(ran->repetitions)
+            .build(runInfo(plan, prepared.scenario, std::move(startedAt), wall, command));
     report.interrupted = ran->interrupted;
     publish(report);
     overall = hmc::scenario::worse(overall, report.outcome);

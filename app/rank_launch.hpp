@@ -54,7 +54,8 @@ struct RankLaunch {
 
   // What to keep and where to put it.
   std::size_t flightCapacity = 64;
-  std::string resultFile;  // hmc-run's own launch: the rank writes its results here
+  // hmc-run's own launch: the stem of the rank's result files (repetitionResultFile).
+  std::string resultFile;
   std::string logLevel = "warn";
 
   // The `_rank` command line after the executable ("_rank", file, options...).

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <future>
 #include <map>
 #include <mutex>
@@ -141,6 +142,10 @@ std::string rankResultsDocument(const std::vector<scenario::RankResult>& results
   nlohmann::json repetitions = nlohmann::json::array();
   for (const auto& result : results) repetitions.push_back(scenario::toJson(result));
   return nlohmann::json{{"repetitions", std::move(repetitions)}}.dump();
+}
+
+std::string repetitionResultFile(const std::string& stem, std::size_t repetition) {
+  return fmt::format("{}.{}.json", stem, repetition);
 }
 
 std::vector<scenario::RankResult> parseRankResults(const std::string& text) {
@@ -321,9 +326,12 @@ std::vector<std::vector<scenario::RankResult>> gatherResults(
 }
 
 // What the rank has done so far, for the termination watcher (another thread): the finished
-// repetitions, and the current one's finished steps and flight recorder.
+// repetitions (kept only when `keepDone`: the store gathers them at the end; otherwise each
+// was handed on as it ended), and the current one's finished steps and flight recorder.
 class RankProgress {
  public:
+  explicit RankProgress(bool keepDone) : keepDone_(keepDone) {}
+
   void beginRepetition(std::shared_ptr<diagnostics::FlightRecorder> recorder) {
     std::lock_guard<std::mutex> lock(mutex_);
     steps_.clear();
@@ -333,21 +341,29 @@ class RankProgress {
     std::lock_guard<std::mutex> lock(mutex_);
     steps_.push_back(step);
   }
-  void repetitionDone(const scenario::RankResult& result) {
+  // `handOn` runs under the lock: a signal's snapshot sees the repetition either running or
+  // handed on, never both nor neither.
+  void repetitionDone(const scenario::RankResult& result, const std::function<void()>& handOn) {
     std::lock_guard<std::mutex> lock(mutex_);
-    done_.push_back(result);
+    if (handOn) handOn();
+    if (keepDone_) done_.push_back(result);
+    ++completed_;
     steps_.clear();
     recorder_.reset();
   }
 
-  // Every finished repetition, plus the current one as far as it got when `signal` stopped
+  struct Snapshot {
+    std::size_t first = 0;  // the repetition of results[0]
+    std::vector<scenario::RankResult> results;
+  };
+  // The finished repetitions kept, plus the current one as far as it got when `signal` stopped
   // the rank: a rank waiting in a collective records a hang there (so the report's hang
   // diagnosis says where it waited); otherwise it is a rank stopped in a step.
-  std::vector<scenario::RankResult> snapshot(const scenario::Scenario& scenario, int rank,
-                                             int signal) const {
+  Snapshot snapshot(const scenario::Scenario& scenario, int rank, int signal) const {
     std::lock_guard<std::mutex> lock(mutex_);
-    std::vector<scenario::RankResult> results = done_;
-    if (!recorder_) return results;
+    Snapshot snap{completed_ - done_.size(), done_};
+    std::vector<scenario::RankResult>& results = snap.results;
+    if (!recorder_) return snap;
     scenario::RankResult partial;
     partial.rank = rank;
     partial.steps = steps_;
@@ -387,11 +403,13 @@ class RankProgress {
       }
     }
     results.push_back(std::move(partial));
-    return results;
+    return snap;
   }
 
  private:
   mutable std::mutex mutex_;
+  bool keepDone_;
+  std::size_t completed_ = 0;
   std::vector<scenario::RankResult> done_;
   std::vector<scenario::StepResult> steps_;
   std::shared_ptr<diagnostics::FlightRecorder> recorder_;
@@ -446,7 +464,7 @@ void recordLostStore(scenario::RankResult& result, const std::string& host,
 RankProcessOutcome runRankProcess(const scenario::Scenario& scenario, const RankLaunch& launch,
                                   bool gatherOnRankZero, const InterruptedReport& onInterrupted) {
   const auto timeout = collective::timeoutFromSeconds(scenario.timeoutS);
-  RankProgress progress;
+  RankProgress progress(gatherOnRankZero);
   std::mutex storeMutex;
   std::shared_ptr<collective::KeyValueStore> evidenceStore;  // the watcher's own connection
   // Under a launcher: results that need no store (evidence_folder.hpp). The reporting rank is
@@ -476,9 +494,14 @@ RankProcessOutcome runRankProcess(const scenario::Scenario& scenario, const Rank
     } else if (int nobody = kNobody; !handingOn.compare_exchange_strong(nobody, kWatcher)) {
       return false;
     }
-    const auto results = progress.snapshot(scenario, launch.rank, signal);
+    const auto snap = progress.snapshot(scenario, launch.rank, signal);
+    const auto& results = snap.results;
     if (!gatherOnRankZero) {
-      scenario::writeOutputFile(launch.resultFile, rankResultsDocument(results));
+      // Only the current repetition's: the finished ones are in their files.
+      if (!results.empty()) {
+        scenario::writeOutputFile(repetitionResultFile(launch.resultFile, snap.first),
+                                  rankResultsDocument(results));
+      }
       return true;
     }
     const std::string document = rankResultsDocument(results);
@@ -631,6 +654,7 @@ RankProcessOutcome runRankProcess(const scenario::Scenario& scenario, const Rank
   bool everyoneClean = true;
   std::string storeLost;  // the store's error, once a store request failed
   for (int repetition = 0; repetition < launch.repetitions && everyoneClean; ++repetition) {
+    scenario::RankResult result;
     scenario::RankEnvironment env;
     env.collective = transport.collective;
     env.recorder = std::make_shared<diagnostics::FlightRecorder>(launch.flightCapacity, env.epoch);
@@ -675,13 +699,20 @@ RankProcessOutcome runRankProcess(const scenario::Scenario& scenario, const Rank
       }
       watch.dumpSignal = SIGUSR1;
       diagnostics::Watchdog watchdog(env.recorder, transport.control->keyValueStore(), watch);
-      outcome.results.push_back(scenario::runRank(scenario, env));
+      result = scenario::runRank(scenario, env);
     }
-    if (!storeLost.empty())
-      recordLostStore(outcome.results.back(), storeHostName(launch), storeLost);
-    progress.repetitionDone(outcome.results.back());
-    if (!gatherOnRankZero) {
-      scenario::writeOutputFile(launch.resultFile, rankResultsDocument(outcome.results));
+    if (!storeLost.empty()) recordLostStore(result, storeHostName(launch), storeLost);
+    if (gatherOnRankZero) {
+      progress.repetitionDone(result, nullptr);
+      outcome.results.push_back(std::move(result));
+    } else {
+      // hmc-run's launcher reads it from there and removes it: a long --repetitions run holds
+      // no past repetition here nor in the launcher (scripts/soak).
+      progress.repetitionDone(result, [&] {
+        scenario::writeOutputFile(
+            repetitionResultFile(launch.resultFile, static_cast<std::size_t>(repetition)),
+            rankResultsDocument({result}));
+      });
     }
     // After a hang or a crash (every rank knows from the vote) there is no world to repeat
     // with.

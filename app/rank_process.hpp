@@ -5,6 +5,7 @@
 // deadline, agrees on each repetition's end-of-run shutdown out of band through the store (not
 // waiting for ranks announced dead), and hands its results on.
 
+#include <cstddef>
 #include <functional>
 #include <map>
 #include <optional>
@@ -18,9 +19,10 @@
 
 namespace hmc::app {
 
-// What a rank process produced: its results, one per repetition; `merged` is set on rank 0 of
-// an external launch, which gathers every rank's results through the store
-// (merged[repetition][rank]).
+// What a rank process produced: under an external launch (gatherOnRankZero) its results, one
+// per repetition, and on rank 0 `merged`, every rank's results gathered through the store
+// (merged[repetition][rank]). Under hmc-run's own launch `results` stays empty: each
+// repetition's result goes to its own file as it ends (repetitionResultFile) and is dropped.
 struct RankProcessOutcome {
   std::vector<scenario::RankResult> results;
   std::optional<std::vector<std::vector<scenario::RankResult>>> merged;
@@ -35,8 +37,12 @@ inline constexpr int kCrashExitStatus = 17;
 scenario::RankResult missingRankResult(int rank, std::string reason, std::string leakReason,
                                        const std::map<int, diagnostics::PublishedFlight>& flights);
 
-// The document a rank writes to its result file and to the store: every repetition's result.
+// The document a rank writes to its result file and to the store: every repetition's result
+// (to the store), or one repetition's (to that repetition's file).
 std::string rankResultsDocument(const std::vector<scenario::RankResult>& results);
+// Under hmc-run's own launch, the file a rank writes its result of `repetition` (0-based) to:
+// "<stem>.<repetition>.json", `stem` being RankLaunch::resultFile.
+std::string repetitionResultFile(const std::string& stem, std::size_t repetition);
 // Reads that document back. Throws (nlohmann::json or ValueError) on a malformed one.
 std::vector<scenario::RankResult> parseRankResults(const std::string& text);
 
@@ -58,8 +64,10 @@ using InterruptedReport = std::function<void(std::vector<std::vector<scenario::R
 // result file, or the store), rank 0 of an external launch then calls `onInterrupted`, and
 // the process exits with 128 + the signal within a few seconds. `gatherOnRankZero`: rank 0 collects
 // every rank's results through the store (external launchers); otherwise each rank writes its
-// results to launch.resultFile after every repetition (hmc-run's own launch reads them). The
-// `crash` fault ends the process at once with kCrashExitStatus.
+// result of every repetition to that repetition's file as it ends (repetitionResultFile; a
+// signal writes the current repetition's as far as it got) and keeps none (hmc-run's own
+// launch reads and removes them). The `crash` fault ends the process at once with
+// kCrashExitStatus.
 RankProcessOutcome runRankProcess(const scenario::Scenario& scenario, const RankLaunch& launch,
                                   bool gatherOnRankZero,
                                   const InterruptedReport& onInterrupted = nullptr);

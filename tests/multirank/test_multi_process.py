@@ -6,9 +6,9 @@ Usage: test_multi_process.py HMC_RUN SOURCE_DIR [-k NAME] [--no-gloo]
 Covers the local launcher with the tcp, store and gloo transports (2 and 4 ranks), a crashed rank
 (rank_failure within the deadline), the store's host (rank 0) and another rank killed with
 SIGKILL in the middle of a run, a skipped close (hang diagnosis), launches under
-simulated torchrun / srun / mpirun variables, and that no rank process outlives a run or a
-Ctrl-C. Every wait is bounded; a hmc-run still running at its bound is killed with its whole
-process group. Python 3 standard library only. Prints "N passed, N failed" last.
+simulated torchrun / srun / mpirun variables, --repetitions (every repetition reported, no
+result file left), and that no rank process outlives a run or a Ctrl-C. Every wait is
+bounded; a hmc-run still running at its bound is killed with its whole process group. Python 3 standard library only. Prints "N passed, N failed" last.
 """
 
 import json
@@ -444,6 +444,57 @@ def ctrl_c_stops_every_rank_process():
     assert took < 5, f"hmc-run took {took:.1f} s to stop after SIGINT"
     left = [pid for pid in pids if alive(pid)]
     assert not left, f"rank processes {left} outlived hmc-run"
+
+
+# (g) --repetitions over rank processes: each repetition's results are handed to hmc-run as it
+# ends (one file per rank and repetition, removed once read); the report holds every one.
+@test
+def repetitions_are_reported_whole_and_leave_no_file():
+    steps = [{"op": "create", "module": "a"}, {"op": "forward", "module": "a"},
+             {"op": "drop", "module": "a"}, {"op": "sleep", "seconds": 0.3}]
+    path = scenario("repeated", steps)
+    tmpdir = tempfile.mkdtemp(prefix="tmpdir-", dir=TMP)
+    run = hmc([path, "--transport", "tcp", "--repetitions", "5"], env={"TMPDIR": tmpdir})
+    assert run.returncode == 0, run
+    samples = run.report["samples"]
+    assert samples["repetitions"] == 5 and samples["warmup"] == 1, samples
+    fresh = samples["metrics"]["fresh_bind"]["per_repetition"]
+    assert [len(values) for values in fresh] == [2] * 5, fresh  # one bind per rank each time
+    assert len(run.report["ranks"]) == 2 and run.report["timings"]["fresh_bind"]["count"] == 8
+    assert_no_rank_left(run)
+    assert not os.listdir(tmpdir), os.listdir(tmpdir)
+
+    # Ctrl-C in the middle: the finished repetitions and the current one as far as it got.
+    pid_file = os.path.join(TMP, "pids-repetitions")
+    report_path = os.path.join(TMP, "report-repetitions.json")
+    proc = start([path, "--transport", "tcp", "--repetitions", "1000", "--report", report_path],
+                 env={"TMPDIR": tmpdir}, pid_file=pid_file)
+    try:
+        end = time.monotonic() + 60
+        while not (len(read_pids(pid_file)) == 2 and all(alive(p) for p in read_pids(pid_file))):
+            assert time.monotonic() < end and proc.poll() is None, "the ranks did not start"
+            time.sleep(0.05)
+        time.sleep(6)  # loaded and connected (~2-3 s, more under load), then ~0.3 s each
+        os.kill(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    except BaseException:
+        kill_tree(proc, pid_file)
+        proc.communicate()
+        raise
+    assert proc.returncode == 130, f"exit {proc.returncode}\n{out}\n{err[-2000:]}"
+    with open(report_path) as f:
+        report = json.load(f)
+    assert report.get("interrupted") is True, report.keys()
+    # Every repetition finished before the signal (usually several; none on a loaded machine
+    # where LibTorch loads slowly), then the one it stopped (a rank may be one ahead of the
+    # other: the last two may lack a rank's values).
+    repetitions = report["samples"]["repetitions"]
+    assert all(len(v) == repetitions for v in
+               (m["per_repetition"] for m in report["samples"]["metrics"].values()))
+    fresh = report["samples"]["metrics"]["fresh_bind"]["per_repetition"]
+    assert all(len(values) == 2 for values in fresh[:-2]), fresh
+    assert len(report["ranks"]) == 2, report["ranks"]
+    assert not os.listdir(tmpdir), os.listdir(tmpdir)
 
 
 def main():

@@ -300,6 +300,84 @@ TEST_SUITE("report") {
     CHECK(report.samples.warmup == 1);
   }
 
+  TEST_CASE("a report built one repetition at a time equals the report of them all") {
+    auto run = [](double bind, StepStatus status, bool expected, bool withStage) {
+      RankResult r = rank(
+          0, {step(0, Op::kCreate, StepStatus::kOk), step(1, Op::kCloseAll, status, expected)});
+      r.timings.freshBind = {bind};
+      if (withStage) r.timings.collectives["recycle"] = {bind / 2, bind / 4};
+      RankResult other =
+          rank(1, {step(0, Op::kCreate, StepStatus::kOk), step(1, Op::kCloseAll, StepStatus::kOk)});
+      other.timings.reusedBind = {bind * 3};
+      return std::vector<RankResult>{r, other};
+    };
+    // A stage seen only in the middle repetition; the second and fourth do not pass.
+    const std::vector<std::vector<RankResult>> repetitions = {
+        run(1.0, StepStatus::kOk, true, false), run(2.0, StepStatus::kError, false, true),
+        run(3.0, StepStatus::kOk, true, false), run(4.0, StepStatus::kHang, false, false)};
+    const Scenario scenario = twoSteps();
+    ReportBuilder builder(scenario, 1);
+    for (const auto& ranks : repetitions) builder.add(ranks);
+    CHECK(builder.repetitions() == 4);
+    const ScenarioReport streamed = std::move(builder).build(RunInfo{});
+    const ScenarioReport whole = buildReport(scenario, repetitions, 1, RunInfo{});
+    CHECK(toJson(streamed) == toJson(whole));
+    CHECK((streamed.outcome == Outcome::kHang));
+    CHECK(streamed.shownRepetition == 1);  // the first that did not pass
+    CHECK((streamed.ranks[0].steps[1].status == StepStatus::kError));
+    const auto& recycle = streamed.samples.metrics.at("collective/recycle").perRepetition;
+    CHECK(recycle == std::vector<std::vector<double>>{{}, {1.0, 0.5}, {}, {}});
+    CHECK(streamed.timings.exchange.count == 2);
+
+    ReportBuilder passing(scenario, 0);
+    passing.add(repetitions[0]);
+    passing.add(repetitions[2]);
+    const ScenarioReport last = std::move(passing).build(RunInfo{});
+    CHECK(last.shownRepetition == 1);  // all passed: the latest
+    CHECK(last.ranks[0].timings.freshBind == std::vector<double>{3.0});
+    CHECK_THROWS_AS(ReportBuilder(scenario, 0).build(RunInfo{}), hmc::ValueError);
+  }
+
+  TEST_CASE("past the kept values a repetition keeps its median, and timings stay within 1 %") {
+    // 100000 values a repetition: the third one would pass kKeptSampleValues.
+    static_assert(2 * 100000 <= kKeptSampleValues && 3 * 100000 > kKeptSampleValues);
+    auto run = [](double scale) {
+      RankResult r =
+          rank(0, {step(0, Op::kCreate, StepStatus::kOk), step(1, Op::kCloseAll, StepStatus::kOk)});
+      for (int k = 1; k <= 100000; ++k) r.timings.freshBind.push_back(scale * k);
+      return std::vector<RankResult>{r};
+    };
+    const Scenario scenario = twoSteps();
+    ReportBuilder builder(scenario, 1);
+    std::vector<double> exact;
+    for (int r = 0; r < 5; ++r) {
+      auto ranks = run(1e-6 * (r + 1));
+      const auto& values = ranks[0].timings.freshBind;
+      if (r >= 1) exact.insert(exact.end(), values.begin(), values.end());
+      builder.add(std::move(ranks));
+    }
+    const ScenarioReport report = std::move(builder).build(RunInfo{});
+    REQUIRE(report.samples.summarizedFrom == 2);
+    const auto& fresh = report.samples.metrics.at("fresh_bind").perRepetition;
+    REQUIRE(fresh.size() == 5);
+    CHECK(fresh[1].size() == 100000);
+    const double scale = 1e-6 * 3;  // the mean of the middle two
+    CHECK(fresh[2] == std::vector<double>{(scale * 50000 + scale * 50001) / 2});
+    CHECK(fresh[4].size() == 1);
+    const json document = toJson(report);
+    CHECK(document["samples"]["summarized_from"] == 2);
+    CHECK(document["timings"]["approximate"] == true);
+    const TimingStats want = timingStats(exact);
+    CHECK(report.timings.freshBind.count == want.count);
+    CHECK(*report.timings.freshBind.max == *want.max);
+    CHECK(*report.timings.freshBind.p50 == doctest::Approx(*want.p50).epsilon(0.01));
+    CHECK(*report.timings.freshBind.p95 == doctest::Approx(*want.p95).epsilon(0.01));
+    // Within the budget: exact, and no trace of the summary in the document.
+    const json whole = toJson(buildReport(scenario, {run(1e-6)}, RunInfo{}));
+    CHECK_FALSE(whole["samples"].contains("summarized_from"));
+    CHECK_FALSE(whole["timings"].contains("approximate"));
+  }
+
   TEST_CASE("a labelled repeat step gives per-cycle samples") {
     Scenario scenario = twoSteps();
     scenario.steps[1].op = Op::kRepeat;

@@ -4,7 +4,11 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <cstdint>
+#include <deque>
+#include <memory>
 
 #include "hmc/config.hpp"
 #include "hmc/diagnostics/hang_diagnosis.hpp"
@@ -121,9 +125,11 @@ json samplesJson(const Samples& samples) {
   for (const auto& [name, metric] : samples.metrics) {
     metrics[name] = {{"unit", metric.unit}, {"per_repetition", metric.perRepetition}};
   }
-  return {{"repetitions", samples.repetitions},
-          {"warmup", samples.warmup},
-          {"metrics", std::move(metrics)}};
+  json out = {{"repetitions", samples.repetitions},
+              {"warmup", samples.warmup},
+              {"metrics", std::move(metrics)}};
+  if (samples.summarizedFrom) out["summarized_from"] = *samples.summarizedFrom;
+  return out;
 }
 
 }  // namespace
@@ -214,11 +220,143 @@ ScenarioReport buildReport(const Scenario& scenario, std::vector<RankResult> ran
   return buildReport(scenario, std::move(repetitions), 0, std::move(info));
 }
 
-ScenarioReport buildReport(const Scenario& scenario,
-                           std::vector<std::vector<RankResult>> repetitions, int warmup,
-                           RunInfo info) {
-  if (repetitions.empty()) throw ValueError("buildReport: no repetition to report");
-  warmup = std::clamp(warmup, 0, static_cast<int>(repetitions.size()) - 1);
+namespace {
+
+// Nearest-rank percentiles of any number of values in bounded memory: logarithmic buckets,
+// bucket i holding the values in (kGamma^(i-1), kGamma^i]; a bucket's value is within
+// (kGamma - 1) / (kGamma + 1) < 1 % of every value in it. Count, min and max are exact. From
+// 1 ns to 1 h a metric has at most ~1500 buckets.
+class LogHistogram {
+ public:
+  void add(double value) {
+    ++count_;
+    min_ = count_ == 1 ? value : std::min(min_, value);
+    max_ = count_ == 1 ? value : std::max(max_, value);
+    if (value > 0) {
+      ++buckets_[static_cast<int>(std::ceil(std::log(value) / std::log(kGamma)))];
+    } else {
+      ++nonPositive_;
+    }
+  }
+
+  // timingStats's figures, p50 and p95 from the buckets.
+  TimingStats stats() const {
+    TimingStats stats;
+    stats.count = count_;
+    if (count_ == 0) return stats;
+    auto rank = [&](double q) {
+      const auto wanted = static_cast<std::uint64_t>(std::ceil(q * static_cast<double>(count_)));
+      std::uint64_t seen = nonPositive_;
+      if (seen >= wanted) return std::clamp(0.0, min_, max_);
+      for (const auto& [index, inBucket] : buckets_) {
+        seen += inBucket;
+        if (seen >= wanted) {
+          return std::clamp(2 * std::pow(kGamma, index) / (kGamma + 1), min_, max_);
+        }
+      }
+      return max_;
+    };
+    stats.p50 = rank(0.5);
+    stats.p95 = rank(0.95);
+    stats.max = max_;
+    return stats;
+  }
+
+ private:
+  static constexpr double kGamma = 1.02;
+  std::map<int, std::uint64_t> buckets_;
+  std::uint64_t nonPositive_ = 0;
+  std::uint64_t count_ = 0;
+  double min_ = 0;
+  double max_ = 0;
+};
+
+// The metrics behind `timings`.
+constexpr std::array<const char*, 4> kTimingMetrics = {"fresh_bind", "reused_bind", "close",
+                                                       "exchange"};
+
+// The median as `hmc-run compare` takes it from a repetition (the mean of the two middle
+// values for an even count).
+double medianOf(std::vector<double> values) {
+  const std::size_t middle = values.size() / 2;
+  std::nth_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(middle),
+                   values.end());
+  const double upper = values[middle];
+  if (values.size() % 2 == 1) return upper;
+  return (*std::max_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(middle)) +
+          upper) /
+         2;
+}
+
+}  // namespace
+
+struct ReportBuilder::Kept {
+  // One metric: its values repetition after repetition (a deque: no doubling copy as it
+  // grows), ends[r] one past repetition r's last.
+  struct Metric {
+    std::deque<double> values;
+    std::vector<std::uint32_t> ends;
+  };
+  std::map<std::string, Metric> metrics;
+  std::size_t whole = 0;  // values kept whole
+  std::optional<std::size_t> summarizedFrom;
+  std::map<std::string, LogHistogram> measured;  // kTimingMetrics, measured repetitions
+  // The latest repetition's values while it is a warm-up one: timings when the run ends
+  // within its warm-up (the last repetition is measured then).
+  std::map<std::string, std::vector<double>> latest;
+};
+
+ReportBuilder::ReportBuilder(const Scenario& scenario, int warmup)
+    : scenario_(&scenario), warmup_(warmup), kept_(std::make_unique<Kept>()) {}
+ReportBuilder::~ReportBuilder() = default;
+ReportBuilder::ReportBuilder(ReportBuilder&&) noexcept = default;
+ReportBuilder& ReportBuilder::operator=(ReportBuilder&&) noexcept = default;
+
+void ReportBuilder::add(std::vector<RankResult> ranks) {
+  const std::size_t r = count_++;
+  const Outcome outcome = computeOutcome(*scenario_, ranks);
+  const bool firstNotPassing = outcome != Outcome::kPass && outcome_ == Outcome::kPass;
+  outcome_ = worse(outcome_, outcome);
+  Kept& kept = *kept_;
+  auto metrics = samplesOf(*scenario_, ranks);
+  std::size_t values = 0;
+  for (const auto& [name, samples] : metrics) values += samples.size();
+  if (!kept.summarizedFrom && kept.whole + values > kKeptSampleValues) kept.summarizedFrom = r;
+  if (!kept.summarizedFrom) kept.whole += values;
+  if (static_cast<int>(r) >= warmup_) {
+    for (const char* name : kTimingMetrics) {
+      for (double value : metrics[name]) kept.measured[name].add(value);
+    }
+  }
+  for (auto& [name, samples] : metrics) {
+    auto& metric = kept.metrics[name];
+    const auto end = static_cast<std::uint32_t>(metric.values.size());
+    metric.ends.resize(r, end);  // a metric new in this repetition: none before
+    if (!kept.summarizedFrom) {
+      metric.values.insert(metric.values.end(), samples.begin(), samples.end());
+    } else if (!samples.empty()) {
+      metric.values.push_back(medianOf(samples));
+    }
+    metric.ends.push_back(static_cast<std::uint32_t>(metric.values.size()));
+  }
+  if (static_cast<int>(r) < warmup_) {
+    kept.latest = std::move(metrics);
+  } else {
+    kept.latest.clear();
+  }
+  // The shown repetition: the first that did not pass, once there is one; until then the
+  // latest (the last one in the end).
+  if (firstNotPassing || outcome_ == Outcome::kPass) {
+    shown_ = r;
+    shownRanks_ = std::move(ranks);
+  }
+}
+
+ScenarioReport ReportBuilder::build(RunInfo info) && {
+  if (count_ == 0) throw ValueError("buildReport: no repetition to report");
+  const Scenario& scenario = *scenario_;
+  Kept& kept = *kept_;
+  const int warmup = std::clamp(warmup_, 0, static_cast<int>(count_) - 1);
   ScenarioReport report;
   report.name = scenario.name;
   report.file = scenario.file;
@@ -229,26 +367,28 @@ ScenarioReport buildReport(const Scenario& scenario,
     report.steps.push_back(StepOutline{step.op, step.module, step.label});
   }
   report.info = std::move(info);
-  report.samples.repetitions = static_cast<int>(repetitions.size());
+  report.samples.repetitions = static_cast<int>(count_);
   report.samples.warmup = warmup;
-
-  std::size_t shown = repetitions.size() - 1;
-  report.outcome = Outcome::kPass;
+  if (kept.summarizedFrom) report.samples.summarizedFrom = static_cast<int>(*kept.summarizedFrom);
+  report.outcome = outcome_;
   std::map<std::string, std::vector<double>> measured;  // pooled over measured repetitions
-  for (std::size_t r = 0; r < repetitions.size(); ++r) {
-    const Outcome outcome = computeOutcome(scenario, repetitions[r]);
-    if (outcome != Outcome::kPass && report.outcome == Outcome::kPass) shown = r;
-    report.outcome = worse(report.outcome, outcome);
-    auto metrics = samplesOf(scenario, repetitions[r]);
-    for (auto& [name, values] : metrics) {
-      auto& metric = report.samples.metrics[name];
-      metric.perRepetition.resize(repetitions.size());
-      if (static_cast<int>(r) >= warmup) append(measured[name], values);
-      metric.perRepetition[r] = std::move(values);
+  for (auto& [name, metric] : kept.metrics) {
+    metric.ends.resize(count_, static_cast<std::uint32_t>(metric.values.size()));
+    auto& samples = report.samples.metrics[name];
+    samples.perRepetition.resize(count_);
+    auto& pooled = measured[name];
+    std::uint32_t begin = 0;
+    for (std::size_t r = 0; r < count_; ++r) {
+      const auto from = metric.values.begin() + begin;
+      const auto to = metric.values.begin() + metric.ends[r];
+      samples.perRepetition[r].assign(from, to);
+      if (static_cast<int>(r) >= warmup) pooled.insert(pooled.end(), from, to);
+      begin = metric.ends[r];
     }
+    metric = {};
   }
-  report.ranks = std::move(repetitions[shown]);
-  report.shownRepetition = static_cast<int>(shown);
+  report.ranks = std::move(shownRanks_);
+  report.shownRepetition = static_cast<int>(shown_);
 
   for (const auto& rank : report.ranks) {
     report.leaked = report.leaked || rank.leaks.leaked();
@@ -264,10 +404,18 @@ ScenarioReport buildReport(const Scenario& scenario,
       report.mismatches.push_back(std::move(mismatch));
     }
   }
-  report.timings.freshBind = timingStats(measured["fresh_bind"]);
-  report.timings.reusedBind = timingStats(measured["reused_bind"]);
-  report.timings.close = timingStats(measured["close"]);
-  report.timings.exchange = timingStats(measured["exchange"]);
+  // Exact from the values kept whole; past the budget from the buckets (every measured
+  // value went there), unless the run ended in its warm-up (the last repetition is measured).
+  auto stats = [&](const char* name) {
+    if (!kept.summarizedFrom) return timingStats(std::move(measured[name]));
+    if (static_cast<int>(count_) <= warmup_) return timingStats(std::move(kept.latest[name]));
+    return kept.measured[name].stats();
+  };
+  report.timings.freshBind = stats("fresh_bind");
+  report.timings.reusedBind = stats("reused_bind");
+  report.timings.close = stats("close");
+  report.timings.exchange = stats("exchange");
+  report.timings.approximate = kept.summarizedFrom && static_cast<int>(count_) > warmup_;
   if (report.timings.freshBind.p50 && report.timings.reusedBind.p50 &&
       *report.timings.reusedBind.p50 > 0) {
     report.timings.reuseSpeedupP50 = *report.timings.freshBind.p50 / *report.timings.reusedBind.p50;
@@ -284,6 +432,14 @@ ScenarioReport buildReport(const Scenario& scenario,
     report.hang = std::move(section);
   }
   return report;
+}
+
+ScenarioReport buildReport(const Scenario& scenario,
+                           std::vector<std::vector<RankResult>> repetitions, int warmup,
+                           RunInfo info) {
+  ReportBuilder builder(scenario, warmup);
+  for (auto& ranks : repetitions) builder.add(std::move(ranks));
+  return std::move(builder).build(std::move(info));
 }
 
 ScenarioReport invalidReport(const std::string& file, const std::string& name,
@@ -337,6 +493,7 @@ json toJson(const ScenarioReport& report) {
   if (report.timings.reuseSpeedupP50) {
     timings["reuse_speedup_p50"] = *report.timings.reuseSpeedupP50;
   }
+  if (report.timings.approximate) timings["approximate"] = true;
   out["timings"] = std::move(timings);
   if (report.hang) {
     json flights = json::array();

@@ -4,7 +4,9 @@
 // (docs/scenario-format.md) and the reporters (reporters.hpp) read the struct. Like
 // google/benchmark's Run: a failed, hung or invalid scenario is a report too, never a crash.
 
+#include <cstddef>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -53,6 +55,10 @@ struct Timings {
   TimingStats close;
   TimingStats exchange;                   // every collective
   std::optional<double> reuseSpeedupP50;  // fresh p50 / reused p50, when both exist
+  // The run recorded more values than the report keeps (Samples::summarizedFrom): p50 and p95
+  // come from logarithmic buckets and lie within 1 % of the nearest-rank value; count and max
+  // are exact.
+  bool approximate = false;
 };
 
 // The first manifest entry (or the signature) where a rank differs from rank 0.
@@ -105,6 +111,10 @@ struct Samples {
   int repetitions = 1;
   int warmup = 0;
   std::map<std::string, MetricSamples> metrics;
+  // Set when the run recorded more than kKeptSampleValues values: from this repetition on,
+  // each metric's per_repetition entry holds one value, the median of that repetition's
+  // values (what `hmc-run compare` takes from a repetition), instead of every value.
+  std::optional<int> summarizedFrom;
 };
 
 // A top-level step of the scenario as tables show it.
@@ -143,6 +153,45 @@ Outcome computeOutcome(const Scenario& scenario, const std::vector<RankResult>& 
 // "rank 0 waits in 'close validation' #3 (step 4); rank 1 never arrived: last completed
 // 'recycle' #2 (step 1), finished its steps". Empty when no rank hung.
 std::string diagnoseHang(const std::vector<RankResult>& ranks);
+
+// The timing values a report keeps whole (all metrics and repetitions together, 2 MiB);
+// a run that records more keeps one value per metric and repetition from then on
+// (Samples::summarizedFrom).
+inline constexpr std::size_t kKeptSampleValues = std::size_t{1} << 18;
+
+// Builds the report of a run of several repetitions one repetition at a time, keeping only
+// what the report needs: the outcome so far, every rank's whole result of the repetition the
+// report shows (the first that did not pass, else the latest), each repetition's timing
+// values up to kKeptSampleValues in all, then each repetition's median per metric, and
+// bounded percentile buckets for `timings`. A long `--repetitions` run (scripts/soak) hands
+// each repetition over as it ends and drops it: past the budget memory grows by about 12
+// bytes per metric and repetition. Within the budget the report is the one buildReport gives
+// for the same repetitions. Not thread-safe; `scenario` must outlive the builder.
+class ReportBuilder {
+ public:
+  // `warmup`: the first repetitions not counted in timings (clamped as buildReport does).
+  ReportBuilder(const Scenario& scenario, int warmup);
+
+  // One repetition: every rank's result, in rank order.
+  void add(std::vector<RankResult> ranks);
+  std::size_t repetitions() const noexcept { return count_; }
+  // The report of the repetitions added. Throws ValueError when none was.
+  ScenarioReport build(RunInfo info) &&;
+  ~ReportBuilder();
+  ReportBuilder(ReportBuilder&&) noexcept;
+  ReportBuilder& operator=(ReportBuilder&&) noexcept;
+
+ private:
+  struct Kept;  // the samples as kept (report.cpp)
+
+  const Scenario* scenario_;
+  int warmup_;
+  std::size_t count_ = 0;
+  Outcome outcome_ = Outcome::kPass;
+  std::size_t shown_ = 0;
+  std::vector<RankResult> shownRanks_;
+  std::unique_ptr<Kept> kept_;
+};
 
 // The report of one run.
 ScenarioReport buildReport(const Scenario& scenario, std::vector<RankResult> ranks, RunInfo info);
