@@ -586,35 +586,36 @@ def listener_that_hangs_up(close_listener_first):
     return port, stop
 
 
+def rank_against_a_listener_that_hangs_up(close_listener_first):
+    """One rank joining a master whose listener hangs up (listener_that_hangs_up): it must fail
+    within the connect bound. Returns (port, stderr)."""
+    port, stop = listener_that_hangs_up(close_listener_first)
+    try:
+        code, out, err, seconds = one_rank(torchrun_vars(1, 2, port), CONNECT_DEADLINE_S, 60)
+    finally:
+        stop()
+    assert code != 0, (code, out, err)
+    assert seconds < CONNECT_BOUND_S, f"{seconds:.1f} s:\n{err}"
+    return port, err
+
+
 @test
 def a_store_that_goes_away_while_a_rank_connects_is_named_as_gone():
     # The probe's connection is closed unanswered and nothing listens any more: the store's host
     # died, which the message says, instead of blaming "another service".
-    port, stop = listener_that_hangs_up(close_listener_first=True)
-    try:
-        code, out, err, seconds = one_rank(torchrun_vars(1, 2, port), CONNECT_DEADLINE_S, 60)
-    finally:
-        stop()
-    assert code != 0, (code, out, err)
+    port, err = rank_against_a_listener_that_hangs_up(close_listener_first=True)
     assert f"the c10d store at 127.0.0.2:{port} went away while this rank connected" in err, err
     assert "another service" not in err, err
-    assert seconds < CONNECT_BOUND_S, f"{seconds:.1f} s:\n{err}"
 
 
 @test
 def a_listener_that_hangs_up_unanswered_is_named_as_another_service():
-    port, stop = listener_that_hangs_up(close_listener_first=False)
-    try:
-        code, out, err, seconds = one_rank(torchrun_vars(1, 2, port), CONNECT_DEADLINE_S, 60)
-    finally:
-        stop()
-    assert code != 0, (code, out, err)
+    port, err = rank_against_a_listener_that_hangs_up(close_listener_first=False)
     # A close or a reset (as the kernel delivers it), both with the other-service wording.
     assert re.search(rf"the listener at 127\.0\.0\.2:{port} (closed the connection instead of "
                      rf"answering|failed the c10d store's handshake)", err), err
     assert "another service holds that port" in err and "went away" not in err, err
     assert "internal error" not in err, err
-    assert seconds < CONNECT_BOUND_S, f"{seconds:.1f} s:\n{err}"
 
 
 @test
