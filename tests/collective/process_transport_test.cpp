@@ -82,6 +82,17 @@ TEST_SUITE("process transports") {
     }
   }
 
+  TEST_CASE("store: exchange key names reused round robin never hand out a stale value") {
+    for (int world : kWorlds) {
+      CAPTURE(world);
+      auto run = runRanks("store", world, "ring", 20s);
+      for (const auto& r : run.ranks) {
+        CHECK_MESSAGE(r.kind == "ok", describe(r));
+        CHECK(r.exitCode == 0);
+      }
+    }
+  }
+
   TEST_CASE("ranks entering different stages raise CollectiveMismatch on every rank") {
     for (const auto& transport : transports()) {
       for (int world : kWorlds) {

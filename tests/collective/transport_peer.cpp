@@ -125,7 +125,35 @@ void lifecycleScenario(std::shared_ptr<Collective> collective) {
   (void)tokenC;
 }
 
+// Many exchanges through a store transport whose key names come round every 3 exchanges (the
+// fewest allowed), ranks out of step by random sleeps: a name reused too early would hand a
+// peer the previous value, or a late delete would remove the new one (a hang).
+void ringScenario(const Args& args) {
+  hmc::collective::StoreTransportOptions options;
+  options.port = args.port;
+  options.rank = args.rank;
+  options.worldSize = args.world;
+  options.timeout = args.timeout;
+  options.keySlots = 3;
+  hmc::collective::StoreTransport c(options);
+  std::srand(static_cast<unsigned>(::getpid()));
+  for (int round = 0; round < 1000; ++round) {
+    if (std::rand() % 4 == 0) std::this_thread::sleep_for(std::chrono::microseconds(std::rand() % 3000));
+    const auto payload = [&](int peer) {
+      return Bytes(static_cast<std::size_t>(1 + (round * 7 + peer) % 50),
+                   static_cast<char>('a' + (round + peer) % 26));
+    };
+    const std::vector<Bytes> got = c.exchange("ring", payload(c.rank()));
+    for (int peer = 0; peer < args.world; ++peer) {
+      expect(got[peer] == payload(peer),
+             "round " + std::to_string(round) + ": payload of rank " + std::to_string(peer));
+    }
+  }
+  c.barrier();
+}
+
 void run(const Args& args) {
+  if (args.scenario == "ring") return ringScenario(args);
   auto collective = connect(args);
   Collective& c = *collective;
   const int last = args.world - 1;

@@ -113,6 +113,11 @@ void StoreTransportOptions::validate() const {
     throw ValueError(fmt::format("store timeout must be positive, got {} ms", timeout.count()));
   }
   if (prefix.empty()) throw ValueError("the store key prefix is empty");
+  if (keySlots < 3) {
+    throw ValueError(fmt::format(
+        "keySlots must be at least 3 (a name is reused once every rank read it), got {}",
+        keySlots));
+  }
 }
 
 }  // namespace hmc::collective
@@ -376,12 +381,27 @@ KeyJanitor::~KeyJanitor() {
   thread_.join();
 }
 
-void KeyJanitor::erase(std::string key) {
+void KeyJanitor::erase(std::uint64_t sequence, std::string key) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    keys_.push_back(std::move(key));
+    if (stop_) return;
+    keys_.push_back(Pending{sequence, std::move(key)});
   }
   wake_.notify_one();
+}
+
+std::optional<bool> KeyJanitor::settle(std::uint64_t through,
+                                       std::chrono::steady_clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  // Sequences are queued in increasing order: the front and the one in flight are the oldest.
+  const auto busy = [&] {
+    return (inFlight_ && *inFlight_ <= through) ||
+           (!keys_.empty() && keys_.front().sequence <= through);
+  };
+  if (!settled_.wait_until(lock, deadline, [&] { return !busy(); })) return std::nullopt;
+  const bool deleted = deleted_.count(through) > 0;
+  deleted_.erase(deleted_.begin(), deleted_.upper_bound(through));
+  return deleted;
 }
 
 void KeyJanitor::run() {
@@ -389,18 +409,28 @@ void KeyJanitor::run() {
   for (;;) {
     wake_.wait(lock, [&] { return stop_ || !keys_.empty(); });
     if (keys_.empty()) return;  // stopping with nothing left
-    std::string key = std::move(keys_.front());
+    Pending next = std::move(keys_.front());
     keys_.pop_front();
+    inFlight_ = next.sequence;
     lock.unlock();
+    bool failed = false;
     try {
-      store_->deleteKey(key);
+      store_->deleteKey(next.key);
     } catch (const std::exception&) {
-      // The server is gone: the exchange path reports that; stop deleting.
-      lock.lock();
-      keys_.clear();
-      return;
+      failed = true;  // the server is gone: the exchange path reports that
     }
     lock.lock();
+    inFlight_.reset();
+    if (failed) {
+      // Stop deleting: settle() then finds nothing in flight and the exchange deletes (or
+      // fails to) on its own connection.
+      keys_.clear();
+      stop_ = true;
+    } else {
+      deleted_.insert(next.sequence);
+    }
+    settled_.notify_all();
+    if (failed) return;
   }
 }
 
@@ -444,7 +474,8 @@ std::string deadKeyOf(const std::string& prefix, int rank) {
 }
 
 std::string StoreTransportState::exchangeKey(std::uint64_t sequence, int rank) const {
-  return fmt::format("{}/x/{}/{}", options.prefix, sequence, rank);
+  return fmt::format("{}/x/{}/{}", options.prefix,
+                     sequence % static_cast<std::uint64_t>(options.keySlots), rank);
 }
 
 void StoreTransportState::reconnect(std::string_view context) {
@@ -528,6 +559,23 @@ std::vector<Bytes> StoreTransport::gather(std::uint64_t sequence, std::string_vi
 
   bool waiting = false;
   try {
+    // Key names are reused every keySlots exchanges. Before this rank's key of `sequence` is
+    // written, its key of `sequence + 1 - keySlots` (the name exchange `sequence + 1` reuses;
+    // every rank read it, since every rank has finished `sequence - 2`) must be gone, so that
+    // no peer reads it as new, and no delete of an older value of these names may still be on
+    // its way to the server, where it would remove the new one.
+    const auto slots = static_cast<std::uint64_t>(s.options.keySlots);
+    if (sequence + 1 >= slots) {
+      const std::uint64_t stale = sequence + 1 - slots;
+      const std::optional<bool> deleted = s.janitor->settle(stale, deadline);
+      if (!deleted) {
+        throw TimeoutError(fmt::format(
+            "{}: this rank's deletes of exchange keys up to #{} had not reached the c10d store "
+            "at {} by the deadline ({}); the store answers too slowly (is its host overloaded?)",
+            context(), stale, s.endpoint(), formatSeconds(timeout())));
+      }
+      if (!*deleted) s.client->deleteKey(s.exchangeKey(stale, self));
+    }
     s.client->set(s.exchangeKey(sequence, self), compat::toVector(envelope));
     std::vector<Bytes> out(world);
     out[self] = envelope;
@@ -576,7 +624,7 @@ std::vector<Bytes> StoreTransport::gather(std::uint64_t sequence, std::string_vi
     }
     // Every rank has entered this exchange, so every rank has finished reading the previous
     // one: our key of it can go.
-    if (sequence > 0) s.janitor->erase(s.exchangeKey(sequence - 1, self));
+    if (sequence > 0) s.janitor->erase(sequence - 1, s.exchangeKey(sequence - 1, self));
     return out;
   } catch (const Error&) {
     throw;

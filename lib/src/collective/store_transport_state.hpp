@@ -8,6 +8,7 @@
 #include <deque>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -34,21 +35,35 @@ std::string deadKeyOf(const std::string& prefix, int rank);
 void leaveStore(c10d::Store& store, bool hostsServer,
                 const StoreTransportOptions& options) noexcept;
 
-// Deletes keys on its own connection and thread, off the exchange's critical path (a delete
-// is a round trip to the server). Stops and joins in its destructor; each delete is bounded
-// by the store timeout.
+// Deletes exchange keys on its own connection and thread, off the exchange's critical path (a
+// delete is a round trip to the server). Keys come in increasing sequence order. Stops and
+// joins in its destructor; each delete is bounded by the store timeout. After a failed delete
+// (the server gone) it drops what is queued and deletes nothing more.
 class KeyJanitor {
  public:
   explicit KeyJanitor(c10::intrusive_ptr<c10d::TCPStore> store);
   ~KeyJanitor();
-  void erase(std::string key);
+  // Queues the delete of `key`, this rank's key of exchange `sequence`.
+  void erase(std::uint64_t sequence, std::string key);
+  // Waits until no delete of an exchange up to `through` is queued or in flight: then none can
+  // reach the server after a later write of a key with the same name. Returns whether the key
+  // of `through` itself was deleted (false: it was never queued, or the janitor stopped), or
+  // nullopt when `deadline` passed first.
+  std::optional<bool> settle(std::uint64_t through, std::chrono::steady_clock::time_point deadline);
 
  private:
+  struct Pending {
+    std::uint64_t sequence;
+    std::string key;
+  };
   void run();
   c10::intrusive_ptr<c10d::TCPStore> store_;
   std::mutex mutex_;
   std::condition_variable wake_;
-  std::deque<std::string> keys_;
+  std::condition_variable settled_;
+  std::deque<Pending> keys_;
+  std::optional<std::uint64_t> inFlight_;
+  std::set<std::uint64_t> deleted_;  // sequences deleted since the last settle() past them
   bool stop_ = false;
   std::thread thread_;
 };
@@ -64,6 +79,8 @@ struct StoreTransportState {
   std::unique_ptr<KeyJanitor> janitor;
 
   std::string endpoint() const { return options.host + ":" + std::to_string(port); }
+  // "<prefix>/x/<sequence % keySlots>/<rank>": names are reused round robin (see
+  // StoreTransportOptions::keySlots).
   std::string exchangeKey(std::uint64_t sequence, int rank) const;
   // Replaces `client` by a fresh connection; throws RankFailure when the server is gone.
   void reconnect(std::string_view context);

@@ -70,6 +70,13 @@ struct StoreTransportOptions {
   std::chrono::milliseconds timeout = std::chrono::seconds(30);
   // Namespace of this transport's keys: transports sharing a store need distinct prefixes.
   std::string prefix = "hmc";
+  // Exchange keys reuse this many names per rank, round robin (at least 3): c10d 1.13's
+  // TCPStore server keeps a record of every key name ever set, deleted or not
+  // (TCPStoreMasterDaemon::watchedSockets_), so a fresh name per collective grew the hosting
+  // rank by ~100 bytes per key, without bound (scripts/soak --transport store: ~5 MB a
+  // minute). A name is reused only after every rank has read, and this rank deleted, its
+  // previous value.
+  int keySlots = 64;
 
   bool hostsServer() const noexcept { return isServer.value_or(rank == 0); }
   // Throws ValueError naming the first bad field.
