@@ -45,10 +45,24 @@ class StoreKeyValue final : public KeyValueStore {
   void set(const std::string& key, const Bytes& value) override {
     call("set", [&] { store_->set(prefix_ + key, compat::toVector(value)); });
   }
+  // Polls rather than c10d's wait(), which would leave this connection's read deadline at
+  // `timeout` for every later request (and, timed out, owing the server's late answer).
   Bytes get(const std::string& key, std::chrono::milliseconds timeout) override {
+    const auto deadline = Clock::now() + timeout;
+    auto pause = std::chrono::milliseconds(1);
+    for (;;) {
+      bool present = false;
+      call("get", [&] { present = store_->check({prefix_ + key}); });
+      if (present) break;
+      if (Clock::now() >= deadline) {
+        throw TimeoutError(fmt::format("c10d store {} get: key '{}' was not set within {}",
+                                       endpoint_, key, formatSeconds(timeout)));
+      }
+      std::this_thread::sleep_for(std::min(pause, remainingUntil(deadline)));
+      pause = std::min(pause * 2, std::chrono::milliseconds(50));
+    }
     Bytes out;
     call("get", [&] {
-      store_->wait({prefix_ + key}, timeout);
       out = compat::toBytes(compat::getExisting(*store_, {prefix_ + key}).front());
     });
     return out;
@@ -325,6 +339,13 @@ void checkPortFree(const StoreTransportOptions& options, int port) {
 
 }  // namespace
 
+void boundReads(c10d::TCPStore& store, std::chrono::milliseconds timeout) {
+  // c10d sets a connection's read deadline only in wait() (to that wait's timeout), and 1.13
+  // connects without one: a request to a stopped server would block for good. A wait for no
+  // key is answered at once and leaves the deadline at `timeout`.
+  store.wait({}, timeout);
+}
+
 c10::intrusive_ptr<c10d::TCPStore> connectTcpStore(const StoreTransportOptions& options,
                                                    bool asServer, bool waitWorkers, int port) {
   const std::string endpoint = fmt::format("{}:{}", options.host, port);
@@ -353,6 +374,7 @@ c10::intrusive_ptr<c10d::TCPStore> connectTcpStore(const StoreTransportOptions& 
     }
     if (asServer) probeStore(options, store->getPort(), deadline);
     if (waitWorkers) store->waitForWorkers();
+    boundReads(*store, options.timeout);
   } catch (const Error&) {
     throw;
   } catch (const std::exception& error) {
@@ -478,15 +500,31 @@ std::string StoreTransportState::exchangeKey(std::uint64_t sequence, int rank) c
                      sequence % static_cast<std::uint64_t>(options.keySlots), rank);
 }
 
-void StoreTransportState::reconnect(std::string_view context) {
+namespace {
+
+c10::intrusive_ptr<c10d::TCPStore> freshConnection(const StoreTransportState& s,
+                                                   std::string_view context) {
   try {
-    StoreTransportOptions quick = options;
-    quick.timeout = std::min(options.timeout, std::chrono::milliseconds(2000));
-    client = connectTcpStore(quick, false, false, port);
+    StoreTransportOptions quick = s.options;
+    quick.timeout = std::min(s.options.timeout, std::chrono::milliseconds(2000));
+    auto store = connectTcpStore(quick, false, false, s.port);
+    boundReads(*store, s.options.timeout);  // like the first connection's, not the 2 s
+    return store;
   } catch (const Error& error) {
     throw RankFailure(fmt::format("{}: the c10d store server at {} is gone: {}", context,
-                                  endpoint(), error.what()));
+                                  s.endpoint(), error.what()));
   }
+}
+
+}  // namespace
+
+void StoreTransportState::reconnect(std::string_view context) {
+  client = freshConnection(*this, context);
+  waiter = freshConnection(*this, context);
+}
+
+void StoreTransportState::reconnectWaiter(std::string_view context) {
+  waiter = freshConnection(*this, context);
 }
 
 }  // namespace hmc::detail
@@ -507,6 +545,7 @@ StoreTransport::StoreTransport(const StoreTransportOptions& options)
   } else {
     s.client = hmc::detail::connectTcpStore(options, false, true, options.port);
   }
+  s.waiter = hmc::detail::connectTcpStore(options, false, false, s.port);
   s.janitor = std::make_unique<hmc::detail::KeyJanitor>(
       hmc::detail::connectTcpStore(options, false, false, s.port));
 }
@@ -580,17 +619,18 @@ std::vector<Bytes> StoreTransport::gather(std::uint64_t sequence, std::string_vi
     std::vector<Bytes> out(world);
     out[self] = envelope;
     if (world > 1) {
-      // The common case: one blocking wait. A wait that times out leaves its connection owing
-      // an answer, so the polls after it use a fresh one.
+      // The common case: one blocking wait, on the waiter connection (see
+      // StoreTransportState::waiter). A wait that times out leaves its connection owing an
+      // answer: the next wait uses a fresh one.
       waiting = true;
       const auto first = std::min(remainingUntil(deadline), kFirstWait);
       bool arrived = false;
       try {
-        s.client->wait(peerKeys, first);
+        s.waiter->wait(peerKeys, first);
         arrived = true;
       } catch (const std::exception& error) {
         if (!compat::isTimeout(error)) throw;
-        s.reconnect(context());
+        s.reconnectWaiter(context());
       }
       // Then poll, two requests a round whatever the world size: all keys there? anyone
       // announced dead? Only then look rank by rank.

@@ -25,6 +25,10 @@ using collective::StoreTransportOptions;
 c10::intrusive_ptr<c10d::TCPStore> connectTcpStore(const StoreTransportOptions& options,
                                                    bool asServer, bool waitWorkers, int port);
 
+// Sets the read deadline of every later request on `store`'s connection to `timeout` (a
+// round trip). connectTcpStore does it with the options' timeout.
+void boundReads(c10d::TCPStore& store, std::chrono::milliseconds timeout);
+
 // "<prefix>/kv/dead/<rank>": the key a launcher sets when that rank's process died.
 std::string deadKeyOf(const std::string& prefix, int rank);
 
@@ -73,17 +77,27 @@ struct StoreTransportState {
   int port = 0;
   // The hosting rank's store object owns the server; it is also the first client.
   c10::intrusive_ptr<c10d::TCPStore> server;
-  // The connection exchanges use; replaced after a wait timed out (the server still owes
-  // that wait an answer, which would desynchronise the next request).
+  // The connection exchanges write, read and poll on. Its read deadline stays the store
+  // timeout: no wait runs on it.
   c10::intrusive_ptr<c10d::TCPStore> client;
+  // The connection of the exchanges' first, short blocking wait. A separate one because
+  // c10d's TCPStore::wait sets its connection's read deadline to the wait's timeout and
+  // leaves it there (a "TODO" in 1.13's doWait): on the exchange connection every later
+  // request then had 100 ms to be answered, and one answer later than that on a loaded host
+  // failed the collective on that rank with "Socket Timeout" (scripts/soak --transport
+  // store, after 30-76 repetitions). Replaced after a wait timed out (the server still owes
+  // that wait an answer, which would desynchronise the next request).
+  c10::intrusive_ptr<c10d::TCPStore> waiter;
   std::unique_ptr<KeyJanitor> janitor;
 
   std::string endpoint() const { return options.host + ":" + std::to_string(port); }
   // "<prefix>/x/<sequence % keySlots>/<rank>": names are reused round robin (see
   // StoreTransportOptions::keySlots).
   std::string exchangeKey(std::uint64_t sequence, int rank) const;
-  // Replaces `client` by a fresh connection; throws RankFailure when the server is gone.
+  // Replace `client` and `waiter` (reconnect), or `waiter` alone, by fresh connections;
+  // throw RankFailure when the server is gone.
   void reconnect(std::string_view context);
+  void reconnectWaiter(std::string_view context);
 };
 
 }  // namespace hmc::detail
