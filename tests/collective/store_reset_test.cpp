@@ -3,7 +3,8 @@
 // (TCPStoreWorkerDaemon) reads the reset as a watch response and its std::system_error
 // ("Connection reset by peer") escapes the thread. hmc's socket guards (lib/src/collective/
 // socket_guards.hpp) turn that reset into the "closed" c10d handles. The case reproduces the
-// abort in a child process: without the guards the child dies of SIGABRT.
+// abort in a child process: without the guards the child dies of SIGABRT. Also: a request to
+// a stopped server ends at the store timeout (c10d 1.13 connects without a read deadline).
 
 #include <doctest/doctest.h>
 #include <netinet/in.h>
@@ -13,12 +14,15 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <thread>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>  // defines a glog CHECK: doctest macros are spelt DOCTEST_*
 
 #include "collective/socket_guards.hpp"
+#include "hmc/collective/store_transport.hpp"
+#include "hmc/error.hpp"
 
 namespace {
 
@@ -78,6 +82,107 @@ TEST_CASE("a store client survives its server closing with the client in the acc
     DOCTEST_FAIL("the child still ran after 60 s (killed)");
   }
   DOCTEST_INFO("child status: ",
+               WIFSIGNALED(status)
+                   ? std::string("killed by signal ") + ::strsignal(WTERMSIG(status))
+                   : "exit " + std::to_string(WEXITSTATUS(status)));
+  DOCTEST_CHECK(WIFEXITED(status));
+  DOCTEST_CHECK(WEXITSTATUS(status) == 0);
+}
+
+namespace {
+
+// In a child: hosts a c10d store, sends its port down `pipeFd`, then waits to be killed.
+[[noreturn]] void hostStore(int pipeFd) {
+  c10d::TCPStoreOptions options;
+  options.port = 0;
+  options.isServer = true;
+  options.waitWorkers = false;
+  options.timeout = std::chrono::seconds(5);
+  c10d::TCPStore server("127.0.0.1", options);
+  const int port = server.getPort();
+  if (::write(pipeFd, &port, sizeof(port)) != static_cast<ssize_t>(sizeof(port))) ::_exit(20);
+  for (;;) ::pause();
+}
+
+char processState(pid_t pid) {
+  std::FILE* file = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
+  if (file == nullptr) return '?';
+  char state = '?';
+  // "pid (comm) state ...": comm may hold spaces, the state follows the last ')'.
+  char line[512] = {};
+  const std::size_t n = std::fread(line, 1, sizeof(line) - 1, file);
+  std::fclose(file);
+  const char* close = std::strrchr(line, ')');
+  if (n > 0 && close != nullptr && close[1] == ' ') state = close[2];
+  return state;
+}
+
+// In a child: connects hmc's key-value client with a 1 s store timeout, stops the server's
+// process, then asks it something. 0: the request failed with a timeout within 0.5-10 s;
+// 30+: something else. A request that blocks is ended by the alarm (SIGALRM).
+int askAStoppedServer(int port, pid_t server) {
+  ::alarm(30);
+  hmc::collective::StoreTransportOptions options;
+  options.port = port;
+  options.rank = 1;
+  options.worldSize = 2;
+  options.timeout = std::chrono::seconds(1);
+  auto kv = hmc::collective::connectKeyValueStore(options);
+  kv->set("before", "1");
+  if (!kv->check({"before"})) return 30;
+  ::kill(server, SIGSTOP);
+  // The stop is delivered asynchronously: wait until the process is stopped ("T" in /proc).
+  for (int i = 0; i < 500 && processState(server) != 'T'; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (processState(server) != 'T') return 36;
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    kv->check({"after"});
+    return 31;
+  } catch (const hmc::TimeoutError&) {
+  } catch (const std::exception&) {
+    return 32;
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return seconds >= 0.5 && seconds <= 10 ? 0 : 33;
+}
+
+}  // namespace
+
+TEST_CASE("a request to a stopped store server fails within the store timeout") {
+  int fds[2];
+  DOCTEST_REQUIRE(::pipe(fds) == 0);
+  const pid_t server = ::fork();
+  DOCTEST_REQUIRE(server >= 0);
+  if (server == 0) {
+    ::close(fds[0]);
+    hostStore(fds[1]);
+  }
+  ::close(fds[1]);
+  int port = 0;
+  const bool gotPort = ::read(fds[0], &port, sizeof(port)) == static_cast<ssize_t>(sizeof(port));
+  ::close(fds[0]);
+  int status = 0;
+  if (gotPort) {
+    const pid_t client = ::fork();
+    DOCTEST_REQUIRE(client >= 0);
+    if (client == 0) {
+      int code = 34;
+      try {
+        code = askAStoppedServer(port, server);
+      } catch (const std::exception&) {
+        code = 35;
+      }
+      ::_exit(code);
+    }
+    ::waitpid(client, &status, 0);  // bounded by the child's alarm
+  }
+  ::kill(server, SIGKILL);
+  ::waitpid(server, nullptr, 0);
+  DOCTEST_REQUIRE(gotPort);
+  DOCTEST_INFO("client status: ",
                WIFSIGNALED(status)
                    ? std::string("killed by signal ") + ::strsignal(WTERMSIG(status))
                    : "exit " + std::to_string(WEXITSTATUS(status)));
