@@ -552,6 +552,18 @@ int runScenarios(const RunOptions& options, const std::vector<std::string>& comm
   return hmc::scenario::exitCodeOf(overall);
 }
 
+// EAGAIN from pthread_create or fork reaches a rank through c10d and std::thread as this text
+// alone, whatever the failed call: say which limit that usually is.
+std::string withLimitHint(std::string message) {
+  if (message.find("Resource temporarily unavailable") != std::string::npos &&
+      message.find("ulimit -u") == std::string::npos) {
+    message +=
+        " (a thread or process could not start: the limit on this user's processes and "
+        "threads (ulimit -u) or the cgroup's pids.max is probably reached)";
+  }
+  return message;
+}
+
 // The hidden `_rank` command: one rank process of hmc-run's own local launch.
 int runRankCommand(const hmc::app::RankLaunch& launch) {
   hmc::scenario::Scenario scenario;
@@ -563,11 +575,11 @@ int runRankCommand(const hmc::app::RankLaunch& launch) {
     fmt::print(stderr, "hmc-run rank {}: {}\n", launch.rank, error.what());
     return kExitUsage;
   }
-  hmc::scenario::limitTorchThreads(1);
   try {
+    hmc::scenario::limitTorchThreads(1);
     hmc::app::runRankProcess(scenario, launch, false);
   } catch (const std::exception& error) {
-    fmt::print(stderr, "hmc-run rank {}: {}\n", launch.rank, error.what());
+    fmt::print(stderr, "hmc-run rank {}: {}\n", launch.rank, withLimitHint(error.what()));
     return 1;
   }
   return 0;
@@ -604,10 +616,10 @@ int main(int argc, char** argv) {
   } catch (const hmc::Error& error) {
     // A rank that cannot join its world (no store at the master, a listener that is not one):
     // the message names what, where and what to do; it is not a bug of hmc-run.
-    fmt::print(stderr, "hmc-run: {}\n", error.what());
+    fmt::print(stderr, "hmc-run: {}\n", withLimitHint(error.what()));
     return 1;
   } catch (const std::exception& error) {
-    fmt::print(stderr, "hmc-run: internal error: {}\n", error.what());
+    fmt::print(stderr, "hmc-run: internal error: {}\n", withLimitHint(error.what()));
     return 1;
   }
 }

@@ -516,6 +516,71 @@ def test_preflight_refuses_what_the_host_cannot_run():
         print(f"      (skipped the memory case: {available >> 30} GiB available)")
 
 
+def test_task_limit_of_an_unprivileged_user():
+    """Exhaustion (issue 12): the kernel holds only unprivileged users to RLIMIT_NPROC (ulimit
+    -u). As root the run is made as user nobody (setuid in the child before exec), otherwise
+    as this user. The preflight refuses a run the limit cannot hold, naming ulimit -u; with the
+    preflight skipped, rank processes that cannot start a thread fail and say so (LibTorch's
+    thread pool used to wait for its workers for good: every rank was killed after a minute
+    with no reason given). Eight ranks starting together against the limit still race: one
+    that took the last thread between hmc's check and LibTorch's pool can hang there until
+    hmc-run kills it, so the case asks for a bounded run and the limit named, not for every
+    rank to name it."""
+    import pwd
+    import resource
+    root = os.geteuid() == 0
+    work = tempfile.mkdtemp(prefix="hmc-e2e-nproc-")
+    try:
+        if root:
+            try:
+                nobody = pwd.getpwnam("nobody")
+            except KeyError:
+                print("      (skipped: running as root and there is no user 'nobody' to run as)")
+                return
+            os.chown(work, nobody.pw_uid, nobody.pw_gid)
+
+        def as_user(limit):
+            def apply():
+                if root:
+                    os.setgroups([])
+                    os.setgid(nobody.pw_gid)
+                    os.setuid(nobody.pw_uid)
+                resource.setrlimit(resource.RLIMIT_NPROC, (limit, limit))
+            return apply
+
+        def limited(args, limit, extra_env=None, timeout=180):
+            env = dict(os.environ, TMPDIR=work, **(extra_env or {}))
+            return subprocess.run([HMC_RUN, *args], capture_output=True, text=True, cwd=work,
+                                  timeout=timeout, preexec_fn=as_user(limit), env=env)
+
+        probe = limited(["--version"], 1000)
+        if probe.returncode != 0:
+            print(f"      (skipped: hmc-run does not start as {'nobody' if root else 'this user'}"
+                  f" (is its build folder readable by others?): {output(probe)})")
+            return
+        quickstart = os.path.join(SCENARIOS, "quickstart.json")
+        args = [quickstart, "--device", "cpu", "--transport", "tcp", "--world-size", "8"]
+        # Enough tasks for hmc-run itself, not for 8 rank processes (~20 tasks each).
+        limit = 40
+        proc = limited(args, limit)
+        check(proc.returncode == 2 and "ulimit -u" in proc.stderr and
+              "processes and threads" in proc.stderr,
+              f"8 rank processes with ulimit -u {limit}: {output(proc)}")
+        report_path = os.path.join(work, "report.json")
+        start = time.monotonic()
+        proc = limited([*args, "--report", report_path], 30, {"HMC_SKIP_PREFLIGHT": "1"})
+        seconds = time.monotonic() - start
+        check(proc.returncode == 1, f"ulimit -u 30 without the preflight: {output(proc)}")
+        check(seconds < 45, f"ulimit -u 30 without the preflight took {seconds:.0f} s (deadline "
+                            f"10 s): {output(proc)}")
+        check("ulimit -u" in proc.stderr, f"no rank named the thread limit: {output(proc)}")
+        report = load(report_path)
+        check(all(r.get("crashed") for r in report["ranks"]),
+              f"ranks not reported crashed: {[r.get('crash_reason') for r in report['ranks']]}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def test_help_mentions_every_flag():
     proc = run("--help")
     check(proc.returncode == 0, output(proc))
@@ -541,6 +606,7 @@ def main():
                      test_process_transports_run_crash_and_hang_scenarios,
                      test_local_run_listens_on_loopback_only,
                      test_preflight_refuses_what_the_host_cannot_run,
+                     test_task_limit_of_an_unprivileged_user,
                      test_validate_subcommand,
                      test_list_subcommand,
                      test_help_mentions_every_flag):

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <map>
+#include <system_error>
 #include <thread>
 
 #include "hmc/config.hpp"
@@ -369,7 +370,22 @@ void recordError(StepResult& entry, const std::exception& error) {
 
 }  // namespace
 
-void limitTorchThreads(int threads) { at::set_num_threads(std::max(1, threads)); }
+void limitTorchThreads(int threads) {
+  // LibTorch's pool (libpthreadpool) does not check pthread_create: with no thread left under
+  // this user's limit it waits for its workers for good (a rank process run as a user with
+  // `ulimit -u` reached hung until hmc-run killed it). One thread started and joined first
+  // turns that into an error; a limit reached between the two still hangs there.
+  try {
+    std::thread([] {}).join();
+  } catch (const std::system_error& error) {
+    throw RuntimeError(fmt::format(
+        "this process cannot start a thread ({}), which LibTorch's thread pool needs: the "
+        "limit on this user's processes and threads (ulimit -u) or the cgroup's pids.max is "
+        "reached; raise it, or run fewer ranks",
+        error.code().message()));
+  }
+  at::set_num_threads(std::max(1, threads));
+}
 
 std::string resolvedDeviceName(Device device) {
   if (device == Device::kAuto) return torch::cuda::is_available() ? "cuda" : "cpu";

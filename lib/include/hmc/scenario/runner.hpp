@@ -45,7 +45,8 @@ struct RankEnvironment {
 // does; throws only when the environment itself is unusable.
 RankResult runRank(const Scenario& scenario, RankEnvironment& env);
 
-// Limits LibTorch's intra-op threads (thread ranks each run their own small matmuls).
+// Limits LibTorch's intra-op threads (thread ranks each run their own small matmuls). Throws
+// RuntimeError naming the limit when this process cannot start a thread.
 void limitTorchThreads(int threads);
 // The device a scenario's inputs land on: "cuda" or "cpu" ("auto" resolved).
 std::string resolvedDeviceName(Device device);
