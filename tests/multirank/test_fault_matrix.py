@@ -650,6 +650,13 @@ REFERENCE_WHY = None
 
 def main():
     global REFERENCE_WHY
+    if "-h" in sys.argv or "--help" in sys.argv:
+        print(__doc__)
+        return 0
+    if not LIST_ONLY and not (os.path.isfile(HMC_RUN) and os.access(HMC_RUN, os.X_OK)):
+        print(f"fault matrix: {HMC_RUN} is not an executable hmc-run (the first argument); "
+              f"see --help", file=sys.stderr)
+        return 2
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("fault matrix: terminated"))
     cells = all_cells()
     full_size = len(cells)
