@@ -51,6 +51,16 @@ int clientOfAClosingServer() {
   return 0;
 }
 
+// A forked child's waitpid status: exit 0 passes; otherwise the check fails saying how it ended.
+void checkExitedCleanly(const char* who, int status) {
+  DOCTEST_INFO(who, " status: ",
+               WIFSIGNALED(status)
+                   ? std::string("killed by signal ") + ::strsignal(WTERMSIG(status))
+                   : "exit " + std::to_string(WEXITSTATUS(status)));
+  DOCTEST_CHECK(WIFEXITED(status));
+  DOCTEST_CHECK(WEXITSTATUS(status) == 0);
+}
+
 }  // namespace
 
 TEST_CASE("hmc's socket guards are this process's bind() and recv()") {
@@ -81,12 +91,7 @@ TEST_CASE("a store client survives its server closing with the client in the acc
     ::waitpid(child, &status, 0);
     DOCTEST_FAIL("the child still ran after 60 s (killed)");
   }
-  DOCTEST_INFO("child status: ",
-               WIFSIGNALED(status)
-                   ? std::string("killed by signal ") + ::strsignal(WTERMSIG(status))
-                   : "exit " + std::to_string(WEXITSTATUS(status)));
-  DOCTEST_CHECK(WIFEXITED(status));
-  DOCTEST_CHECK(WEXITSTATUS(status) == 0);
+  checkExitedCleanly("child", status);
 }
 
 namespace {
@@ -182,10 +187,5 @@ TEST_CASE("a request to a stopped store server fails within the store timeout") 
   ::kill(server, SIGKILL);
   ::waitpid(server, nullptr, 0);
   DOCTEST_REQUIRE(gotPort);
-  DOCTEST_INFO("client status: ",
-               WIFSIGNALED(status)
-                   ? std::string("killed by signal ") + ::strsignal(WTERMSIG(status))
-                   : "exit " + std::to_string(WEXITSTATUS(status)));
-  DOCTEST_CHECK(WIFEXITED(status));
-  DOCTEST_CHECK(WEXITSTATUS(status) == 0);
+  checkExitedCleanly("client", status);
 }
