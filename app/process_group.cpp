@@ -46,7 +46,15 @@ int ProcessGroup::spawn(const std::vector<std::string>& args) {
   for (const auto& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
   argv.push_back(nullptr);
   const pid_t parent = getpid();
+  // Every signal blocked across fork: the child runs none of this process's handlers (a
+  // SIGTERM sent to it before it reset them ran the parent's handler in the child; TSan
+  // reported that) and gets what was sent once it unblocks, with the default actions.
+  sigset_t all;
+  sigset_t previous;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &previous);
   const pid_t pid = fork();
+  if (pid != 0) pthread_sigmask(SIG_SETMASK, &previous, nullptr);
   if (pid < 0) {
     throw RuntimeError(fmt::format(
         "cannot start rank process {} of {}: fork: {} (a process or memory limit? see ulimit -u "
@@ -58,7 +66,18 @@ int ProcessGroup::spawn(const std::vector<std::string>& args) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent) _exit(128 + SIGKILL);
     // The parent's signal handlers and blocked signals are not the program's to inherit.
-    for (int signal : {SIGINT, SIGTERM, SIGHUP}) ::signal(signal, SIG_DFL);
+    // (exec resets caught signals, but a handler could run before it; ignored ones stay so.)
+    for (int signal = 1; signal < NSIG; ++signal) {
+      struct sigaction current {};
+      if (signal == SIGKILL || signal == SIGSTOP || sigaction(signal, nullptr, &current) != 0) {
+        continue;
+      }
+      const bool handled = (current.sa_flags & SA_SIGINFO) != 0 ||
+                           (current.sa_handler != SIG_DFL && current.sa_handler != SIG_IGN);
+      if (handled || signal == SIGINT || signal == SIGTERM || signal == SIGHUP) {
+        ::signal(signal, SIG_DFL);
+      }
+    }
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);

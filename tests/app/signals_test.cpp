@@ -26,8 +26,8 @@ pid_t startChild(int fd, bool exitByItself) {
   const pid_t pid = fork();
   if (pid != 0) return pid;
   hmc::app::blockTerminationSignals();
+  std::atomic<bool> leftToUs{false};
   {
-    std::atomic<bool> leftToUs{false};
     hmc::app::TerminationWatcher watcher(
         [&](int) {
           (void)!write(fd, "t", 1);
@@ -37,9 +37,8 @@ pid_t startChild(int fd, bool exitByItself) {
         5, [&] { (void)!write(fd, "w", 1); });
     (void)!write(fd, "r", 1);
     for (int i = 0; i < 2000 && !leftToUs; ++i) std::this_thread::sleep_for(10ms);
-    if (leftToUs) _exit(7);
-  }
-  _exit(0);
+  }  // the watcher's thread is joined before the exit (TSan reports a thread left unjoined)
+  _exit(leftToUs ? 7 : 0);
 }
 
 // What the child wrote so far (non-blocking read).
