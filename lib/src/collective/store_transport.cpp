@@ -337,8 +337,6 @@ void checkPortFree(const StoreTransportOptions& options, int port) {
   }
 }
 
-}  // namespace
-
 void boundReads(c10d::TCPStore& store, std::chrono::milliseconds timeout) {
   // c10d sets a connection's read deadline only in wait() (to that wait's timeout), and 1.13
   // connects without one: a request to a stopped server would block for good. A wait for no
@@ -346,8 +344,11 @@ void boundReads(c10d::TCPStore& store, std::chrono::milliseconds timeout) {
   store.wait({}, timeout);
 }
 
-c10::intrusive_ptr<c10d::TCPStore> connectTcpStore(const StoreTransportOptions& options,
-                                                   bool asServer, bool waitWorkers, int port) {
+}  // namespace
+
+c10::intrusive_ptr<c10d::TCPStore> connectTcpStore(
+    const StoreTransportOptions& options, bool asServer, bool waitWorkers, int port,
+    std::optional<std::chrono::milliseconds> readTimeout) {
   const std::string endpoint = fmt::format("{}:{}", options.host, port);
   const auto deadline = Clock::now() + options.timeout;
   c10::intrusive_ptr<c10d::TCPStore> store;
@@ -374,7 +375,7 @@ c10::intrusive_ptr<c10d::TCPStore> connectTcpStore(const StoreTransportOptions& 
     }
     if (asServer) probeStore(options, store->getPort(), deadline);
     if (waitWorkers) store->waitForWorkers();
-    boundReads(*store, options.timeout);
+    boundReads(*store, readTimeout.value_or(options.timeout));
   } catch (const Error&) {
     throw;
   } catch (const std::exception& error) {
@@ -507,9 +508,8 @@ c10::intrusive_ptr<c10d::TCPStore> freshConnection(const StoreTransportState& s,
   try {
     StoreTransportOptions quick = s.options;
     quick.timeout = std::min(s.options.timeout, std::chrono::milliseconds(2000));
-    auto store = connectTcpStore(quick, false, false, s.port);
-    boundReads(*store, s.options.timeout);  // like the first connection's, not the 2 s
-    return store;
+    // Requests get the whole store timeout, like the first connection's, not the 2 s.
+    return connectTcpStore(quick, false, false, s.port, s.options.timeout);
   } catch (const Error& error) {
     throw RankFailure(fmt::format("{}: the c10d store server at {} is gone: {}", context,
                                   s.endpoint(), error.what()));

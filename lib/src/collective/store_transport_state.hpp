@@ -22,12 +22,11 @@ using collective::StoreTransportOptions;
 // Connects to (and, on the hosting rank, starts) the TCPStore of `options`. With
 // `waitWorkers`, the hosting rank returns once all worldSize ranks connected. Throws
 // TimeoutError or BackendError naming host:port.
-c10::intrusive_ptr<c10d::TCPStore> connectTcpStore(const StoreTransportOptions& options,
-                                                   bool asServer, bool waitWorkers, int port);
-
-// Sets the read deadline of every later request on `store`'s connection to `timeout` (a
-// round trip). connectTcpStore does it with the options' timeout.
-void boundReads(c10d::TCPStore& store, std::chrono::milliseconds timeout);
+// Every request on the connection then has `readTimeout` (default: options.timeout) to be
+// answered; options.timeout also bounds the connect.
+c10::intrusive_ptr<c10d::TCPStore> connectTcpStore(
+    const StoreTransportOptions& options, bool asServer, bool waitWorkers, int port,
+    std::optional<std::chrono::milliseconds> readTimeout = std::nullopt);
 
 // "<prefix>/kv/dead/<rank>": the key a launcher sets when that rank's process died.
 std::string deadKeyOf(const std::string& prefix, int rank);
