@@ -138,7 +138,9 @@ void ringScenario(const Args& args) {
   hmc::collective::StoreTransport c(options);
   std::srand(static_cast<unsigned>(::getpid()));
   for (int round = 0; round < 1000; ++round) {
-    if (std::rand() % 4 == 0) std::this_thread::sleep_for(std::chrono::microseconds(std::rand() % 3000));
+    if (std::rand() % 4 == 0) {
+      std::this_thread::sleep_for(std::chrono::microseconds(std::rand() % 3000));
+    }
     const auto payload = [&](int peer) {
       return Bytes(static_cast<std::size_t>(1 + (round * 7 + peer) % 50),
                    static_cast<char>('a' + (round + peer) % 26));

@@ -564,7 +564,7 @@ def test_task_limit_of_an_unprivileged_user():
                     os.setgroups([])
                     os.setgid(nobody.pw_gid)
                     os.setuid(nobody.pw_uid)
-                resource.setrlimit(resource.RLIMIT_NPROC, (limit, limit))
+                _limited(resource.RLIMIT_NPROC, limit)()
             return apply
 
         def limited(args, limit, extra_env=None, timeout=180):
