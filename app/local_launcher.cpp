@@ -28,11 +28,14 @@
 
 #include "hmc/collective/launch_env.hpp"
 #include "hmc/collective/store_transport.hpp"
+#include "hmc/collective/transport_factory.hpp"
 #include "hmc/diagnostics/heartbeat.hpp"
 #include "hmc/diagnostics/watchdog.hpp"
 #include "hmc/error.hpp"
+#include "missing_ranks.hpp"
 #include "process_group.hpp"
 #include "rank_process.hpp"
+#include "result_files.hpp"
 #include "signals.hpp"
 #include "status_command.hpp"
 
@@ -224,98 +227,87 @@ class RunFolder {
     fs::remove_all(path_, ec);
   }
   fs::path operator/(const std::string& name) const { return path_ / name; }
+  const fs::path& path() const noexcept { return path_; }
 
  private:
   fs::path path_;
 };
 
-// A rank's result of one repetition, as it wrote it (runRankProcess), or nullopt when the
-// file is missing or unreadable.
-std::optional<scenario::RankResult> readRankResult(const fs::path& file, int rank) {
-  std::ifstream in(file);
-  if (!in) return std::nullopt;
-  try {
-    auto results = parseRankResults(std::string(std::istreambuf_iterator<char>(in), {}));
-    if (results.size() == 1) return std::move(results.front());
-    spdlog::warn("rank {} wrote {} results to {}, not one", rank, results.size(), file.string());
-  } catch (const std::exception& error) {
-    spdlog::warn("rank {} wrote an unreadable result {}: {}", rank, file.string(), error.what());
-  }
-  return std::nullopt;
-}
-
-// The ranks' result files, one per rank and repetition: hands each repetition on once every
-// rank wrote its own, and removes them, so that neither the launcher nor the run folder grows
-// with the repetitions.
-class RepetitionFiles {
+// A rank stopped from outside (SIGSTOP) neither progresses nor exits: its peers time out, and
+// nothing else would end the run. One seen stopped for longer than the deadline counts as
+// failed (the others get the grace); once every running rank is, they are stopped at once
+// (ProcessGroup's SIGTERM comes with SIGCONT, so each can still write what it did). Only ranks
+// seen stopped at two polls a deadline apart: a Ctrl-Z of the whole job stops the launcher's
+// loop too, and a rank continued in between starts over.
+class StoppedRanks {
  public:
-  RepetitionFiles(const RunFolder& folder, int world,
-                  const std::function<void(std::vector<scenario::RankResult>)>& onRepetition)
-      : folder_(folder), world_(world), onRepetition_(onRepetition) {}
+  StoppedRanks(int world, std::chrono::milliseconds timeout, ProcessGroup::Clock::duration grace)
+      : stoppedSince_(world), timeout_(timeout), grace_(grace) {}
 
-  // The result file stem of `rank` (RankLaunch::resultFile).
-  std::string stem(int rank) const { return (folder_ / fmt::format("rank{}", rank)).string(); }
-
-  // Hands on the next repetitions that every rank has written, in order.
-  void handOnReady() {
-    for (;;) {
-      std::vector<fs::path> files;
-      for (int rank = 0; rank < world_; ++rank) {
-        files.emplace_back(repetitionResultFile(stem(rank), next_));
-        std::error_code ec;
-        if (!fs::exists(files.back(), ec)) return;
+  // Every 100 ms: looks at the running ranks and stops the group when they stay stopped.
+  void check(ProcessGroup& ranks) {
+    const auto now = ProcessGroup::Clock::now();
+    if (now < nextCheck_) return;
+    nextCheck_ = now + std::chrono::milliseconds(100);
+    bool anyStuck = false;
+    bool allStuck = true;
+    for (int rank = 0; rank < static_cast<int>(stoppedSince_.size()); ++rank) {
+      if (ranks.status(rank)) continue;
+      if (!processStopped(ranks.pid(rank))) {
+        stoppedSince_[rank].reset();
+        allStuck = false;
+        continue;
       }
-      std::vector<scenario::RankResult> ranks;
-      for (int rank = 0; rank < world_; ++rank) {
-        auto result = readRankResult(files[rank], rank);
-        if (!result) return;  // read once every rank has exited (rest())
-        ranks.push_back(std::move(*result));
-      }
-      hand(std::move(ranks));
+      if (!stoppedSince_[rank]) stoppedSince_[rank] = now;
+      const bool stuck = now - *stoppedSince_[rank] >= timeout_;
+      anyStuck = anyStuck || stuck;
+      allStuck = allStuck && stuck;
     }
-  }
-
-  // The results `rank` wrote from the next repetition on, up to its first missing or
-  // unreadable file.
-  std::vector<scenario::RankResult> rest(int rank) const {
-    std::vector<scenario::RankResult> results;
-    for (std::size_t r = next_;; ++r) {
-      auto result = readRankResult(repetitionResultFile(stem(rank), r), rank);
-      if (!result) return results;
-      results.push_back(std::move(*result));
+    if (anyStuck && !ranks.stopping()) {
+      spdlog::warn(
+          "a rank process stays stopped (SIGSTOP?) past the deadline: the run ends "
+          "within {} s",
+          std::chrono::duration_cast<std::chrono::seconds>(grace_).count());
+      ranks.stopAt(now + grace_);
     }
+    if (anyStuck && allStuck) ranks.stopNow();
   }
-
-  // Hands on the next repetition and removes its files.
-  void hand(std::vector<scenario::RankResult> ranks) {
-    if (onRepetition_) onRepetition_(std::move(ranks));
-    for (int rank = 0; rank < world_; ++rank) {
-      std::error_code ec;
-      fs::remove(repetitionResultFile(stem(rank), next_), ec);
-    }
-    ++next_;
-  }
-  std::size_t handedOn() const noexcept { return next_; }
 
  private:
-  const RunFolder& folder_;
-  int world_;
-  const std::function<void(std::vector<scenario::RankResult>)>& onRepetition_;
-  std::size_t next_ = 0;
+  std::vector<std::optional<ProcessGroup::Clock::time_point>> stoppedSince_;
+  std::chrono::milliseconds timeout_;
+  ProcessGroup::Clock::duration grace_;
+  ProcessGroup::Clock::time_point nextCheck_ = ProcessGroup::Clock::now();
 };
 
-// A dead rank's last heartbeat in its result: its last completed collective and the one it was
-// in, for the hang diagnosis ("last completed 'recycle' #80"), and where it was.
-void addHeartbeat(scenario::RankResult& slot, const diagnostics::Heartbeat& beat) {
-  if (beat.lastCompleted) slot.flight.push_back(*beat.lastCompleted);
-  if (beat.current &&
-      (!beat.lastCompleted || beat.current->sequence != beat.lastCompleted->sequence)) {
-    slot.flight.push_back(*beat.current);
+// The run's copy of the scenario's bytes, which every rank process reads.
+fs::path writeScenarioCopy(const RunFolder& folder, const std::string& text) {
+  const fs::path copy = folder / "scenario.json";
+  std::ofstream out(copy, std::ios::binary);
+  out << text;
+  if (!out.flush()) {
+    throw RuntimeError(fmt::format("cannot write {}: {}", copy.string(), std::strerror(errno)));
   }
-  *slot.crashReason += beat.step < 0 ? fmt::format("; last heartbeat ({}): outside its steps",
-                                                   diagnostics::toString(beat.state))
-                                     : fmt::format("; last heartbeat ({}): in step {}",
-                                                   diagnostics::toString(beat.state), beat.step);
+  return copy;
+}
+
+// Starts rank 0 .. world-1 with their places (rank 0 hosts the store on `port`).
+void spawnRanks(ProcessGroup& ranks, const LocalLaunchOptions& options, int world,
+                const fs::path& scenarioCopy, int port, int glooPort,
+                const RepetitionFiles& files) {
+  for (int rank = 0; rank < world; ++rank) {
+    RankLaunch launch = options.launch;
+    launch.scenarioFile = scenarioCopy.string();
+    launch.placement =
+        RankPlacement{rank, world, "127.0.0.1", port, glooPort, StoreHost::kRankZero, ""};
+    launch.resultFile = files.stem(rank);
+    std::vector<std::string> args = launch.toArgs();
+    args.insert(args.begin(), options.executable);
+    ranks.spawn(args);
+  }
+  std::vector<pid_t> pids;
+  for (int rank = 0; rank < world; ++rank) pids.push_back(ranks.pid(rank));
+  writePidFile(pids);
 }
 
 }  // namespace
@@ -324,56 +316,29 @@ LocalLaunchResult launchLocalRanks(const scenario::Scenario& scenario,
                                    const LocalLaunchOptions& options) {
   const int world = scenario.worldSize;
   const RunFolder folder;
-  const fs::path scenarioCopy = folder / "scenario.json";
-  {
-    std::ofstream out(scenarioCopy, std::ios::binary);
-    out << options.scenarioText;
-    if (!out.flush()) {
-      throw RuntimeError(
-          fmt::format("cannot write {}: {}", scenarioCopy.string(), std::strerror(errno)));
-    }
-  }
+  const fs::path scenarioCopy = writeScenarioCopy(folder, options.scenarioText);
   // --master-port, else a free port; said on stderr so that `hmc-run status` can attach.
   const int port = options.masterPort ? *options.masterPort : collective::freeLoopbackPort();
   printStoreAddress(stderr, "127.0.0.1", port);
   int glooPort = collective::freeLoopbackPort();
   if (glooPort == port) glooPort = collective::freeLoopbackPort();
 
-  RepetitionFiles files(folder, world, options.onRepetition);
+  RepetitionFiles files(folder.path(), world, options.onRepetition);
   // The caller's SignalScope records Ctrl-C, SIGTERM and SIGHUP (pendingSignal()).
   ProcessGroup ranks;
-  for (int rank = 0; rank < world; ++rank) {
-    RankLaunch launch = options.launch;
-    launch.scenarioFile = scenarioCopy.string();
-    launch.rank = rank;
-    launch.worldSize = world;
-    launch.masterAddr = "127.0.0.1";
-    launch.masterPort = port;
-    launch.glooPort = glooPort;
-    launch.agentHostsStore = false;
-    launch.resultFile = files.stem(rank);
-    std::vector<std::string> args = launch.toArgs();
-    args.insert(args.begin(), options.executable);
-    ranks.spawn(args);
-  }
-  {
-    std::vector<pid_t> pids;
-    for (int rank = 0; rank < world; ++rank) pids.push_back(ranks.pid(rank));
-    writePidFile(pids);
-  }
+  spawnRanks(ranks, options, world, scenarioCopy, port, glooPort, files);
   // Rank 0 starts its server once LibTorch is loaded; every rank gives up on the store after
-  // the timeout, so the launcher does not try longer than that plus a margin.
-  // One liaison per store of the run: the control store (prefix "hmc"), and for gloo the
-  // process group's own store (GlooTransport's prefix "hmc-gloo/gloo"), whose rendezvous and
-  // leaving also skip ranks announced dead.
+  // the timeout, so the launcher does not try longer than that plus a margin. One liaison per
+  // store of the world (collective::worldStores).
   const auto timeout = collective::timeoutFromSeconds(scenario.timeoutS);
-  std::optional<StoreLiaison> liaison;
-  std::optional<StoreLiaison> glooLiaison;
+  std::vector<std::unique_ptr<StoreLiaison>> liaisons;
   if (world > 1) {
-    const auto connectFor = timeout + std::chrono::seconds(10);
-    liaison.emplace(port, "hmc", world, connectFor);
-    if (options.launch.transport == collective::Transport::kGloo) {
-      glooLiaison.emplace(glooPort, "hmc-gloo/gloo", world, connectFor);
+    RankLaunch any = options.launch;
+    any.placement = RankPlacement{0, world, "127.0.0.1", port, glooPort, StoreHost::kRankZero, ""};
+    for (const auto& store :
+         collective::worldStores(any.transport, any.transportOptions(timeout))) {
+      liaisons.push_back(std::make_unique<StoreLiaison>(store.port, store.prefix, world,
+                                                        timeout + std::chrono::seconds(10)));
     }
   }
 
@@ -381,47 +346,17 @@ LocalLaunchResult launchLocalRanks(const scenario::Scenario& scenario,
   // notices the dead rank, then the bounded end-of-run agreement) plus a margin to finish,
   // then SIGTERM, then SIGKILL.
   const auto grace = 2 * timeout + std::chrono::seconds(5);
-  // A rank stopped from outside (SIGSTOP) neither progresses nor exits: its peers time out,
-  // and nothing else would end the run. One seen stopped for longer than the deadline counts
-  // as failed (the others get the grace); once every running rank is, they are stopped at
-  // once (ProcessGroup's SIGTERM comes with SIGCONT, so each can still write what it did).
-  // Only ranks seen stopped at two polls a deadline apart: a Ctrl-Z of the whole job stops
-  // this loop too, and a rank continued in between starts over.
-  std::vector<std::optional<ProcessGroup::Clock::time_point>> stoppedSince(world);
-  auto nextStopCheck = ProcessGroup::Clock::now();
+  StoppedRanks stopped(world, timeout, grace);
   LocalLaunchResult result;
   while (ranks.running() > 0) {
-    if (const auto now = ProcessGroup::Clock::now(); now >= nextStopCheck) {
-      nextStopCheck = now + std::chrono::milliseconds(100);
-      bool anyStuck = false;
-      bool allStuck = true;
-      for (int rank = 0; rank < world; ++rank) {
-        if (ranks.status(rank)) continue;
-        if (!processStopped(ranks.pid(rank))) {
-          stoppedSince[rank].reset();
-          allStuck = false;
-          continue;
-        }
-        if (!stoppedSince[rank]) stoppedSince[rank] = now;
-        const bool stuck = now - *stoppedSince[rank] >= timeout;
-        anyStuck = anyStuck || stuck;
-        allStuck = allStuck && stuck;
-      }
-      if (anyStuck && !ranks.stopping()) {
-        spdlog::warn("a rank process stays stopped (SIGSTOP?) past the deadline: the run ends "
-                     "within {} s", std::chrono::duration_cast<std::chrono::seconds>(grace).count());
-        ranks.stopAt(now + grace);
-      }
-      if (anyStuck && allStuck) ranks.stopNow();
-    }
+    stopped.check(ranks);
     for (int rank : ranks.poll()) {
       const int status = *ranks.status(rank);
       const bool clean = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-      for (auto* store : {&liaison, &glooLiaison}) {
-        if (!*store) continue;
-        if (rank == 0) (*store)->storeGone();
+      for (auto& store : liaisons) {
+        if (rank == 0) store->storeGone();
         if (!clean && !result.interrupted) {
-          (*store)->announceDeath(
+          store->announceDeath(
               rank, fmt::format("rank {} {}", rank, describeWaitStatus(status, kCrashExitStatus)));
         }
       }
@@ -436,39 +371,33 @@ LocalLaunchResult launchLocalRanks(const scenario::Scenario& scenario,
   }
   files.handOnReady();
 
-  const auto flights = liaison ? liaison->flights() : std::map<int, diagnostics::PublishedFlight>{};
-  const auto heartbeats =
-      liaison ? liaison->lastHeartbeats() : std::map<int, diagnostics::Heartbeat>{};
-  liaison.reset();
-  glooLiaison.reset();
-  // The repetitions not every rank finished (and the first one, when no rank wrote any).
+  // The control store's liaison kept what the ranks published before the store died with
+  // rank 0: flight records, and the last heartbeat of each rank announced dead.
+  const auto flights = liaisons.empty() ? std::map<int, diagnostics::PublishedFlight>{}
+                                        : liaisons.front()->flights();
+  const auto heartbeats = liaisons.empty() ? std::map<int, diagnostics::Heartbeat>{}
+                                           : liaisons.front()->lastHeartbeats();
+  liaisons.clear();
+  // The repetitions not every rank finished (and the first one, when no rank wrote any). A
+  // rank that died in repetition k left results for the ones before: it is missing from k on,
+  // crashed with its exit status, where its last heartbeat or flight record says it was.
   std::vector<std::vector<scenario::RankResult>> byRank(world);
-  std::size_t repetitions = files.handedOn() == 0 ? 1 : 0;
-  for (int rank = 0; rank < world; ++rank) {
-    byRank[rank] = files.rest(rank);
-    repetitions = std::max(repetitions, byRank[rank].size());
-  }
-  // A rank that died in repetition k left results for the ones before: it is missing from k on.
-  std::vector<std::vector<scenario::RankResult>> rest(repetitions,
-                                                      std::vector<scenario::RankResult>(world));
-  for (int rank = 0; rank < world; ++rank) {
-    const std::string status = describeWaitStatus(*ranks.status(rank), kCrashExitStatus);
-    for (std::size_t r = 0; r < repetitions; ++r) {
-      auto& slot = rest[r][rank];
-      if (r < byRank[rank].size()) {
-        slot = std::move(byRank[rank][r]);  // a rank stopped by a signal says where itself
-      } else {
-        // Where it was, if its watchdog published its flight record before it died.
-        slot = missingRankResult(rank, status,
-                                 "the rank process died without a result: not checked", flights);
-        // No flight record published: its last heartbeat says what it had completed.
-        if (auto beat = heartbeats.find(rank); slot.flight.empty() && beat != heartbeats.end()) {
-          addHeartbeat(slot, beat->second);
-        }
-      }
+  for (int rank = 0; rank < world; ++rank) byRank[rank] = files.rest(rank);
+  const EvidenceOf evidenceOf = [&](int rank) {
+    MissingRankEvidence evidence;
+    evidence.reason = describeWaitStatus(*ranks.status(rank), kCrashExitStatus);
+    evidence.leakReason = "the rank process died without a result: not checked";
+    evidence.ended = true;
+    if (auto beat = heartbeats.find(rank); beat != heartbeats.end()) {
+      evidence.heartbeat = beat->second;
     }
+    if (auto flight = flights.find(rank); flight != flights.end()) evidence.flight = flight->second;
+    return evidence;
+  };
+  for (auto& ranksOfRepetition :
+       fillMissing(std::move(byRank), files.handedOn() == 0 ? 1 : 0, evidenceOf)) {
+    files.hand(std::move(ranksOfRepetition));
   }
-  for (auto& ranksOfRepetition : rest) files.hand(std::move(ranksOfRepetition));
   result.repetitions = files.handedOn();
   return result;
 }

@@ -43,15 +43,15 @@ std::vector<std::string> RankLaunch::toArgs() const {
                                    "--transport",
                                    std::string(collective::toString(transport)),
                                    "--rank",
-                                   std::to_string(rank),
+                                   std::to_string(placement.rank),
                                    "--world-size",
-                                   std::to_string(worldSize),
+                                   std::to_string(placement.worldSize),
                                    "--master-addr",
-                                   masterAddr,
+                                   placement.masterAddr,
                                    "--master-port",
-                                   std::to_string(masterPort),
+                                   std::to_string(placement.masterPort),
                                    "--gloo-port",
-                                   std::to_string(glooPort),
+                                   std::to_string(placement.glooPort),
                                    "--repetitions",
                                    std::to_string(repetitions),
                                    "--flight-capacity",
@@ -60,7 +60,7 @@ std::vector<std::string> RankLaunch::toArgs() const {
                                    resultFile,
                                    "--log-level",
                                    logLevel};
-  if (agentHostsStore) args.push_back("--agent-hosts-store");
+  if (placement.storeHost == StoreHost::kLauncherAgent) args.push_back("--agent-hosts-store");
   const auto overrideArgs = overrides.toArgs();
   args.insert(args.end(), overrideArgs.begin(), overrideArgs.end());
   return args;
@@ -79,16 +79,18 @@ void RankLaunch::addOptions(CLI::App& command) {
                                           transport = *parsed;
                                         })
       ->required();
-  command.add_option("--rank", rank)->required();
-  command.add_option("--world-size", worldSize)->required();
-  command.add_option("--master-addr", masterAddr);
-  command.add_option("--master-port", masterPort)->required();
-  command.add_option("--gloo-port", glooPort);
+  command.add_option("--rank", placement.rank)->required();
+  command.add_option("--world-size", placement.worldSize)->required();
+  command.add_option("--master-addr", placement.masterAddr);
+  command.add_option("--master-port", placement.masterPort)->required();
+  command.add_option("--gloo-port", placement.glooPort);
   command.add_option("--repetitions", repetitions);
   command.add_option("--flight-capacity", flightCapacity);
   command.add_option("--result-file", resultFile)->required();
   command.add_option("--log-level", logLevel);
-  command.add_flag("--agent-hosts-store", agentHostsStore);
+  command.add_flag_function("--agent-hosts-store", [this](std::int64_t count) {
+    placement.storeHost = count > 0 ? StoreHost::kLauncherAgent : StoreHost::kRankZero;
+  });
   command.add_option_function<int>("--world-size-override",
                                    [this](const int& n) { overrides.worldSize = n; });
   command.add_option_function<std::string>("--device", [this](const std::string& name) {
@@ -101,12 +103,12 @@ void RankLaunch::addOptions(CLI::App& command) {
 
 collective::TransportOptions RankLaunch::transportOptions(std::chrono::milliseconds timeout) const {
   collective::TransportOptions options;
-  options.rank = rank;
-  options.worldSize = worldSize;
-  options.masterAddr = masterAddr;
-  options.masterPort = masterPort;
-  options.glooPort = glooPort;
-  options.rankZeroHostsStore = !agentHostsStore;
+  options.rank = placement.rank;
+  options.worldSize = placement.worldSize;
+  options.masterAddr = placement.masterAddr;
+  options.masterPort = placement.masterPort;
+  options.glooPort = placement.glooPort;
+  options.rankZeroHostsStore = placement.storeHost == StoreHost::kRankZero;
   options.timeout = timeout;
   return options;
 }

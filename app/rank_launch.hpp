@@ -15,6 +15,7 @@
 #include "hmc/collective/transport.hpp"
 #include "hmc/collective/transport_factory.hpp"
 #include "hmc/scenario/scenario.hpp"
+#include "rank_placement.hpp"
 
 namespace CLI {
 class App;
@@ -42,15 +43,9 @@ struct RankLaunch {
   ScenarioOverrides overrides;
   int repetitions = 1;
 
-  // Where this rank sits.
+  // How the ranks exchange, and where this rank sits.
   collective::Transport transport = collective::Transport::kTcp;
-  int rank = 0;
-  int worldSize = 1;
-  std::string masterAddr = "127.0.0.1";
-  int masterPort = 0;
-  int glooPort = 0;              // the gloo transport's own store; 0: masterPort + 1
-  bool agentHostsStore = false;  // torchrun's agent hosts the store: rank 0 is a client too
-  std::string launcher;          // "torchrun", "mpirun", "srun"; "" for hmc-run's own launch
+  RankPlacement placement;
 
   // What to keep and where to put it.
   std::size_t flightCapacity = 64;
@@ -58,7 +53,8 @@ struct RankLaunch {
   std::string resultFile;
   std::string logLevel = "warn";
 
-  // The `_rank` command line after the executable ("_rank", file, options...).
+  // The `_rank` command line after the executable ("_rank", file, options...). The launcher
+  // is not carried: a `_rank` process is always one of hmc-run's own launch.
   std::vector<std::string> toArgs() const;
   // Declares the `_rank` command's arguments on `command`, writing into this struct.
   void addOptions(CLI::App& command);

@@ -13,6 +13,24 @@
 #endif
 
 namespace hmc::collective {
+namespace {
+
+// The gloo transport's own store: its port and the prefix GlooTransport is given (it keeps
+// its keys under "<prefix>/gloo").
+int glooPortOf(const TransportOptions& options) {
+  return options.glooPort != 0 ? options.glooPort : options.masterPort + 1;
+}
+std::string glooPrefixOf(const TransportOptions& options) { return options.prefix + "-gloo"; }
+
+}  // namespace
+
+std::vector<WorldStore> worldStores(Transport transport, const TransportOptions& options) {
+  std::vector<WorldStore> stores{{options.masterPort, options.prefix}};
+  if (transport == Transport::kGloo && options.glooControlStore) {
+    stores.push_back({glooPortOf(options), glooPrefixOf(options) + "/gloo"});
+  }
+  return stores;
+}
 
 ProcessTransport makeTransport(Transport transport, const TransportOptions& options) {
   if (!ranksAreProcesses(transport)) {
@@ -54,8 +72,8 @@ ProcessTransport makeTransport(Transport transport, const TransportOptions& opti
 #if HMC_HAVE_GLOO
       GlooTransportOptions gloo;
       gloo.store = store;
-      gloo.store.port = options.glooPort != 0 ? options.glooPort : options.masterPort + 1;
-      gloo.store.prefix = options.prefix + "-gloo";
+      gloo.store.port = glooPortOf(options);
+      gloo.store.prefix = glooPrefixOf(options);
       gloo.deviceHost = options.masterAddr == "localhost" ? "127.0.0.1" : options.masterAddr;
       gloo.threads = options.glooThreads;
       out.collective = std::make_shared<GlooTransport>(gloo);

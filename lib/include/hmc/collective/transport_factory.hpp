@@ -9,6 +9,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "hmc/collective/collective.hpp"
 #include "hmc/collective/store_transport.hpp"
@@ -46,5 +47,15 @@ struct ProcessTransport {
 // this build lacks the transport (gloo without Gloo, nccl without CUDA), and what the
 // transports throw when connecting fails.
 ProcessTransport makeTransport(Transport transport, const TransportOptions& options);
+
+// A c10d store that the ranks of a world meet in, as a launcher joins it to announce dead
+// ranks (key_value_store.hpp): its port and the prefix of its key-value view.
+struct WorldStore {
+  int port = 0;
+  std::string prefix;
+};
+// The stores a world of `transport` ranks uses: the control store, and for gloo the process
+// group's own store, whose rendezvous and leaving also skip ranks announced dead.
+std::vector<WorldStore> worldStores(Transport transport, const TransportOptions& options);
 
 }  // namespace hmc::collective

@@ -1,0 +1,195 @@
+#include "result_gatherer.hpp"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "hmc/diagnostics/heartbeat.hpp"
+#include "hmc/diagnostics/watchdog.hpp"
+#include "missing_ranks.hpp"
+#include "result_files.hpp"
+#include "run_keys.hpp"
+
+namespace hmc::app {
+
+bool waitForKeys(collective::KeyValueStore& kv, const std::vector<std::string>& keys,
+                 Clock::time_point deadline) {
+  while (true) {
+    if (kv.check(keys)) return true;
+    if (Clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+bool rankGone(collective::KeyValueStore& kv, const EvidenceFolder* folder, int rank, int self) {
+  if (folder != nullptr && folder->known(rank) && !folder->alive(rank)) {
+    try {
+      if (!kv.check({collective::deadRankKey(rank)})) {
+        collective::announceDeadRank(
+            kv, rank,
+            fmt::format("rank {}'s process ended (seen by rank {} on its node)", rank, self));
+      }
+    } catch (const std::exception& error) {
+      spdlog::debug("rank {}: cannot announce rank {}'s end in the store: {}", self, rank,
+                    error.what());
+    }
+    return true;
+  }
+  return kv.check({collective::kAnyDeadKey}) && kv.check({collective::deadRankKey(rank)});
+}
+
+bool waitForRanks(collective::KeyValueStore& kv, const std::function<std::string(int)>& keyOf,
+                  int worldSize, Clock::time_point deadline, const EvidenceFolder* folder,
+                  int self) {
+  std::vector<std::string> keys;
+  for (int rank = 0; rank < worldSize; ++rank) keys.push_back(keyOf(rank));
+  for (int round = 0;; ++round) {
+    if (kv.check(keys)) return true;
+    if (round % 10 == 9) {  // every ~50 ms
+      for (int rank = 0; rank < worldSize; ++rank) {
+        if (!kv.check({keys[rank]}) && rankGone(kv, folder, rank, self)) return false;
+      }
+    }
+    if (Clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+namespace {
+
+// Polls for rank `rank`'s `key` until it exists (true), the rank is gone (rankGone), or
+// `deadline` passes.
+bool waitForRankKey(collective::KeyValueStore& kv, const std::string& key, int rank,
+                    Clock::time_point deadline, const EvidenceFolder* folder, int self) {
+  for (int round = 0;; ++round) {
+    if (kv.check({key})) return true;
+    if (round % 10 == 9 && rankGone(kv, folder, rank, self)) return kv.check({key});
+    if (Clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+}  // namespace
+
+ResultsByRank readLocalResults(const EvidenceFolder& local, int worldSize, int self,
+                               Clock::time_point deadline,
+                               std::optional<std::chrono::milliseconds> earlyAfter) {
+  ResultsByRank found;
+  if (!local.usable()) return found;
+  const auto earlyFrom = earlyAfter ? Clock::now() + *earlyAfter : Clock::time_point::max();
+  const auto take = [&](int rank, const std::string& text) {
+    try {
+      found[rank] = parseRankResults(text);
+      return true;
+    } catch (const std::exception& error) {
+      spdlog::warn("rank {} wrote unreadable results to {}: {}", rank, local.path(), error.what());
+      return false;
+    }
+  };
+  for (;;) {
+    bool pending = false;
+    const bool early = Clock::now() >= earlyFrom;
+    for (int rank = 0; rank < worldSize; ++rank) {
+      if (rank == self || found.count(rank) != 0) continue;
+      if (auto text = local.readResults(rank); text && take(rank, *text)) continue;
+      if (early) {
+        if (auto text = local.readResults(rank, true); text && take(rank, *text)) continue;
+      }
+      pending = pending || local.alive(rank);
+    }
+    if (!pending || Clock::now() >= deadline) return found;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+std::vector<std::vector<scenario::RankResult>> gatherResults(
+    collective::KeyValueStore* kv, const RankPlacement& placement, ResultsByRank local,
+    std::chrono::milliseconds wait, const MissingWhy& missingWhy, const EvidenceFolder& folder) {
+  const int self = placement.rank;
+  std::vector<std::vector<scenario::RankResult>> byRank(placement.worldSize);
+  const auto deadline = Clock::now() + wait;
+  std::string storeFailed;
+  const auto fromStore = [&](auto&& read) {
+    if (kv == nullptr || !storeFailed.empty()) return;
+    try {
+      read();
+    } catch (const std::exception& error) {
+      // Debug level only: in a launcher's teardown the launcher may stop reading this rank's
+      // stderr, and a blocked write would hold the log's lock that the report path needs.
+      storeFailed = error.what();
+      spdlog::debug("rank {}: the store failed while gathering results: {}", self, storeFailed);
+    }
+  };
+  for (int rank = 0; rank < placement.worldSize; ++rank) {
+    if (auto it = local.find(rank); it != local.end()) {
+      byRank[rank] = std::move(it->second);
+      continue;
+    }
+    fromStore([&] {
+      const std::string key = keys::result(rank);
+      if (!waitForRankKey(*kv, key, rank, deadline, &folder, self)) return;
+      const std::string text = kv->get(key, wait + kStoreReadMargin);
+      try {
+        byRank[rank] = parseRankResults(text);
+      } catch (const std::exception& error) {
+        spdlog::warn("rank {} sent unreadable results: {}", rank, error.what());
+      }
+    });
+  }
+  // Where a rank without results was: its heartbeat (every rank writes one at least every
+  // second), else the flight record its watchdog published at a deadline.
+  std::optional<std::map<int, diagnostics::PublishedFlight>> published;
+  const EvidenceOf evidenceOf = [&](int rank) {
+    MissingRankEvidence evidence;
+    evidence.reason = missingWhy(rank);
+    evidence.leakReason = "no result from this rank: not checked";
+    evidence.ended = folder.known(rank) && !folder.alive(rank);
+    fromStore([&] {
+      const std::string key = diagnostics::heartbeatKey(rank);
+      if (!kv->check({key})) return;
+      try {
+        evidence.heartbeat = diagnostics::Heartbeat::fromJson(
+            nlohmann::json::parse(kv->get(key, std::chrono::milliseconds(500))));
+      } catch (const nlohmann::json::exception& error) {
+        spdlog::debug("rank {}'s heartbeat: {}", rank, error.what());
+      }
+    });
+    if (!evidence.heartbeat) {
+      if (!published) {
+        published.emplace();
+        fromStore(
+            [&] { *published = diagnostics::readPublishedFlights(*kv, placement.worldSize); });
+      }
+      if (auto it = published->find(rank); it != published->end()) evidence.flight = it->second;
+    }
+    return evidence;
+  };
+  return fillMissing(std::move(byRank), 1, evidenceOf);
+}
+
+std::vector<std::vector<scenario::RankResult>> withOwn(
+    std::vector<std::vector<scenario::RankResult>> merged,
+    const std::vector<scenario::RankResult>& own, const RankPlacement& placement) {
+  if (merged.size() < own.size()) {
+    std::vector<scenario::RankResult> missing;
+    for (int rank = 0; rank < placement.worldSize; ++rank) {
+      missing.push_back(
+          missingRankResult(rank, fmt::format("no result from rank {} for this repetition", rank),
+                            "not checked", {}));
+    }
+    merged.resize(own.size(), missing);
+  }
+  for (std::size_t r = 0; r < own.size(); ++r) merged[r][placement.rank] = own[r];
+  return merged;
+}
+
+std::string endedWithoutResult(int rank, int reporter) {
+  return fmt::format("rank {}'s process ended without a result (killed or crashed){}", rank,
+                     rank == 0 && reporter != 0
+                         ? fmt::format("; rank {} reports in its place", reporter)
+                         : std::string());
+}
+
+}  // namespace hmc::app

@@ -1,0 +1,75 @@
+#pragma once
+// The reporting rank of an external launch (torchrun, srun, mpirun) gathers every rank's
+// results: from the local evidence folder (evidence_folder.hpp) first, then the control store
+// (run_keys.hpp's result/<rank>), and fills in the ranks that left none (missing_ranks.hpp)
+// from their heartbeats and published flight records. Also the bounded waits on other ranks'
+// keys that never wait for a rank known to be gone. Every wait here is bounded by the deadline
+// it is given; the store may be null (gone), and a store that fails is given up at its first
+// error.
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "evidence_folder.hpp"
+#include "hmc/collective/key_value_store.hpp"
+#include "hmc/scenario/rank_result.hpp"
+#include "rank_placement.hpp"
+
+namespace hmc::app {
+
+using Clock = std::chrono::steady_clock;
+using ResultsByRank = std::map<int, std::vector<scenario::RankResult>>;
+// Why rank `rank` left no result: the start of its crash reason.
+using MissingWhy = std::function<std::string(int rank)>;
+
+// The bound on reading the store beyond a wait, should the store not answer.
+inline constexpr std::chrono::milliseconds kStoreReadMargin{300};
+
+// Polls for `keys` until all exist or `deadline` passes.
+bool waitForKeys(collective::KeyValueStore& kv, const std::vector<std::string>& keys,
+                 Clock::time_point deadline);
+
+// Whether rank `rank` is known to be gone: announced dead in the store (hmc-run's own launcher
+// does that), or its process on this node ended (the evidence folder's pid file: torchrun,
+// mpirun and srun announce nothing, and Open MPI tears the job down 1 s after a rank's death,
+// so nobody may wait for a dead rank's vote or result up to the deadline). A rank found gone
+// through the folder is announced in the store for ranks on other nodes and `hmc-run status`.
+// `self`: the asking rank, for the announcement's words.
+bool rankGone(collective::KeyValueStore& kv, const EvidenceFolder* folder, int rank, int self);
+
+// Polls until every rank's key exists (keyOf(rank), ranks 0..worldSize-1: true), a rank whose
+// key is missing is gone (rankGone: false), or `deadline` passes (false).
+bool waitForRanks(collective::KeyValueStore& kv, const std::function<std::string(int)>& keyOf,
+                  int worldSize, Clock::time_point deadline, const EvidenceFolder* folder,
+                  int self);
+
+// The results the other ranks wrote to the local evidence folder: polls until every rank of
+// this node that is still alive wrote its own, or `deadline` passes. With `earlyAfter`, a rank
+// whose final file is still missing that long after the call is taken from its early snapshot
+// (EvidenceFolder::writeResults), if it wrote one.
+ResultsByRank readLocalResults(const EvidenceFolder& local, int worldSize, int self,
+                               Clock::time_point deadline,
+                               std::optional<std::chrono::milliseconds> earlyAfter = std::nullopt);
+
+// Every rank's results, [repetition][rank]: `local` first, then the store `kv` (waiting up to
+// `wait` for a rank's result/<rank>; null: the store is gone), then fillMissing with the rank's
+// heartbeat and published flight record from the store; a rank without any is a crashed rank
+// saying missingWhy(rank).
+std::vector<std::vector<scenario::RankResult>> gatherResults(
+    collective::KeyValueStore* kv, const RankPlacement& placement, ResultsByRank local,
+    std::chrono::milliseconds wait, const MissingWhy& missingWhy, const EvidenceFolder& folder);
+
+// `merged` with this rank's own results (as it has them now) in place, grown to as many
+// repetitions as it has (the others missing there).
+std::vector<std::vector<scenario::RankResult>> withOwn(
+    std::vector<std::vector<scenario::RankResult>> merged,
+    const std::vector<scenario::RankResult>& own, const RankPlacement& placement);
+
+// A rank of this node whose process is gone and left no result, as `reporter` says it.
+std::string endedWithoutResult(int rank, int reporter);
+
+}  // namespace hmc::app

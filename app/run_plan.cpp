@@ -1,0 +1,174 @@
+#include "run_plan.hpp"
+
+#include <fmt/format.h>
+
+#include "hmc/config.hpp"
+#include "hmc/scenario/output_file.hpp"
+#include "hmc/scenario/runner.hpp"
+#include "preflight.hpp"
+
+namespace hmc::app {
+namespace {
+
+// The first step (nested ones too) that asks for CUDA itself, or null.
+const scenario::Step* firstCudaStep(const std::vector<scenario::Step>& steps) {
+  for (const auto& step : steps) {
+    if (step.device == scenario::Device::kCuda) return &step;
+    if (const auto* inner = firstCudaStep(step.steps)) return inner;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+// Decides who starts the ranks, over which transport, and who reports. Returns 0, or the
+// exit code of a usage error it printed.
+int planRun(const RunOptions& options, RunPlan* plan) {
+  try {
+    plan->launch = collective::detectLaunch(collective::processEnvironment(),
+                                            {options.masterAddr, options.masterPort});
+  } catch (const ValueError& error) {
+    usageError(fmt::format("launcher environment: {}", error.what()));
+    return kExitUsage;
+  }
+  const auto& launch = plan->launch;
+  plan->transport = options.transport;
+  if (launch) {
+    if (plan->transport == collective::Transport::kThreads) {
+      usageError(fmt::format(
+          "--transport threads runs every rank in one process, but {} started this process as "
+          "rank {} of {}: use --transport tcp, store or gloo (or auto)",
+          launch->launcher, launch->rank, launch->worldSize));
+      return kExitUsage;
+    }
+    if (plan->transport == collective::Transport::kAuto)
+      plan->transport = collective::Transport::kTcp;
+    if (options.overrides.worldSize && *options.overrides.worldSize != launch->worldSize) {
+      usageError(fmt::format("--world-size {} disagrees with {}'s world of {} ranks",
+                             *options.overrides.worldSize, launch->launcher, launch->worldSize));
+      return kExitUsage;
+    }
+    plan->reporting = launch->rank == 0;
+    plan->placement = RankPlacement::fromLaunch(*launch);
+  } else if (plan->transport == collective::Transport::kAuto) {
+    plan->transport = collective::Transport::kThreads;
+  }
+  if (plan->transport == collective::Transport::kNccl) {
+    if (!HMC_HAVE_CUDA) {
+      usageError(
+          "--transport nccl: this hmc-run was built without CUDA (HMC_WITH_CUDA=OFF, or the CUDA "
+          "toolkit or NCCL was not found); use --transport tcp, store or gloo");
+      return kExitUsage;
+    }
+    plan->ncclDevices = resources::cudaDeviceUsable();
+    if (!*plan->ncclDevices) {
+      usageError(fmt::format("--transport nccl: {}; use --transport tcp, store or gloo",
+                             plan->ncclDevices->reason));
+      return kExitUsage;
+    }
+  }
+  if (options.warmup && *options.warmup >= options.repetitions) {
+    usageError(fmt::format("--warmup {} leaves no measured repetition of --repetitions {}",
+                           *options.warmup, options.repetitions));
+    return kExitUsage;
+  }
+  plan->warmup = options.warmup.value_or(options.repetitions > 1 ? 1 : 0);
+  plan->flightCapacity = options.tracePath ? (1u << 16) : 64u;
+  // Output paths are checked before anything runs, so a long run's results are not lost.
+  if (plan->reporting) {
+    for (const auto* path : {&options.reportPath, &options.tracePath}) {
+      if (!*path) continue;
+      const std::string problem = scenario::checkOutputPath(**path);
+      if (!problem.empty()) {
+        usageError(problem);
+        return kExitUsage;
+      }
+    }
+    if (options.reportPath && options.tracePath && *options.reportPath == "-" &&
+        *options.tracePath == "-") {
+      usageError("--report - and --trace - would both write to standard output: give one a file");
+      return kExitUsage;
+    }
+  }
+  return 0;
+}
+
+PreparedScenario prepareScenario(const std::string& file, const RunOptions& options,
+                                 const RunPlan& plan) {
+  PreparedScenario prepared;
+  ScenarioOverrides overrides = options.overrides;
+  if (plan.launch) overrides.worldSize = plan.launch->worldSize;
+  try {
+    prepared.text = scenario::readScenarioFile(file);
+    prepared.scenario = overrides.parse(prepared.text, file);
+  } catch (const ScenarioError& error) {
+    prepared.error = error;
+    return prepared;
+  }
+  const auto& scenario = prepared.scenario;
+  // What this machine cannot run is bad usage (exit 2), not a failed expectation: a GPU
+  // scenario without a usable GPU, an NCCL world with more ranks than GPUs.
+  if (scenario::usesCuda(scenario)) {
+    const std::string reason = scenario::cudaUnusableReason();
+    if (!reason.empty()) {
+      // A step of its own asking for CUDA is named by its path: --device does not change it.
+      const scenario::Step* step = firstCudaStep(scenario.steps);
+      prepared.error =
+          step != nullptr
+              ? ScenarioError(
+                    file, step->path + "/device",
+                    fmt::format("this step puts its inputs on CUDA, but {}; run the scenario on "
+                                "a GPU machine (scripts/device-check) or change the step's "
+                                "\"device\"",
+                                reason))
+              : ScenarioError(
+                    file, "/device",
+                    fmt::format("the scenario puts its inputs on CUDA, but {}; run it on a GPU "
+                                "machine (scripts/device-check) or pass --device cpu",
+                                reason));
+      return prepared;
+    }
+  }
+  if (!prepared.error) {
+    // What the run needs from this host (descriptors, tasks, memory), before any rank starts.
+    RunShape shape;
+    shape.processes = !plan.launch && collective::ranksAreProcesses(plan.transport);
+    shape.hostsStore = plan.placement && plan.placement->hostsStore();
+    shape.worldSize = scenario.worldSize;
+    shape.recordedSteps = scenario.steps.size();
+    shape.repetitions = options.repetitions;
+    if (!plan.launch || shape.hostsStore) {
+      if (std::string refusal = preflight(shape); !refusal.empty()) {
+        prepared.error = ScenarioError(file, "", "this host cannot run it: " + refusal);
+        return prepared;
+      }
+    }
+  }
+  if (plan.ncclDevices && !plan.launch && scenario.worldSize > plan.ncclDevices->deviceCount) {
+    prepared.error = ScenarioError(
+        file, "/world_size",
+        fmt::format("--transport nccl needs one GPU per rank: {} ranks, {} GPU(s); run it with "
+                    "--world-size {} or fewer, or use --transport tcp, store or gloo (the ranks "
+                    "then share the GPU for workspaces)",
+                    scenario.worldSize, plan.ncclDevices->deviceCount,
+                    plan.ncclDevices->deviceCount));
+  }
+  return prepared;
+}
+
+WorldOptions worldOptions(const RunPlan& plan, const RunOptions& options,
+                          const std::string& executable) {
+  WorldOptions world;
+  world.launch.overrides = options.overrides;
+  world.launch.repetitions = options.repetitions;
+  world.launch.transport = plan.transport;
+  world.launch.flightCapacity = plan.flightCapacity;
+  world.launch.logLevel = options.logLevel;
+  if (plan.placement) world.launch.placement = *plan.placement;
+  world.underLauncher = plan.launch.has_value();
+  world.executable = executable;
+  world.masterPort = options.masterPort;
+  return world;
+}
+
+}  // namespace hmc::app

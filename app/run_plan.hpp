@@ -1,0 +1,50 @@
+#pragma once
+// From the command line to what runs: a RunPlan decided once for the whole run (who starts
+// the ranks, over which transport, who reports), then per scenario file a PreparedScenario
+// (read once, parsed with the overrides, checked against what this host can run), and the
+// WorldOptions of the driver that runs it (world_driver.hpp).
+
+#include <cstddef>
+#include <optional>
+#include <string>
+
+#include "cli.hpp"
+#include "hmc/collective/launch_env.hpp"
+#include "hmc/collective/transport.hpp"
+#include "hmc/error.hpp"
+#include "hmc/resources/cuda_device.hpp"
+#include "hmc/scenario/scenario.hpp"
+#include "rank_placement.hpp"
+#include "world_driver.hpp"
+
+namespace hmc::app {
+
+// Who starts the ranks and who reports, decided once for the whole run.
+struct RunPlan {
+  std::optional<collective::LaunchEnv> launch;  // torchrun, srun or mpirun started us
+  std::optional<RankPlacement> placement;       // where this process sits under it
+  collective::Transport transport = collective::Transport::kThreads;  // resolved: never kAuto
+  std::optional<resources::DeviceProbe> ncclDevices;
+  bool reporting = true;  // this process prints and writes the results
+  int warmup = 0;
+  std::size_t flightCapacity = 64;
+};
+
+// Decides who starts the ranks, over which transport, and who reports. Returns 0, or the
+// exit code of a usage error it printed (usageError).
+int planRun(const RunOptions& options, RunPlan* plan);
+
+// A scenario read once and parsed with the overrides, or why it cannot run here.
+struct PreparedScenario {
+  std::string text;
+  scenario::Scenario scenario;
+  std::optional<ScenarioError> error;
+};
+PreparedScenario prepareScenario(const std::string& file, const RunOptions& options,
+                                 const RunPlan& plan);
+
+// The driver's options for the plan; `executable` is what hmc-run's own rank processes run.
+WorldOptions worldOptions(const RunPlan& plan, const RunOptions& options,
+                          const std::string& executable);
+
+}  // namespace hmc::app
