@@ -19,64 +19,17 @@
 #include "hmc/diagnostics/job_status.hpp"
 #include "hmc/diagnostics/watchdog.hpp"
 #include "hmc/error.hpp"
+#include "support/memory_store.hpp"
 
 namespace {
+
+using hmc::testing::MemoryStore;
 
 using namespace std::chrono_literals;
 using hmc::collective::Clock;
 using hmc::collective::CollectiveRecord;
 using hmc::collective::CollectiveStatus;
 namespace dx = hmc::diagnostics;
-
-// A KeyValueStore in memory that counts the writes of every key.
-class MemoryStore final : public hmc::collective::KeyValueStore {
- public:
-  void set(const std::string& key, const hmc::collective::Bytes& value) override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    values_[key] = value;
-    ++writes_[key];
-  }
-  hmc::collective::Bytes get(const std::string& key, std::chrono::milliseconds) override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto it = values_.find(key);
-    if (it == values_.end()) throw hmc::TimeoutError("no key " + key);
-    return it->second;
-  }
-  bool check(const std::vector<std::string>& keys) override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (const auto& key : keys) {
-      if (values_.count(key) == 0) return false;
-    }
-    return true;
-  }
-  bool deleteKey(const std::string& key) override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    ++writes_[key];
-    return values_.erase(key) > 0;
-  }
-  std::int64_t add(const std::string& key, std::int64_t delta) override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    const std::int64_t value = values_.count(key) ? std::stoll(values_[key]) + delta : delta;
-    values_[key] = std::to_string(value);
-    if (delta != 0) ++writes_[key];
-    return value;
-  }
-  int writes(const std::string& key) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return writes_[key];
-  }
-  std::size_t totalWrites() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    std::size_t total = 0;
-    for (const auto& [key, count] : writes_) total += static_cast<std::size_t>(count);
-    return total;
-  }
-
- private:
-  std::mutex mutex_;
-  std::map<std::string, std::string> values_;
-  std::map<std::string, int> writes_;
-};
 
 CollectiveRecord record(std::uint64_t sequence, std::string stage, Clock::time_point start,
                         CollectiveStatus status = CollectiveStatus::kOk) {

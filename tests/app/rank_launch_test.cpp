@@ -1,0 +1,120 @@
+// A rank process's configuration (app/rank_launch.hpp, app/rank_placement.hpp): the `_rank`
+// command line that hmc-run's launcher writes reads back as the same RankLaunch, and a
+// launcher's environment gives the placement every other part reads.
+
+#include "rank_launch.hpp"
+
+#include <doctest/doctest.h>
+
+#include <CLI/CLI.hpp>
+#include <string>
+#include <vector>
+
+#include "hmc/collective/launch_env.hpp"
+#include "rank_placement.hpp"
+
+namespace {
+
+using hmc::app::RankLaunch;
+using hmc::app::RankPlacement;
+using hmc::app::StoreHost;
+
+// Parses `launch.toArgs()` as the rank process does.
+RankLaunch roundTrip(const RankLaunch& launch) {
+  CLI::App app("hmc-run");
+  CLI::App* rank = app.add_subcommand("_rank");
+  RankLaunch back;
+  back.addOptions(*rank);
+  std::vector<std::string> args = launch.toArgs();
+  args.insert(args.begin(), "hmc-run");
+  std::vector<const char*> argv;
+  for (const auto& arg : args) argv.push_back(arg.c_str());
+  app.parse(static_cast<int>(argv.size()), argv.data());
+  REQUIRE(rank->parsed());
+  return back;
+}
+
+}  // namespace
+
+TEST_SUITE("rank launch") {
+  TEST_CASE("the _rank command line reads back as the same configuration") {
+    RankLaunch launch;
+    launch.scenarioFile = "/tmp/hmc-run-x/scenario.json";
+    launch.displayFile = "scenarios/with space.json";
+    launch.overrides.worldSize = 6;
+    launch.overrides.device = hmc::scenario::Device::kCpu;
+    launch.overrides.timeoutS = 0.1 + 0.2;  // not exactly 0.3: must survive as is
+    launch.repetitions = 12;
+    launch.transport = hmc::collective::Transport::kGloo;
+    launch.placement =
+        RankPlacement{5, 6, "198.18.0.1", 29400, 29411, StoreHost::kLauncherAgent, ""};
+    launch.flightCapacity = 65536;
+    launch.resultFile = "/tmp/hmc-run-x/rank5";
+    launch.logLevel = "debug";
+    const RankLaunch back = roundTrip(launch);
+    CHECK(back.scenarioFile == launch.scenarioFile);
+    CHECK(back.displayFile == launch.displayFile);
+    CHECK(back.overrides.worldSize == 6);
+    CHECK(back.overrides.device.has_value());
+    CHECK(hmc::scenario::toString(*back.overrides.device) == "cpu");
+    CHECK(back.overrides.timeoutS == launch.overrides.timeoutS);
+    CHECK(back.repetitions == 12);
+    CHECK(hmc::collective::toString(back.transport) == "gloo");
+    CHECK(back.placement.rank == 5);
+    CHECK(back.placement.worldSize == 6);
+    CHECK(back.placement.masterAddr == "198.18.0.1");
+    CHECK(back.placement.masterPort == 29400);
+    CHECK(back.placement.glooPort == 29411);
+    CHECK((back.placement.storeHost == StoreHost::kLauncherAgent));
+    CHECK(back.placement.launcher.empty());
+    CHECK(back.flightCapacity == 65536);
+    CHECK(back.resultFile == launch.resultFile);
+    CHECK(back.logLevel == "debug");
+  }
+
+  TEST_CASE("without overrides none appear, and rank 0 hosts the store by default") {
+    RankLaunch launch;
+    launch.scenarioFile = "s.json";
+    launch.resultFile = "r";
+    const RankLaunch back = roundTrip(launch);
+    CHECK_FALSE(back.overrides.worldSize.has_value());
+    CHECK_FALSE(back.overrides.device.has_value());
+    CHECK_FALSE(back.overrides.timeoutS.has_value());
+    CHECK((back.placement.storeHost == StoreHost::kRankZero));
+  }
+
+  TEST_CASE("the transport's options come from the placement") {
+    RankLaunch launch;
+    launch.placement =
+        RankPlacement{2, 4, "node1", 29500, 0, StoreHost::kLauncherAgent, "torchrun"};
+    const auto options = launch.transportOptions(std::chrono::milliseconds(2500));
+    CHECK(options.rank == 2);
+    CHECK(options.worldSize == 4);
+    CHECK(options.masterAddr == "node1");
+    CHECK(options.masterPort == 29500);
+    CHECK_FALSE(options.rankZeroHostsStore);
+    CHECK(options.timeout == std::chrono::milliseconds(2500));
+  }
+
+  TEST_CASE("a launcher's environment places the rank; who hosts the store is decided once") {
+    hmc::collective::LaunchEnv env;
+    env.launcher = "torchrun";
+    env.rank = 0;
+    env.worldSize = 8;
+    env.masterAddr = "h1";
+    env.masterPort = 29500;
+    env.agentHostsStore = true;
+    RankPlacement placement = RankPlacement::fromLaunch(env);
+    CHECK(placement.underLauncher());
+    CHECK_FALSE(placement.hostsStore());  // torchrun's agent hosts it
+    CHECK(placement.storeHostName() == "the store's host (the launcher's agent)");
+    env.launcher = "mpirun";
+    env.agentHostsStore = false;
+    placement = RankPlacement::fromLaunch(env);
+    CHECK(placement.hostsStore());
+    CHECK(placement.storeHostName() == "the store's host (rank 0)");
+    env.rank = 3;
+    CHECK_FALSE(RankPlacement::fromLaunch(env).hostsStore());
+    CHECK_FALSE(RankPlacement{}.underLauncher());  // hmc-run's own rank process
+  }
+}
