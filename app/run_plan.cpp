@@ -21,12 +21,9 @@ const scenario::Step* firstCudaStep(const std::vector<scenario::Step>& steps) {
 
 }  // namespace
 
-// Decides who starts the ranks, over which transport, and who reports. Returns 0, or the
-// exit code of a usage error it printed.
-int planRun(const RunOptions& options, RunPlan* plan) {
+int planRun(const RunOptions& options, RunPlan* plan, const collective::EnvLookup& env) {
   try {
-    plan->launch = collective::detectLaunch(collective::processEnvironment(),
-                                            {options.masterAddr, options.masterPort});
+    plan->launch = collective::detectLaunch(env, {options.masterAddr, options.masterPort});
   } catch (const ValueError& error) {
     usageError(fmt::format("launcher environment: {}", error.what()));
     return kExitUsage;

@@ -30,9 +30,11 @@ struct RunPlan {
   std::size_t flightCapacity = 64;
 };
 
-// Decides who starts the ranks, over which transport, and who reports. Returns 0, or the
-// exit code of a usage error it printed (usageError).
-int planRun(const RunOptions& options, RunPlan* plan);
+// Decides who starts the ranks, over which transport, and who reports, from the options and
+// the launcher's variables in `env`. Returns 0, or the exit code of a usage error it printed
+// (usageError).
+int planRun(const RunOptions& options, RunPlan* plan,
+            const collective::EnvLookup& env = collective::processEnvironment());
 
 // A scenario read once and parsed with the overrides, or why it cannot run here.
 struct PreparedScenario {

@@ -7,9 +7,17 @@
 
 #include <doctest/doctest.h>
 
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "hmc/collective/launch_env.hpp"
+#include "hmc/collective/store_transport.hpp"
+#include "hmc/diagnostics/heartbeat.hpp"
 #include "hmc/scenario/report.hpp"
 #include "hmc/scenario/runner.hpp"
 #include "hmc/scenario/scenario.hpp"
@@ -66,6 +74,7 @@ TEST_SUITE("world driver") {
   }
 
   TEST_CASE("thread ranks hand every repetition to the sink, and ReportBuilder folds them") {
+    hmc::app::SignalScope signals;  // as hmc-run: Ctrl-C is recorded, not fatal
     hmc::scenario::limitTorchThreads(1);
     const auto scenario = hmc::scenario::parseScenarioText(kPass, "pass.json");
     WorldOptions options = optionsFor(hmc::collective::Transport::kThreads, 3);
@@ -96,6 +105,7 @@ TEST_SUITE("world driver") {
   }
 
   TEST_CASE("after a hang a world is not repeated") {
+    hmc::app::SignalScope signals;
     hmc::scenario::limitTorchThreads(1);
     const auto scenario = hmc::scenario::parseScenarioText(kHang, "hang.json");
     Collected collected;
@@ -109,7 +119,7 @@ TEST_SUITE("world driver") {
 
   TEST_CASE("hmc-run's own rank processes hand every repetition to the sink in rank order") {
     const auto scenario = hmc::scenario::parseScenarioText(kPass, "pass.json");
-    hmc::app::SignalScope signals;  // as hmc-run: Ctrl-C is recorded, not fatal
+    hmc::app::SignalScope signals;
     Collected collected;
     const auto ran = hmc::app::makeWorldDriver(optionsFor(hmc::collective::Transport::kTcp, 2))
                          ->run({scenario, "pass.json", kPass}, collected.sink());
@@ -145,5 +155,60 @@ TEST_SUITE("world driver") {
     REQUIRE(rank1.crashReason.has_value());
     CHECK(rank1.crashReason->rfind("exited with status 17 (fault crash)", 0) == 0);
     CHECK(rank1.leaks.reason == "the rank process died without a result: not checked");
+  }
+
+  TEST_CASE("Ctrl-C stops hmc-run's own rank processes, and what they did is handed on") {
+    const char* const text = R"({"format": "hmc-scenario/1", "name": "sleep", "world_size": 2,
+      "device": "cpu", "timeout_s": 30, "steps": [
+      {"op": "create", "module": "a"},
+      {"op": "forward", "module": "a"},
+      {"op": "sleep", "seconds": 120}]})";
+    const auto scenario = hmc::scenario::parseScenarioText(text, "sleep.json");
+    hmc::app::SignalScope signals;
+    WorldOptions options = optionsFor(hmc::collective::Transport::kTcp, 1);
+    options.masterPort = hmc::collective::freeLoopbackPort();
+    // The signal comes once every rank is seen sleeping in step 2 (their heartbeats in the
+    // store, as `hmc-run status` reads them): the state the assertions below describe.
+    std::atomic<bool> seen{false};
+    std::thread user([&] {
+      hmc::collective::StoreTransportOptions client;
+      client.port = *options.masterPort;
+      client.worldSize = 2;
+      client.timeout = std::chrono::seconds(120);  // rank 0 starts the store once it runs
+      try {
+        auto kv = hmc::collective::connectKeyValueStore(client);
+        const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+        while (!seen && std::chrono::steady_clock::now() < end) {
+          int sleeping = 0;
+          for (int rank = 0; rank < 2; ++rank) {
+            const auto key = hmc::diagnostics::heartbeatKey(rank);
+            if (!kv->check({key})) continue;
+            const auto beat = hmc::diagnostics::Heartbeat::fromJson(
+                nlohmann::json::parse(kv->get(key, std::chrono::seconds(5))));
+            if (beat.step == 2) ++sleeping;
+          }
+          seen = sleeping == 2;
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        }
+      } catch (const std::exception& error) {
+        MESSAGE("watching the ranks failed: ", error.what());
+      }
+      std::raise(SIGINT);  // as a user's Ctrl-C: recorded by the SignalScope
+    });
+    Collected collected;
+    const auto ran =
+        hmc::app::makeWorldDriver(options)->run({scenario, "sleep.json", text}, collected.sink());
+    user.join();
+    REQUIRE(seen);
+    CHECK(ran.interrupted);
+    REQUIRE(collected.repetitions.size() == 1);
+    for (const auto& result : collected.repetitions[0]) {
+      INFO("rank ", result.rank);
+      CHECK(result.crashed);
+      CHECK(result.crashReason == "stopped by signal 15 (Terminated) in step 2");
+      CHECK(result.steps.size() == 2);  // create and forward, done before the signal
+      CHECK(result.leaks.reason == "the rank was stopped by a signal: not checked");
+    }
+    CHECK(hmc::app::pendingSignal() == SIGINT);
   }
 }
