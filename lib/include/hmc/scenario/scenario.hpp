@@ -10,6 +10,8 @@
 #include <string_view>
 #include <vector>
 
+#include "hmc/enum_names.hpp"
+
 namespace hmc::scenario {
 
 inline constexpr const char* kScenarioFormat = "hmc-scenario/1";
@@ -44,10 +46,33 @@ enum class Op {
 };
 enum class FaultKind { kCloseError, kReleaseError, kBusy, kStall, kCrash };
 
-std::string_view toString(Op op) noexcept;           // "create", "close_all", ...
-std::string_view toString(Device device) noexcept;   // "auto", "cpu", "cuda"
-std::string_view toString(Expect expect) noexcept;   // "ok", "error", "hang", "any"
-std::string_view toString(FaultKind kind) noexcept;  // "close_error", ...
+// The scenario format's names (`device`, `expect`, `op`, a fault's `kind`).
+inline constexpr EnumName<Device> kDeviceNames[] = {
+    {Device::kAuto, "auto"}, {Device::kCpu, "cpu"}, {Device::kCuda, "cuda"}};
+inline constexpr EnumName<Expect> kExpectNames[] = {
+    {Expect::kOk, "ok"}, {Expect::kError, "error"}, {Expect::kHang, "hang"}, {Expect::kAny, "any"}};
+inline constexpr EnumName<Op> kOpNames[] = {
+    {Op::kCreate, "create"},      {Op::kShare, "share"}, {Op::kForward, "forward"},
+    {Op::kBackward, "backward"},  {Op::kDrop, "drop"},   {Op::kClose, "close"},
+    {Op::kCloseAll, "close_all"}, {Op::kCheck, "check"}, {Op::kFault, "fault"},
+    {Op::kBarrier, "barrier"},    {Op::kSleep, "sleep"}, {Op::kRepeat, "repeat"},
+};
+inline constexpr EnumName<FaultKind> kFaultKindNames[] = {
+    {FaultKind::kCloseError, "close_error"},
+    {FaultKind::kReleaseError, "release_error"},
+    {FaultKind::kBusy, "busy"},
+    {FaultKind::kStall, "stall"},
+    {FaultKind::kCrash, "crash"},
+};
+constexpr EnumTable<Device> enumTable(Device) { return {"device", kDeviceNames}; }
+constexpr EnumTable<Expect> enumTable(Expect) { return {"expect value", kExpectNames}; }
+constexpr EnumTable<Op> enumTable(Op) { return {"op", kOpNames}; }
+constexpr EnumTable<FaultKind> enumTable(FaultKind) { return {"fault kind", kFaultKindNames}; }
+
+inline std::string_view toString(Op op) noexcept { return enumName(op); }
+inline std::string_view toString(Device device) noexcept { return enumName(device); }
+inline std::string_view toString(Expect expect) noexcept { return enumName(expect); }
+inline std::string_view toString(FaultKind kind) noexcept { return enumName(kind); }
 
 struct Step {
   Op op = Op::kBarrier;
