@@ -366,7 +366,7 @@ LocalLaunchResult launchLocalRanks(const scenario::Scenario& scenario,
   // One liaison per store of the run: the control store (prefix "hmc"), and for gloo the
   // process group's own store (GlooTransport's prefix "hmc-gloo/gloo"), whose rendezvous and
   // leaving also skip ranks announced dead.
-  const auto timeout = collective::timeoutFromSeconds(scenario.timeoutS);
+  const auto timeout = scenario.timeout();
   std::optional<StoreLiaison> liaison;
   std::optional<StoreLiaison> glooLiaison;
   if (world > 1) {

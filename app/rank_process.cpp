@@ -463,7 +463,7 @@ void recordLostStore(scenario::RankResult& result, const std::string& host,
 
 RankProcessOutcome runRankProcess(const scenario::Scenario& scenario, const RankLaunch& launch,
                                   bool gatherOnRankZero, const InterruptedReport& onInterrupted) {
-  const auto timeout = collective::timeoutFromSeconds(scenario.timeoutS);
+  const auto timeout = scenario.timeout();
   RankProgress progress(gatherOnRankZero);
   std::mutex storeMutex;
   std::shared_ptr<collective::KeyValueStore> evidenceStore;  // the watcher's own connection

@@ -19,10 +19,15 @@
 #include <system_error>
 #include <utility>
 
+#include "hmc/collective/collective.hpp"
 #include "hmc/error.hpp"
 #include "hmc/text.hpp"
 
 namespace hmc::scenario {
+
+std::chrono::milliseconds Scenario::timeout() const {
+  return collective::timeoutFromSeconds(timeoutS);
+}
 
 namespace {
 

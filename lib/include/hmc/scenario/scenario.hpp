@@ -3,6 +3,7 @@
 // validated. Parsing rejects every rule violation with a ScenarioError that names the file,
 // the JSON path (RFC 6901, "/steps/3/features") and what was expected.
 
+#include <chrono>
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -141,9 +142,14 @@ struct Scenario {
   int worldSize = 1;
   Device device = Device::kAuto;
   std::string dtype = "float32";
-  double timeoutS = 30;
+  double timeoutS = 30;  // `timeout_s` as written (reports print it as given)
   std::vector<Step> steps;
   std::optional<ReferenceDiffers> referenceDiffers;  // hmc extension; nullopt when absent
+
+  // The deadline of every collective: timeoutS rounded up to whole milliseconds
+  // (collective::timeoutFromSeconds). Throws ValueError unless 0 < timeoutS <= 1e6, which a
+  // parsed scenario always satisfies.
+  std::chrono::milliseconds timeout() const;
 };
 
 struct ParseOptions {
