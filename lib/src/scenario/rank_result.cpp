@@ -12,14 +12,6 @@ namespace {
 
 using nlohmann::json;
 
-constexpr Op kOps[] = {Op::kCreate, Op::kShare,   Op::kForward,  Op::kBackward,
-                       Op::kDrop,   Op::kClose,   Op::kCloseAll, Op::kCheck,
-                       Op::kFault,  Op::kBarrier, Op::kSleep,    Op::kRepeat};
-constexpr ErrorKind kErrorKinds[] = {
-    ErrorKind::kRuntimeError, ErrorKind::kValueError,  ErrorKind::kTypeError,
-    ErrorKind::kTimeout,      ErrorKind::kCheckFailed, ErrorKind::kCollectiveMismatch,
-    ErrorKind::kRankFailure,  ErrorKind::kScenario,    ErrorKind::kBackend};
-
 json optionalJson(const std::optional<std::int64_t>& value) {
   return value ? json(*value) : json(nullptr);
 }
