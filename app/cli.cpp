@@ -89,12 +89,10 @@ void addRunOptions(CLI::App& app, RunOptions& options) {
   app.add_option_function<std::string>(
          "--device",
          [&options](const std::string& name) {
-           options.overrides.device = name == "cpu"    ? scenario::Device::kCpu
-                                      : name == "cuda" ? scenario::Device::kCuda
-                                                       : scenario::Device::kAuto;
+           options.overrides.device = parseEnum<scenario::Device>(name);
          },
          "Replace the scenario's device: auto (cuda when usable), cpu or cuda")
-      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+      ->check(CLI::IsMember(enumNames<scenario::Device>()));
   app.add_option_function<double>(
          "--timeout", [&options](const double& seconds) { options.overrides.timeoutS = seconds; },
          "Deadline of every collective in seconds, replacing timeout_s (0 < s <= 1e6), "

@@ -330,7 +330,7 @@ LocalLaunchResult launchLocalRanks(const scenario::Scenario& scenario,
   // Rank 0 starts its server once LibTorch is loaded; every rank gives up on the store after
   // the timeout, so the launcher does not try longer than that plus a margin. One liaison per
   // store of the world (collective::worldStores).
-  const auto timeout = collective::timeoutFromSeconds(scenario.timeoutS);
+  const auto timeout = scenario.timeout();
   std::vector<std::unique_ptr<StoreLiaison>> liaisons;
   if (world > 1) {
     RankLaunch any = options.launch;

@@ -5,16 +5,6 @@
 #include <CLI/CLI.hpp>
 
 namespace hmc::app {
-namespace {
-
-std::optional<scenario::Device> deviceFromName(const std::string& name) {
-  for (auto device : {scenario::Device::kAuto, scenario::Device::kCpu, scenario::Device::kCuda}) {
-    if (scenario::toString(device) == name) return device;
-  }
-  return std::nullopt;
-}
-
-}  // namespace
 
 scenario::Scenario ScenarioOverrides::parse(const std::string& text,
                                             const std::string& file) const {
@@ -94,7 +84,7 @@ void RankLaunch::addOptions(CLI::App& command) {
   command.add_option_function<int>("--world-size-override",
                                    [this](const int& n) { overrides.worldSize = n; });
   command.add_option_function<std::string>("--device", [this](const std::string& name) {
-    overrides.device = deviceFromName(name);
+    overrides.device = enumFromName<scenario::Device>(name);
     if (!overrides.device) throw CLI::ValidationError("--device", "unknown device " + name);
   });
   command.add_option_function<double>(

@@ -48,7 +48,7 @@ class RankRun {
       : scenario_(scenario),
         launch_(launch),
         placement_(launch.placement),
-        timeout_(collective::timeoutFromSeconds(scenario.timeoutS)),
+        timeout_(scenario.timeout()),
         progress_(progress),
         handOff_(handOff) {}
 

@@ -8,7 +8,6 @@
 
 #include <cerrno>
 #include <chrono>
-#include <cmath>
 #include <cstring>
 #include <iostream>
 
@@ -122,8 +121,7 @@ void printTable(const diagnostics::JobStatus& status, double elapsedS) {
 
 int runStatus(const StatusOptions& options) {
   const auto start = std::chrono::steady_clock::now();
-  const auto timeout =
-      std::chrono::milliseconds(static_cast<std::int64_t>(std::ceil(options.timeoutS * 1000.0)));
+  const auto timeout = collective::timeoutFromSeconds(options.timeoutS);
   const std::string endpoint = fmt::format("{}:{}", options.masterAddr, options.masterPort);
   if (const std::string why = probe(options.masterAddr, options.masterPort, timeout);
       !why.empty()) {

@@ -4,30 +4,6 @@
 
 namespace hmc {
 
-std::string_view toString(ErrorKind kind) noexcept {
-  switch (kind) {
-    case ErrorKind::kRuntimeError:
-      return "runtime_error";
-    case ErrorKind::kValueError:
-      return "value_error";
-    case ErrorKind::kTypeError:
-      return "type_error";
-    case ErrorKind::kTimeout:
-      return "timeout";
-    case ErrorKind::kCheckFailed:
-      return "check_failed";
-    case ErrorKind::kCollectiveMismatch:
-      return "collective_mismatch";
-    case ErrorKind::kRankFailure:
-      return "rank_failure";
-    case ErrorKind::kScenario:
-      return "scenario_error";
-    case ErrorKind::kBackend:
-      return "backend_error";
-  }
-  return "runtime_error";
-}
-
 namespace {
 std::string scenarioMessage(const std::string& file, const std::string& path,
                             const std::string& what) {

@@ -240,7 +240,21 @@ TEST_SUITE("report") {
                          hmc::ValueError);
     json badOp = wire;
     badOp["steps"][0]["op"] = "explode";
-    CHECK_THROWS_AS(rankResultFromJson(badOp), hmc::ValueError);
+    CHECK_THROWS_WITH_AS(rankResultFromJson(badOp),
+                         doctest::Contains("unknown op 'explode' (expected one of: create, "),
+                         hmc::ValueError);
+    json badStatus = wire;
+    badStatus["steps"][0]["status"] = "passed";
+    CHECK_THROWS_WITH_AS(rankResultFromJson(badStatus),
+                         "unknown step status 'passed' (expected one of: ok, error, hang, "
+                         "skipped, not_run)",
+                         hmc::ValueError);
+    json badKind = wire;
+    badKind["steps"][1]["error"]["kind"] = "oops";
+    CHECK_THROWS_WITH_AS(rankResultFromJson(badKind),
+                         doctest::Contains("unknown error kind 'oops' (expected one of: "
+                                           "runtime_error, value_error, type_error, "),
+                         hmc::ValueError);
   }
 
   TEST_CASE("the report document carries the contract's fields and hmc's sections") {

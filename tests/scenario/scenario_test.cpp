@@ -461,6 +461,23 @@ TEST_SUITE("scenario") {
     CHECK(parseScenario(scenarioWith(json::array(), {{"timeout_s", 2}}), kFile).timeoutS == 2);
   }
 
+  TEST_CASE("the collective deadline is timeout_s rounded up to whole milliseconds") {
+    auto timeoutOf = [](const json& seconds) {
+      return parseScenario(scenarioWith(json::array(), {{"timeout_s", seconds}}), kFile)
+          .timeout()
+          .count();
+    };
+    CHECK(timeoutOf(2) == 2000);
+    CHECK(timeoutOf(10.5) == 10500);
+    CHECK(timeoutOf(0.0001) == 1);
+    CHECK(timeoutOf(1.0001) == 1001);
+    CHECK(timeoutOf(1000000) == 1000000000);
+    Scenario unparsed;
+    CHECK(unparsed.timeout() == std::chrono::seconds(30));
+    unparsed.timeoutS = 0;
+    CHECK_THROWS_AS(unparsed.timeout(), hmc::ValueError);
+  }
+
   TEST_CASE("steps is a required array") {
     CHECK(topFailure(R"({"format": "hmc-scenario/1", "name": "t"})") ==
           at("", "missing required key 'steps'"));

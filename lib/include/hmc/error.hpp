@@ -8,6 +8,8 @@
 #include <string>
 #include <string_view>
 
+#include "hmc/enum_names.hpp"
+
 namespace hmc {
 
 enum class ErrorKind {
@@ -22,8 +24,21 @@ enum class ErrorKind {
   kBackend,
 };
 
-// The report spelling: "runtime_error", "value_error", ...
-std::string_view toString(ErrorKind kind) noexcept;
+// The report spelling (`error.kind`).
+inline constexpr EnumName<ErrorKind> kErrorKindNames[] = {
+    {ErrorKind::kRuntimeError, "runtime_error"},
+    {ErrorKind::kValueError, "value_error"},
+    {ErrorKind::kTypeError, "type_error"},
+    {ErrorKind::kTimeout, "timeout"},
+    {ErrorKind::kCheckFailed, "check_failed"},
+    {ErrorKind::kCollectiveMismatch, "collective_mismatch"},
+    {ErrorKind::kRankFailure, "rank_failure"},
+    {ErrorKind::kScenario, "scenario_error"},
+    {ErrorKind::kBackend, "backend_error"},
+};
+constexpr EnumTable<ErrorKind> enumTable(ErrorKind) { return {"error kind", kErrorKindNames}; }
+
+inline std::string_view toString(ErrorKind kind) noexcept { return enumName(kind); }
 
 class Error : public std::runtime_error {
  public:

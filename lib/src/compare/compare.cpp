@@ -110,24 +110,6 @@ void addGoogleBenchmark(const json& document, const std::string& source, SampleS
 
 }  // namespace
 
-std::string_view toString(SourceFormat format) noexcept {
-  return format == SourceFormat::kReport ? "hmc-run report" : "Google Benchmark JSON";
-}
-
-std::string_view toString(Verdict verdict) noexcept {
-  switch (verdict) {
-    case Verdict::kFaster:
-      return "faster";
-    case Verdict::kSlower:
-      return "slower";
-    case Verdict::kSame:
-      return "same";
-    case Verdict::kUndecided:
-      break;
-  }
-  return "undecided";
-}
-
 SampleSet samplesFromJson(const nlohmann::json& document, const std::string& source) {
   SampleSet out;
   if (!document.is_object()) {

@@ -2,22 +2,6 @@
 
 namespace hmc::diagnostics {
 
-std::string_view toString(collective::CollectiveStatus status) noexcept {
-  switch (status) {
-    case collective::CollectiveStatus::kOk:
-      return "ok";
-    case collective::CollectiveStatus::kTimeout:
-      return "timeout";
-    case collective::CollectiveStatus::kMismatch:
-      return "mismatch";
-    case collective::CollectiveStatus::kRankFailure:
-      return "rank_failure";
-    case collective::CollectiveStatus::kError:
-      return "error";
-  }
-  return "error";
-}
-
 nlohmann::json FlightEntry::toJson() const {
   nlohmann::json out = {{"sequence", sequence},  {"stage", stage},    {"step", step},
                         {"bytes", payloadBytes}, {"start_s", startS}, {"status", status}};

@@ -1,9 +1,9 @@
 #include "hmc/diagnostics/heartbeat.hpp"
 
 #include <chrono>
-#include <stdexcept>
 
 #include "hmc/diagnostics/hang_diagnosis.hpp"
+#include "hmc/error.hpp"
 
 namespace hmc::diagnostics {
 namespace {
@@ -18,28 +18,6 @@ std::optional<FlightEntry> entryFrom(const nlohmann::json& value) {
 }
 
 }  // namespace
-
-std::string_view toString(RankState state) noexcept {
-  switch (state) {
-    case RankState::kStarting:
-      return "starting";
-    case RankState::kRunning:
-      return "running";
-    case RankState::kWaiting:
-      return "waiting";
-    case RankState::kDone:
-      return "done";
-  }
-  return "running";
-}
-
-RankState rankStateFromString(std::string_view text) {
-  for (auto state :
-       {RankState::kStarting, RankState::kRunning, RankState::kWaiting, RankState::kDone}) {
-    if (toString(state) == text) return state;
-  }
-  throw std::invalid_argument("unknown rank state '" + std::string(text) + "'");
-}
 
 nlohmann::json Heartbeat::toJson() const {
   return {{"format", kHeartbeatFormat},
@@ -58,8 +36,8 @@ Heartbeat Heartbeat::fromJson(const nlohmann::json& value) {
   Heartbeat out;
   out.rank = value.at("rank").get<int>();
   try {
-    out.state = rankStateFromString(value.at("state").get<std::string>());
-  } catch (const std::invalid_argument& error) {
+    out.state = parseEnum<RankState>(value.at("state").get<std::string>());
+  } catch (const ValueError& error) {
     throw nlohmann::json::other_error::create(501, error.what(), &value);
   }
   out.step = value.at("step").get<int>();

@@ -2,20 +2,6 @@
 
 namespace hmc::resources {
 
-std::string_view toString(DeviceHandleKind kind) noexcept {
-  switch (kind) {
-    case DeviceHandleKind::kMemory:
-      return "memory";
-    case DeviceHandleKind::kStream:
-      return "stream";
-    case DeviceHandleKind::kEvent:
-      return "event";
-    case DeviceHandleKind::kCommunicator:
-      return "communicator";
-  }
-  return "unknown";
-}
-
 nlohmann::json DeviceRegistrySnapshot::toJson() const {
   nlohmann::json handles = nlohmann::json::array();
   for (const DeviceHandleRecord& record : live) {

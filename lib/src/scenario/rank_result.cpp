@@ -12,14 +12,6 @@ namespace {
 
 using nlohmann::json;
 
-constexpr Op kOps[] = {Op::kCreate, Op::kShare,   Op::kForward,  Op::kBackward,
-                       Op::kDrop,   Op::kClose,   Op::kCloseAll, Op::kCheck,
-                       Op::kFault,  Op::kBarrier, Op::kSleep,    Op::kRepeat};
-constexpr ErrorKind kErrorKinds[] = {
-    ErrorKind::kRuntimeError, ErrorKind::kValueError,  ErrorKind::kTypeError,
-    ErrorKind::kTimeout,      ErrorKind::kCheckFailed, ErrorKind::kCollectiveMismatch,
-    ErrorKind::kRankFailure,  ErrorKind::kScenario,    ErrorKind::kBackend};
-
 json optionalJson(const std::optional<std::int64_t>& value) {
   return value ? json(*value) : json(nullptr);
 }
@@ -95,16 +87,16 @@ json toJson(const StepResult& step) {
 StepResult stepFromJson(const Reader& in) {
   StepResult step;
   step.index = in.get<int>("index");
-  step.op = opFromString(in.get<std::string>("op"));
+  step.op = parseEnum<Op>(in.get<std::string>("op"));
   step.module = in.optional<std::string>("module");
   step.label = in.optional<std::string>("label");
-  step.status = stepStatusFromString(in.get<std::string>("status"));
+  step.status = parseEnum<StepStatus>(in.get<std::string>("status"));
   step.expected = in.get<bool>("expected");
   step.seconds = in.get<double>("seconds");
   step.startS = in.get<double>("start_s");
   if (!in.at("error").is_null()) {
     const Reader error = in.child("error");
-    step.error = StepError{errorKindFromString(error.get<std::string>("kind")),
+    step.error = StepError{parseEnum<ErrorKind>(error.get<std::string>("kind")),
                            error.get<std::string>("message")};
   }
   if (!in.at("bind").is_null()) {
@@ -197,44 +189,6 @@ LeakCheck leaksFromJson(const Reader& in) {
 }
 
 }  // namespace
-
-std::string_view toString(StepStatus status) noexcept {
-  switch (status) {
-    case StepStatus::kOk:
-      return "ok";
-    case StepStatus::kError:
-      return "error";
-    case StepStatus::kHang:
-      return "hang";
-    case StepStatus::kSkipped:
-      return "skipped";
-    case StepStatus::kNotRun:
-      return "not_run";
-  }
-  return "error";
-}
-
-StepStatus stepStatusFromString(std::string_view text) {
-  for (StepStatus status : {StepStatus::kOk, StepStatus::kError, StepStatus::kHang,
-                            StepStatus::kSkipped, StepStatus::kNotRun}) {
-    if (toString(status) == text) return status;
-  }
-  throw ValueError(fmt::format("unknown step status '{}'", text));
-}
-
-Op opFromString(std::string_view text) {
-  for (Op op : kOps) {
-    if (toString(op) == text) return op;
-  }
-  throw ValueError(fmt::format("unknown step op '{}'", text));
-}
-
-ErrorKind errorKindFromString(std::string_view text) {
-  for (ErrorKind kind : kErrorKinds) {
-    if (toString(kind) == text) return kind;
-  }
-  throw ValueError(fmt::format("unknown error kind '{}'", text));
-}
 
 std::vector<double> TimingSamples::exchange() const {
   std::vector<double> all;

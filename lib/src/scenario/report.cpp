@@ -134,20 +134,6 @@ json samplesJson(const Samples& samples) {
 
 }  // namespace
 
-std::string_view toString(Outcome outcome) noexcept {
-  switch (outcome) {
-    case Outcome::kPass:
-      return "pass";
-    case Outcome::kFail:
-      return "fail";
-    case Outcome::kHang:
-      return "hang";
-    case Outcome::kInvalid:
-      return "invalid";
-  }
-  return "fail";
-}
-
 int exitCodeOf(Outcome outcome) noexcept {
   switch (outcome) {
     case Outcome::kPass:

@@ -288,8 +288,7 @@ class RankState {
 #if HMC_HAVE_CUDA
     const resources::CudaWorkspace* workspace = module.cudaWorkspace();
     if (workspace == nullptr) return;
-    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                             std::chrono::duration<double>(scenario_.timeoutS));
+    const auto deadline = Clock::now() + scenario_.timeout();
     auto pause = std::chrono::microseconds(5);
     while (workspace->inFlight()) {
       if (Clock::now() >= deadline) {

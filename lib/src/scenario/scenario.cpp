@@ -19,81 +19,14 @@
 #include <system_error>
 #include <utility>
 
+#include "hmc/collective/collective.hpp"
 #include "hmc/error.hpp"
 #include "hmc/text.hpp"
 
 namespace hmc::scenario {
 
-std::string_view toString(Op op) noexcept {
-  switch (op) {
-    case Op::kCreate:
-      return "create";
-    case Op::kShare:
-      return "share";
-    case Op::kForward:
-      return "forward";
-    case Op::kBackward:
-      return "backward";
-    case Op::kDrop:
-      return "drop";
-    case Op::kClose:
-      return "close";
-    case Op::kCloseAll:
-      return "close_all";
-    case Op::kCheck:
-      return "check";
-    case Op::kFault:
-      return "fault";
-    case Op::kBarrier:
-      return "barrier";
-    case Op::kSleep:
-      return "sleep";
-    case Op::kRepeat:
-      return "repeat";
-  }
-  return "unknown";
-}
-
-std::string_view toString(Device device) noexcept {
-  switch (device) {
-    case Device::kAuto:
-      return "auto";
-    case Device::kCpu:
-      return "cpu";
-    case Device::kCuda:
-      return "cuda";
-  }
-  return "unknown";
-}
-
-std::string_view toString(Expect expect) noexcept {
-  switch (expect) {
-    case Expect::kOk:
-      return "ok";
-    case Expect::kError:
-      return "error";
-    case Expect::kHang:
-      return "hang";
-    case Expect::kAny:
-      return "any";
-  }
-  return "unknown";
-}
-
-std::string_view toString(FaultKind kind) noexcept {
-  switch (kind) {
-    case FaultKind::kCloseError:
-      return "close_error";
-    case FaultKind::kReleaseError:
-      return "release_error";
-    case FaultKind::kBusy:
-      return "busy";
-    case FaultKind::kStall:
-      return "stall";
-    case FaultKind::kCrash:
-      return "crash";
-  }
-  return "unknown";
+std::chrono::milliseconds Scenario::timeout() const {
+  return collective::timeoutFromSeconds(timeoutS);
 }
 
 namespace {
@@ -119,45 +52,62 @@ const Names kTopLevelKeys = {"format", "name",      "description", "world_size",
 const Names kReferenceDiffersKeys = {"why", "steps"};
 const Names kCommonStepKeys = {"op", "ranks", "expect", "expect_error", "repeat", "label"};
 
+// The keys of each op and of each fault kind (their names: scenario.hpp).
 struct OpInfo {
-  std::string_view name;
-  Op op;
+  Op value;
   Names keys;  // besides the common ones (fault: besides `kind`, per kind below)
 };
 
 const std::vector<OpInfo>& opTable() {
   static const std::vector<OpInfo> table = {
-      {"create", Op::kCreate, {"module", "type", "features", "workspace_bytes", "compat", "scope"}},
-      {"share", Op::kShare, {"modules"}},
-      {"forward", Op::kForward, {"module", "batch", "dtype", "device", "backward"}},
-      {"backward", Op::kBackward, {"module"}},
-      {"drop", Op::kDrop, {"module", "collect"}},
-      {"close", Op::kClose, {"module"}},
-      {"close_all", Op::kCloseAll, {}},
-      {"check", Op::kCheck, {"groups", "bound_groups", "runtime_live"}},
-      {"fault", Op::kFault, {"kind"}},  // and the keys of its kind
-      {"barrier", Op::kBarrier, {}},
-      {"sleep", Op::kSleep, {"seconds"}},
-      {"repeat", Op::kRepeat, {"count", "steps"}},
+      {Op::kCreate, {"module", "type", "features", "workspace_bytes", "compat", "scope"}},
+      {Op::kShare, {"modules"}},
+      {Op::kForward, {"module", "batch", "dtype", "device", "backward"}},
+      {Op::kBackward, {"module"}},
+      {Op::kDrop, {"module", "collect"}},
+      {Op::kClose, {"module"}},
+      {Op::kCloseAll, {}},
+      {Op::kCheck, {"groups", "bound_groups", "runtime_live"}},
+      {Op::kFault, {"kind"}},  // and the keys of its kind
+      {Op::kBarrier, {}},
+      {Op::kSleep, {"seconds"}},
+      {Op::kRepeat, {"count", "steps"}},
   };
   return table;
 }
 
 struct FaultInfo {
-  std::string_view name;
-  FaultKind kind;
+  FaultKind value;
   Names keys;  // besides the common ones and `kind`
 };
 
 const std::vector<FaultInfo>& faultTable() {
   static const std::vector<FaultInfo> table = {
-      {"close_error", FaultKind::kCloseError, {"count"}},
-      {"release_error", FaultKind::kReleaseError, {"count"}},
-      {"busy", FaultKind::kBusy, {"module", "busy"}},
-      {"stall", FaultKind::kStall, {"seconds"}},
-      {"crash", FaultKind::kCrash, {}},
+      {FaultKind::kCloseError, {"count"}},
+      {FaultKind::kReleaseError, {"count"}},
+      {FaultKind::kBusy, {"module", "busy"}},
+      {FaultKind::kStall, {"seconds"}},
+      {FaultKind::kCrash, {}},
   };
   return table;
+}
+
+// The entry of `value` in opTable() or faultTable(); each lists every value.
+template <typename Info, typename E>
+const Info& infoOf(const std::vector<Info>& table, E value) {
+  return *std::find_if(table.begin(), table.end(),
+                       [value](const Info& info) { return info.value == value; });
+}
+
+// The names of an enum's values, in its table's order.
+template <typename E>
+const Names& namesOf() {
+  static const Names names = [] {
+    Names out;
+    for (const EnumName<E>& entry : enumTable(E{})) out.push_back(entry.name);
+    return out;
+  }();
+  return names;
 }
 
 // ---- text helpers ----------------------------------------------------------------------
@@ -434,10 +384,14 @@ class Parser {
     fail(path, message);
   }
 
+  // One of an enum's names (its table, with the parser's message and suggestion).
+  template <typename E>
+  E readEnum(const json& value, const std::string& path) const {
+    return enumTable(E{})[readChoice(value, path, namesOf<E>())].value;
+  }
+
   Device readDevice(const json& value, const std::string& path) const {
-    static const Names names = {"auto", "cpu", "cuda"};
-    static const Device devices[] = {Device::kAuto, Device::kCpu, Device::kCuda};
-    return devices[readChoice(value, path, names)];
+    return readEnum<Device>(value, path);
   }
 
   std::string readDtype(const json& value, const std::string& path) const {
@@ -576,9 +530,9 @@ class Parser {
   static std::string ownerOf(std::string_view key, std::string_view exceptOp) {
     Names owners;
     for (const OpInfo& info : opTable()) {
-      if (info.name == exceptOp) continue;
+      if (toString(info.value) == exceptOp) continue;
       if (std::find(info.keys.begin(), info.keys.end(), key) != info.keys.end()) {
-        owners.push_back(info.name);
+        owners.push_back(toString(info.value));
       }
     }
     std::string out;
@@ -586,7 +540,7 @@ class Parser {
     Names kinds;
     for (const FaultInfo& info : faultTable()) {
       if (std::find(info.keys.begin(), info.keys.end(), key) != info.keys.end()) {
-        kinds.push_back(info.name);
+        kinds.push_back(toString(info.value));
       }
     }
     if (!kinds.empty()) {
@@ -601,40 +555,31 @@ class Parser {
     Step step;
     step.path = path;
 
-    static const Names opNames = [] {
-      Names names;
-      for (const OpInfo& info : opTable()) names.push_back(info.name);
-      return names;
-    }();
-    const json& opValue = required(value, path, "op", " (" + join(opNames) + ")");
-    const OpInfo& op = opTable()[readChoice(opValue, childPath(path, "op"), opNames)];
-    step.op = op.op;
+    const json& opValue = required(value, path, "op", " (" + join(namesOf<Op>()) + ")");
+    const OpInfo& op = infoOf(opTable(), readEnum<Op>(opValue, childPath(path, "op")));
+    step.op = op.value;
 
     Names allowed = kCommonStepKeys;
-    std::string context = fmt::format(" for op {}", keyText(op.name));
-    if (op.op == Op::kFault) {
-      static const Names kindNames = [] {
-        Names names;
-        for (const FaultInfo& info : faultTable()) names.push_back(info.name);
-        return names;
-      }();
-      const json& kindValue = required(value, path, "kind", " (" + join(kindNames) + ")");
+    std::string context = fmt::format(" for op {}", keyText(toString(op.value)));
+    if (op.value == Op::kFault) {
+      const json& kindValue =
+          required(value, path, "kind", " (" + join(namesOf<FaultKind>()) + ")");
       const FaultInfo& kind =
-          faultTable()[readChoice(kindValue, childPath(path, "kind"), kindNames)];
-      step.faultKind = kind.kind;
+          infoOf(faultTable(), readEnum<FaultKind>(kindValue, childPath(path, "kind")));
+      step.faultKind = kind.value;
       allowed.push_back("kind");
       allowed.insert(allowed.end(), kind.keys.begin(), kind.keys.end());
-      context = fmt::format(" for fault kind {}", keyText(kind.name));
+      context = fmt::format(" for fault kind {}", keyText(toString(kind.value)));
       checkKeys(value, path, allowed, context,
                 [&](std::string_view key) { return ownerOf(key, "fault"); });
     } else {
       allowed.insert(allowed.end(), op.keys.begin(), op.keys.end());
       checkKeys(value, path, allowed, context,
-                [&](std::string_view key) { return ownerOf(key, op.name); });
+                [&](std::string_view key) { return ownerOf(key, toString(op.value)); });
     }
 
     readCommon(value, path, step);
-    switch (op.op) {
+    switch (op.value) {
       case Op::kCreate:
         readCreate(value, path, step);
         break;
@@ -739,9 +684,7 @@ class Parser {
     if (const json* v = find(value, "ranks")) step.ranks = readRanks(*v, childPath(path, "ranks"));
     std::optional<Expect> expect;
     if (const json* v = find(value, "expect")) {
-      static const Names names = {"ok", "error", "hang", "any"};
-      static const Expect values[] = {Expect::kOk, Expect::kError, Expect::kHang, Expect::kAny};
-      expect = values[readChoice(*v, childPath(path, "expect"), names)];
+      expect = readEnum<Expect>(*v, childPath(path, "expect"));
     }
     if (const json* v = find(value, "expect_error")) {
       step.expectError = readString(*v, childPath(path, "expect_error"), false);

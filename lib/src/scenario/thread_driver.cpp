@@ -65,7 +65,7 @@ void ThreadInterrupt::detach() {
 
 std::vector<RankResult> runOnThreads(const Scenario& scenario, const ThreadRunOptions& options) {
   const int worldSize = scenario.worldSize;
-  const auto timeout = collective::timeoutFromSeconds(scenario.timeoutS);
+  const auto timeout = scenario.timeout();
   auto world = collective::ThreadWorld::create(worldSize);
   ShutdownVote vote(worldSize);
   const auto epoch = collective::Clock::now();

@@ -18,6 +18,8 @@
 #include <string_view>
 #include <vector>
 
+#include "hmc/enum_names.hpp"
+
 namespace hmc::collective {
 
 using Bytes = std::string;
@@ -30,6 +32,17 @@ using SharedPayloads = std::shared_ptr<const std::vector<Bytes>>;
 using Reducer = std::function<Bytes(const std::vector<Bytes>& payloads)>;
 
 enum class CollectiveStatus { kOk, kTimeout, kMismatch, kRankFailure, kError };
+// The flight recorder's `status` names (besides "in_flight", which is no CollectiveStatus).
+inline constexpr EnumName<CollectiveStatus> kCollectiveStatusNames[] = {
+    {CollectiveStatus::kOk, "ok"},
+    {CollectiveStatus::kTimeout, "timeout"},
+    {CollectiveStatus::kMismatch, "mismatch"},
+    {CollectiveStatus::kRankFailure, "rank_failure"},
+    {CollectiveStatus::kError, "error"},
+};
+constexpr EnumTable<CollectiveStatus> enumTable(CollectiveStatus) {
+  return {"collective status", kCollectiveStatusNames};
+}
 
 // One collective as a rank saw it; what observers (flight recorder, timings) receive.
 struct CollectiveRecord {

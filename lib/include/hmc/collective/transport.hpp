@@ -9,6 +9,8 @@
 #include <string_view>
 #include <vector>
 
+#include "hmc/enum_names.hpp"
+
 namespace hmc::collective {
 
 enum class Transport {
@@ -20,11 +22,20 @@ enum class Transport {
   kNccl,     // NCCL allgathers between GPUs; the store is the bootstrap
 };
 
-std::string_view toString(Transport transport) noexcept;
+// The `--transport` values.
+inline constexpr EnumName<Transport> kTransportNames[] = {
+    {Transport::kAuto, "auto"},   {Transport::kThreads, "threads"}, {Transport::kTcp, "tcp"},
+    {Transport::kStore, "store"}, {Transport::kGloo, "gloo"},       {Transport::kNccl, "nccl"},
+};
+constexpr EnumTable<Transport> enumTable(Transport) { return {"transport", kTransportNames}; }
+
+inline std::string_view toString(Transport transport) noexcept { return enumName(transport); }
 // nullopt for an unknown name.
-std::optional<Transport> transportFromString(std::string_view name) noexcept;
+inline std::optional<Transport> transportFromString(std::string_view name) noexcept {
+  return enumFromName<Transport>(name);
+}
 // Every name, in the order above ("auto", "threads", "tcp", "store", "gloo", "nccl").
-std::vector<std::string> transportNames();
+inline std::vector<std::string> transportNames() { return enumNames<Transport>(); }
 // Whether the ranks of `transport` are processes (tcp, store, gloo, nccl).
 bool ranksAreProcesses(Transport transport) noexcept;
 

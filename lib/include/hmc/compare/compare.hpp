@@ -21,12 +21,20 @@
 #include <string>
 #include <vector>
 
+#include "hmc/enum_names.hpp"
+
 namespace hmc::compare {
 
 enum class SourceFormat { kReport, kGoogleBenchmark };
 
-// "hmc-run report" / "Google Benchmark JSON".
-std::string_view toString(SourceFormat format) noexcept;
+// The `kind` of a source in compare's JSON and its messages.
+inline constexpr EnumName<SourceFormat> kSourceFormatNames[] = {
+    {SourceFormat::kReport, "hmc-run report"},
+    {SourceFormat::kGoogleBenchmark, "Google Benchmark JSON"}};
+constexpr EnumTable<SourceFormat> enumTable(SourceFormat) {
+  return {"source format", kSourceFormatNames};
+}
+inline std::string_view toString(SourceFormat format) noexcept { return enumName(format); }
 
 struct Series {
   std::string unit = "s";
@@ -46,8 +54,12 @@ SampleSet samplesFromJson(const nlohmann::json& document, const std::string& sou
 
 enum class Verdict { kFaster, kSlower, kSame, kUndecided };
 
-// "faster" / "slower" / "same" / "undecided".
-std::string_view toString(Verdict verdict) noexcept;
+inline constexpr EnumName<Verdict> kVerdictNames[] = {{Verdict::kFaster, "faster"},
+                                                      {Verdict::kSlower, "slower"},
+                                                      {Verdict::kSame, "same"},
+                                                      {Verdict::kUndecided, "undecided"}};
+constexpr EnumTable<Verdict> enumTable(Verdict) { return {"verdict", kVerdictNames}; }
+inline std::string_view toString(Verdict verdict) noexcept { return enumName(verdict); }
 
 struct Thresholds {
   double alpha = 0.05;          // significance level of the U test, in (0, 1)

@@ -64,6 +64,8 @@ class FlightRecorder final : public collective::CollectiveObserver {
   std::vector<std::pair<std::string, double>> durations_;
 };
 
-std::string_view toString(collective::CollectiveStatus status) noexcept;
+inline std::string_view toString(collective::CollectiveStatus status) noexcept {
+  return enumName(status);
+}
 
 }  // namespace hmc::diagnostics

@@ -18,6 +18,7 @@
 #include <string_view>
 
 #include "hmc/diagnostics/flight_recorder.hpp"
+#include "hmc/enum_names.hpp"
 
 namespace hmc::diagnostics {
 
@@ -29,9 +30,14 @@ inline constexpr const char* kJobMetaFormat = "hmc-job/1";
 // starting: no step began yet; running: in a step, outside any collective; waiting: inside
 // a collective (its last flight entry is in flight); done: left its steps.
 enum class RankState { kStarting, kRunning, kWaiting, kDone };
-std::string_view toString(RankState state) noexcept;
-// Throws std::invalid_argument for an unknown name.
-RankState rankStateFromString(std::string_view text);
+inline constexpr EnumName<RankState> kRankStateNames[] = {
+    {RankState::kStarting, "starting"},
+    {RankState::kRunning, "running"},
+    {RankState::kWaiting, "waiting"},
+    {RankState::kDone, "done"},
+};
+constexpr EnumTable<RankState> enumTable(RankState) { return {"rank state", kRankStateNames}; }
+inline std::string_view toString(RankState state) noexcept { return enumName(state); }
 
 struct Heartbeat {
   int rank = 0;

@@ -15,12 +15,22 @@
 #include <string_view>
 #include <vector>
 
+#include "hmc/enum_names.hpp"
+
 namespace hmc::resources {
 
 enum class DeviceHandleKind { kMemory, kStream, kEvent, kCommunicator };
 
-// "memory", "stream", "event", "communicator".
-std::string_view toString(DeviceHandleKind kind) noexcept;
+inline constexpr EnumName<DeviceHandleKind> kDeviceHandleKindNames[] = {
+    {DeviceHandleKind::kMemory, "memory"},
+    {DeviceHandleKind::kStream, "stream"},
+    {DeviceHandleKind::kEvent, "event"},
+    {DeviceHandleKind::kCommunicator, "communicator"},
+};
+constexpr EnumTable<DeviceHandleKind> enumTable(DeviceHandleKind) {
+  return {"device handle kind", kDeviceHandleKindNames};
+}
+inline std::string_view toString(DeviceHandleKind kind) noexcept { return enumName(kind); }
 
 struct DeviceHandleRecord {
   DeviceHandleKind kind = DeviceHandleKind::kMemory;

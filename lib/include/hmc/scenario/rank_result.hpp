@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "hmc/diagnostics/flight_recorder.hpp"
+#include "hmc/enum_names.hpp"
 #include "hmc/error.hpp"
 #include "hmc/scenario/scenario.hpp"
 
@@ -25,11 +26,13 @@ namespace hmc::scenario {
 inline constexpr const char* kRankResultFormat = "hmc-rank-result/1";
 
 enum class StepStatus { kOk, kError, kHang, kSkipped, kNotRun };
-std::string_view toString(StepStatus status) noexcept;
-// Throws ValueError for an unknown name.
-StepStatus stepStatusFromString(std::string_view text);
-Op opFromString(std::string_view text);
-ErrorKind errorKindFromString(std::string_view text);
+inline constexpr EnumName<StepStatus> kStepStatusNames[] = {
+    {StepStatus::kOk, "ok"},          {StepStatus::kError, "error"},
+    {StepStatus::kHang, "hang"},      {StepStatus::kSkipped, "skipped"},
+    {StepStatus::kNotRun, "not_run"},
+};
+constexpr EnumTable<StepStatus> enumTable(StepStatus) { return {"step status", kStepStatusNames}; }
+inline std::string_view toString(StepStatus status) noexcept { return enumName(status); }
 
 // The bind of a module's group on its first forward.
 struct BindInfo {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "hmc/diagnostics/flight_recorder.hpp"
+#include "hmc/enum_names.hpp"
 #include "hmc/error.hpp"
 #include "hmc/scenario/rank_result.hpp"
 #include "hmc/scenario/scenario.hpp"
@@ -23,7 +24,12 @@ inline constexpr const char* kReportFormat = "hmc-report/1";
 inline constexpr const char* kReportSetFormat = "hmc-report-set/1";
 
 enum class Outcome { kPass, kFail, kHang, kInvalid };
-std::string_view toString(Outcome outcome) noexcept;
+inline constexpr EnumName<Outcome> kOutcomeNames[] = {{Outcome::kPass, "pass"},
+                                                      {Outcome::kFail, "fail"},
+                                                      {Outcome::kHang, "hang"},
+                                                      {Outcome::kInvalid, "invalid"}};
+constexpr EnumTable<Outcome> enumTable(Outcome) { return {"outcome", kOutcomeNames}; }
+inline std::string_view toString(Outcome outcome) noexcept { return enumName(outcome); }
 // Exit code of hmc-run for an outcome: 0 pass, 1 fail, 3 hang, 2 invalid.
 int exitCodeOf(Outcome outcome) noexcept;
 // The worse of two outcomes: invalid > hang > fail > pass (the order of hmc-run's exit codes

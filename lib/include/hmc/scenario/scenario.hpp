@@ -3,12 +3,15 @@
 // validated. Parsing rejects every rule violation with a ScenarioError that names the file,
 // the JSON path (RFC 6901, "/steps/3/features") and what was expected.
 
+#include <chrono>
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "hmc/enum_names.hpp"
 
 namespace hmc::scenario {
 
@@ -44,10 +47,33 @@ enum class Op {
 };
 enum class FaultKind { kCloseError, kReleaseError, kBusy, kStall, kCrash };
 
-std::string_view toString(Op op) noexcept;           // "create", "close_all", ...
-std::string_view toString(Device device) noexcept;   // "auto", "cpu", "cuda"
-std::string_view toString(Expect expect) noexcept;   // "ok", "error", "hang", "any"
-std::string_view toString(FaultKind kind) noexcept;  // "close_error", ...
+// The scenario format's names (`device`, `expect`, `op`, a fault's `kind`).
+inline constexpr EnumName<Device> kDeviceNames[] = {
+    {Device::kAuto, "auto"}, {Device::kCpu, "cpu"}, {Device::kCuda, "cuda"}};
+inline constexpr EnumName<Expect> kExpectNames[] = {
+    {Expect::kOk, "ok"}, {Expect::kError, "error"}, {Expect::kHang, "hang"}, {Expect::kAny, "any"}};
+inline constexpr EnumName<Op> kOpNames[] = {
+    {Op::kCreate, "create"},      {Op::kShare, "share"}, {Op::kForward, "forward"},
+    {Op::kBackward, "backward"},  {Op::kDrop, "drop"},   {Op::kClose, "close"},
+    {Op::kCloseAll, "close_all"}, {Op::kCheck, "check"}, {Op::kFault, "fault"},
+    {Op::kBarrier, "barrier"},    {Op::kSleep, "sleep"}, {Op::kRepeat, "repeat"},
+};
+inline constexpr EnumName<FaultKind> kFaultKindNames[] = {
+    {FaultKind::kCloseError, "close_error"},
+    {FaultKind::kReleaseError, "release_error"},
+    {FaultKind::kBusy, "busy"},
+    {FaultKind::kStall, "stall"},
+    {FaultKind::kCrash, "crash"},
+};
+constexpr EnumTable<Device> enumTable(Device) { return {"device", kDeviceNames}; }
+constexpr EnumTable<Expect> enumTable(Expect) { return {"expect value", kExpectNames}; }
+constexpr EnumTable<Op> enumTable(Op) { return {"op", kOpNames}; }
+constexpr EnumTable<FaultKind> enumTable(FaultKind) { return {"fault kind", kFaultKindNames}; }
+
+inline std::string_view toString(Op op) noexcept { return enumName(op); }
+inline std::string_view toString(Device device) noexcept { return enumName(device); }
+inline std::string_view toString(Expect expect) noexcept { return enumName(expect); }
+inline std::string_view toString(FaultKind kind) noexcept { return enumName(kind); }
 
 struct Step {
   Op op = Op::kBarrier;
@@ -116,9 +142,14 @@ struct Scenario {
   int worldSize = 1;
   Device device = Device::kAuto;
   std::string dtype = "float32";
-  double timeoutS = 30;
+  double timeoutS = 30;  // `timeout_s` as written (reports print it as given)
   std::vector<Step> steps;
   std::optional<ReferenceDiffers> referenceDiffers;  // hmc extension; nullopt when absent
+
+  // The deadline of every collective: timeoutS rounded up to whole milliseconds
+  // (collective::timeoutFromSeconds). Throws ValueError unless 0 < timeoutS <= 1e6, which a
+  // parsed scenario always satisfies.
+  std::chrono::milliseconds timeout() const;
 };
 
 struct ParseOptions {
