@@ -362,7 +362,7 @@ LocalLaunchResult launchLocalRanks(const scenario::Scenario& scenario,
     writePidFile(pids);
   }
   // Rank 0 starts its server once LibTorch is loaded; every rank gives up on the store after
-  // the timeout, so the launcher does not try longer than that plus a margin.
+  // the join timeout, so the launcher does not try longer than that plus a margin.
   // One liaison per store of the run: the control store (prefix "hmc"), and for gloo the
   // process group's own store (GlooTransport's prefix "hmc-gloo/gloo"), whose rendezvous and
   // leaving also skip ranks announced dead.
@@ -370,7 +370,7 @@ LocalLaunchResult launchLocalRanks(const scenario::Scenario& scenario,
   std::optional<StoreLiaison> liaison;
   std::optional<StoreLiaison> glooLiaison;
   if (world > 1) {
-    const auto connectFor = timeout + std::chrono::seconds(10);
+    const auto connectFor = options.launch.joinTimeout() + std::chrono::seconds(10);
     liaison.emplace(port, "hmc", world, connectFor);
     if (options.launch.transport == collective::Transport::kGloo) {
       glooLiaison.emplace(glooPort, "hmc-gloo/gloo", world, connectFor);

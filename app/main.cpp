@@ -332,6 +332,7 @@ hmc::app::RankLaunch rankLaunchFor(const std::string& file, const RunOptions& op
   launch.transport = plan.transport;
   launch.flightCapacity = plan.flightCapacity;
   launch.logLevel = options.logLevel;
+  launch.joinTimeoutS = options.joinTimeoutS;
   if (plan.launch) {
     launch.scenarioFile = file;
     launch.rank = plan.launch->rank;

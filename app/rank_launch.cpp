@@ -59,7 +59,9 @@ std::vector<std::string> RankLaunch::toArgs() const {
                                    "--result-file",
                                    resultFile,
                                    "--log-level",
-                                   logLevel};
+                                   logLevel,
+                                   "--join-timeout",
+                                   fmt::format("{:.17g}", joinTimeoutS)};
   if (agentHostsStore) args.push_back("--agent-hosts-store");
   const auto overrideArgs = overrides.toArgs();
   args.insert(args.end(), overrideArgs.begin(), overrideArgs.end());
@@ -89,6 +91,7 @@ void RankLaunch::addOptions(CLI::App& command) {
   command.add_option("--result-file", resultFile)->required();
   command.add_option("--log-level", logLevel);
   command.add_flag("--agent-hosts-store", agentHostsStore);
+  command.add_option("--join-timeout", joinTimeoutS);
   command.add_option_function<int>("--world-size-override",
                                    [this](const int& n) { overrides.worldSize = n; });
   command.add_option_function<std::string>("--device", [this](const std::string& name) {
@@ -108,7 +111,12 @@ collective::TransportOptions RankLaunch::transportOptions(std::chrono::milliseco
   options.glooPort = glooPort;
   options.rankZeroHostsStore = !agentHostsStore;
   options.timeout = timeout;
+  options.joinTimeout = joinTimeout();
   return options;
+}
+
+std::chrono::milliseconds RankLaunch::joinTimeout() const {
+  return collective::timeoutFromSeconds(joinTimeoutS);
 }
 
 }  // namespace hmc::app

@@ -459,6 +459,30 @@ void recordLostStore(scenario::RankResult& result, const std::string& host,
       fmt::format("lost {} in the end-of-run vote ({}): not checked", host, error);
 }
 
+// Forms this rank's world (collective::makeTransport). Under hmc-run's own launcher a rank that
+// could not join leaves a result saying so, which the launcher reports (a rank process that
+// ended without one reads as a crash).
+collective::ProcessTransport formWorld(const RankLaunch& launch, std::chrono::milliseconds timeout,
+                                       bool gatherOnRankZero) {
+  try {
+    return collective::makeTransport(launch.transport, launch.transportOptions(timeout));
+  } catch (const std::exception& error) {
+    if (gatherOnRankZero) throw;
+    scenario::RankResult result;
+    result.rank = launch.rank;
+    result.crashed = true;
+    result.crashReason = fmt::format("could not join its world: {}", error.what());
+    result.leaks.reason = "the rank did not join its world: not checked";
+    try {
+      scenario::writeOutputFile(repetitionResultFile(launch.resultFile, 0),
+                                rankResultsDocument({result}));
+    } catch (const std::exception& writeError) {
+      spdlog::debug("rank {}: cannot write its result: {}", launch.rank, writeError.what());
+    }
+    throw;
+  }
+}
+
 }  // namespace
 
 RankProcessOutcome runRankProcess(const scenario::Scenario& scenario, const RankLaunch& launch,
@@ -632,8 +656,7 @@ RankProcessOutcome runRankProcess(const scenario::Scenario& scenario, const Rank
     std::lock_guard<std::mutex> lock(storeMutex);
     local = std::move(created);
   }
-  const collective::ProcessTransport transport =
-      collective::makeTransport(launch.transport, launch.transportOptions(timeout));
+  const collective::ProcessTransport transport = formWorld(launch, timeout, gatherOnRankZero);
   // The control store: out-of-band votes and results (and the `store` transport itself).
   std::shared_ptr<collective::KeyValueStore> kv = transport.control->keyValueStore();
   {
@@ -644,7 +667,7 @@ RankProcessOutcome runRankProcess(const scenario::Scenario& scenario, const Rank
     if (launch.rank == 0) {
       local.announce(*kv);
     } else {
-      auto joined = EvidenceFolder::join(*kv, launch.rank, timeout);
+      auto joined = EvidenceFolder::join(*kv, launch.rank, launch.joinTimeout());
       std::lock_guard<std::mutex> lock(storeMutex);
       local = std::move(joined);
     }
