@@ -25,6 +25,8 @@ std::vector<std::string> transports() {
 }
 
 constexpr int kWorlds[] = {2, 4};
+// The join cases: more than one rank waits for the last one.
+constexpr int kJoinWorld = 3;
 
 // The deadline of the cases that wait one out. It also bounds each rank's set-up (connecting,
 // publishing its address), which on a loaded 2-core CI machine, 4 rank processes loading
@@ -229,16 +231,13 @@ TEST_SUITE("process transports") {
   TEST_CASE("a rank that joins after the collective deadline but within the join deadline works") {
     // The last rank starts its transport only once every other rank waits in its construction
     // for it, and 2 collective deadlines later; then every rank's first exchanges must work.
-    const auto timeout = 2s;
+    const int world = kJoinWorld;
     for (const auto& transport : transports()) {
-      for (int world : kWorlds) {
-        CAPTURE(transport);
-        CAPTURE(world);
-        auto run = runRanks(transport, world, "late", timeout, 60s);
-        for (const auto& r : run.ranks) {
-          CHECK_MESSAGE(r.kind == "ok", describe(r));
-          CHECK(r.seconds >= 4.0);  // every rank waited out the late one's 2 deadlines
-        }
+      CAPTURE(transport);
+      auto run = runRanks(transport, world, "late", 2s, 60s);
+      for (const auto& r : run.ranks) {
+        CHECK_MESSAGE(r.kind == "ok", describe(r));
+        CHECK(r.seconds >= 4.0);  // every rank waited out the late one's 2 deadlines
       }
     }
   }
@@ -246,54 +245,45 @@ TEST_SUITE("process transports") {
   TEST_CASE("tcp: setting up the connections after the collective deadline is part of joining") {
     // Every rank joined the control store; the last one sets up the tcp transport 2 collective
     // deadlines late: the others wait in the address rendezvous under the join deadline.
-    for (int world : kWorlds) {
-      CAPTURE(world);
-      auto run = runRanks("tcp", world, "late-setup", 2s, 60s);
-      for (const auto& r : run.ranks) CHECK_MESSAGE(r.kind == "ok", describe(r));
-    }
+    auto run = runRanks("tcp", kJoinWorld, "late-setup", 2s, 60s);
+    for (const auto& r : run.ranks) CHECK_MESSAGE(r.kind == "ok", describe(r));
   }
 
   TEST_CASE("a rank that never starts fails the world at the join deadline, named") {
-    const auto timeout = 1s;
-    const auto join = 4s;
+    const int world = kJoinWorld;
+    const int last = world - 1;
     for (const auto& transport : transports()) {
-      for (int world : kWorlds) {
-        CAPTURE(transport);
-        CAPTURE(world);
-        const int last = world - 1;
-        auto run = runRanks(transport, world, "absent", timeout, join, last);
-        for (int rank = 0; rank < last; ++rank) {
-          const auto& r = run.ranks[rank];
-          CAPTURE(rank);
-          CHECK_MESSAGE(r.kind == "timeout", describe(r));
-          CHECK(r.message.find("rank " + std::to_string(rank) +
-                               " timed out after 4 s forming the world (--join-timeout)") !=
-                std::string::npos);
-          CHECK(r.message.find("ranks [" + std::to_string(last) + "] did not join") !=
-                std::string::npos);
-          CHECK(r.message.find("raise --join-timeout") != std::string::npos);
-          CHECK(r.seconds >= 4.0);  // the join deadline, not the collective one
-        }
+      CAPTURE(transport);
+      auto run = runRanks(transport, world, "absent", 1s, 4s, last);
+      for (int rank = 0; rank < last; ++rank) {
+        const auto& r = run.ranks[rank];
+        CAPTURE(rank);
+        CHECK_MESSAGE(r.kind == "timeout", describe(r));
+        CHECK(r.message.find("rank " + std::to_string(rank) +
+                             " timed out after 4 s forming the world (--join-timeout)") !=
+              std::string::npos);
+        CHECK(r.message.find("ranks [" + std::to_string(last) + "] did not join") !=
+              std::string::npos);
+        CHECK(r.message.find("raise --join-timeout") != std::string::npos);
+        CHECK(r.seconds >= 4.0);  // the join deadline, not the collective one
       }
     }
   }
 
   TEST_CASE("tcp: a rank that joins the store but never sets up the transport is named") {
-    for (int world : kWorlds) {
-      CAPTURE(world);
-      const int last = world - 1;
-      auto run = runRanks("tcp", world, "no-setup", 1s, 4s);
-      CHECK(run.ranks[last].kind == "ok");
-      for (int rank = 0; rank < last; ++rank) {
-        const auto& r = run.ranks[rank];
-        CAPTURE(rank);
-        CHECK_MESSAGE(r.kind == "timeout", describe(r));
-        CHECK(r.message.find("forming the world (--join-timeout) setting up the tcp transport: "
-                             "ranks [" +
-                             std::to_string(last) + "] did not publish their address") !=
-              std::string::npos);
-        CHECK(r.seconds >= 4.0);
-      }
+    const int world = kJoinWorld;
+    const int last = world - 1;
+    auto run = runRanks("tcp", world, "no-setup", 1s, 4s);
+    CHECK(run.ranks[last].kind == "ok");
+    for (int rank = 0; rank < last; ++rank) {
+      const auto& r = run.ranks[rank];
+      CAPTURE(rank);
+      CHECK_MESSAGE(r.kind == "timeout", describe(r));
+      CHECK(r.message.find("forming the world (--join-timeout) setting up the tcp transport: "
+                           "ranks [" +
+                           std::to_string(last) + "] did not publish their address") !=
+            std::string::npos);
+      CHECK(r.seconds >= 4.0);
     }
   }
 
