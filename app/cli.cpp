@@ -62,6 +62,20 @@ int listScenarios(const std::string& directory) {
   return invalid == 0 ? 0 : kExitUsage;
 }
 
+// A deadline in seconds, as collective::timeoutFromSeconds takes it (0 < s <= 1e6).
+CLI::Validator secondsValidator(const std::string& name) {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        try {
+          (void)collective::timeoutFromSeconds(std::stod(text));
+          return "";
+        } catch (const std::exception&) {
+          return "expected a number of seconds > 0 and <= 1e6, got '" + text + "'";
+        }
+      },
+      "SECONDS", name);
+}
+
 // The options of a run (the default command).
 void addRunOptions(CLI::App& app, RunOptions& options) {
   app.add_option("scenario", options.paths,
@@ -97,16 +111,17 @@ void addRunOptions(CLI::App& app, RunOptions& options) {
          "--timeout", [&options](const double& seconds) { options.overrides.timeoutS = seconds; },
          "Deadline of every collective in seconds, replacing timeout_s (0 < s <= 1e6), "
          "e.g. --timeout 5")
-      ->check(CLI::Validator(
-          [](std::string& text) -> std::string {
-            try {
-              (void)collective::timeoutFromSeconds(std::stod(text));
-              return "";
-            } catch (const std::exception&) {
-              return "expected a number of seconds > 0 and <= 1e6, got '" + text + "'";
-            }
-          },
-          "SECONDS", "timeout"));
+      ->check(secondsValidator("timeout"));
+  app.add_option("--join-timeout", options.joinTimeoutS,
+                 "How long a rank process may take to join its world, in seconds (0 < s <= 1e6): "
+                 "start, load LibTorch, reach the store and meet every other rank; --timeout "
+                 "bounds each collective after that. The default suits a cluster, where ranks "
+                 "start one by one and load LibTorch from network file systems (like torchrun's "
+                 "rendezvous timeout); the ranks that did not join are named. Applies to rank "
+                 "processes (tcp, store, gloo, nccl); the threads transport forms no world and "
+                 "ignores it. e.g. --join-timeout 60")
+      ->check(secondsValidator("join timeout"))
+      ->capture_default_str();
   app.add_option("--repetitions", options.repetitions,
                  "Run each scenario this many times (same ranks, fresh managers); the report "
                  "keeps every repetition's raw timing samples, e.g. --repetitions 10")

@@ -35,6 +35,7 @@ struct RunOptions {
   bool quiet = false;
   std::optional<std::string> masterAddr;
   std::optional<int> masterPort;
+  double joinTimeoutS = kDefaultJoinTimeoutS;  // --join-timeout (rank_launch.hpp)
   int repetitions = 1;
   std::optional<int> warmup;  // default: 1 when repetitions > 1
 };

@@ -328,8 +328,8 @@ LocalLaunchResult launchLocalRanks(const scenario::Scenario& scenario,
   ProcessGroup ranks;
   spawnRanks(ranks, options, world, scenarioCopy, port, glooPort, files);
   // Rank 0 starts its server once LibTorch is loaded; every rank gives up on the store after
-  // the timeout, so the launcher does not try longer than that plus a margin. One liaison per
-  // store of the world (collective::worldStores).
+  // the join timeout, so the launcher does not try longer than that plus a margin. One
+  // liaison per store of the world (collective::worldStores).
   const auto timeout = scenario.timeout();
   std::vector<std::unique_ptr<StoreLiaison>> liaisons;
   if (world > 1) {
@@ -337,8 +337,8 @@ LocalLaunchResult launchLocalRanks(const scenario::Scenario& scenario,
     any.placement = RankPlacement{0, world, "127.0.0.1", port, glooPort, StoreHost::kRankZero, ""};
     for (const auto& store :
          collective::worldStores(any.transport, any.transportOptions(timeout))) {
-      liaisons.push_back(std::make_unique<StoreLiaison>(store.port, store.prefix, world,
-                                                        timeout + std::chrono::seconds(10)));
+      liaisons.push_back(std::make_unique<StoreLiaison>(
+          store.port, store.prefix, world, options.launch.joinTimeout() + std::chrono::seconds(10)));
     }
   }
 

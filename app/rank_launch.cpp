@@ -49,7 +49,9 @@ std::vector<std::string> RankLaunch::toArgs() const {
                                    "--result-file",
                                    resultFile,
                                    "--log-level",
-                                   logLevel};
+                                   logLevel,
+                                   "--join-timeout",
+                                   fmt::format("{:.17g}", joinTimeoutS)};
   if (placement.storeHost == StoreHost::kLauncherAgent) args.push_back("--agent-hosts-store");
   const auto overrideArgs = overrides.toArgs();
   args.insert(args.end(), overrideArgs.begin(), overrideArgs.end());
@@ -81,6 +83,7 @@ void RankLaunch::addOptions(CLI::App& command) {
   command.add_flag_function("--agent-hosts-store", [this](std::int64_t count) {
     placement.storeHost = count > 0 ? StoreHost::kLauncherAgent : StoreHost::kRankZero;
   });
+  command.add_option("--join-timeout", joinTimeoutS);
   command.add_option_function<int>("--world-size-override",
                                    [this](const int& n) { overrides.worldSize = n; });
   command.add_option_function<std::string>("--device", [this](const std::string& name) {
@@ -100,7 +103,12 @@ collective::TransportOptions RankLaunch::transportOptions(std::chrono::milliseco
   options.glooPort = placement.glooPort;
   options.rankZeroHostsStore = placement.storeHost == StoreHost::kRankZero;
   options.timeout = timeout;
+  options.joinTimeout = joinTimeout();
   return options;
+}
+
+std::chrono::milliseconds RankLaunch::joinTimeout() const {
+  return collective::timeoutFromSeconds(joinTimeoutS);
 }
 
 }  // namespace hmc::app

@@ -23,6 +23,13 @@ class App;
 
 namespace hmc::app {
 
+// --join-timeout's default: how long a rank may take to join its world (start, load LibTorch,
+// reach the store, meet every other rank) before the run fails naming the ranks that did not
+// join. 300 s, like torchrun's rendezvous timeout: on a cluster, ranks start one by one and load
+// LibTorch from network file systems, which takes minutes on a busy one; a run whose ranks
+// never start fails within 5 minutes all the same.
+inline constexpr double kDefaultJoinTimeoutS = 300;
+
 struct ScenarioOverrides {
   std::optional<int> worldSize;            // --world-size (applied while parsing)
   std::optional<scenario::Device> device;  // --device
@@ -46,6 +53,8 @@ struct RankLaunch {
   // How the ranks exchange, and where this rank sits.
   collective::Transport transport = collective::Transport::kTcp;
   RankPlacement placement;
+  // --join-timeout: the bound on forming the world, apart from the collective deadline.
+  double joinTimeoutS = kDefaultJoinTimeoutS;
 
   // What to keep and where to put it.
   std::size_t flightCapacity = 64;
@@ -58,8 +67,11 @@ struct RankLaunch {
   std::vector<std::string> toArgs() const;
   // Declares the `_rank` command's arguments on `command`, writing into this struct.
   void addOptions(CLI::App& command);
-  // The transport factory's options for this rank, with the scenario's collective timeout.
+  // The transport factory's options for this rank, with the scenario's collective timeout
+  // and the join timeout.
   collective::TransportOptions transportOptions(std::chrono::milliseconds timeout) const;
+  // The join deadline (joinTimeoutS): the other waits that are part of joining use it too.
+  std::chrono::milliseconds joinTimeout() const;
 };
 
 }  // namespace hmc::app

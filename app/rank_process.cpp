@@ -56,6 +56,7 @@ class RankRun {
 
  private:
   void joinWorld();
+  collective::ProcessTransport formWorld();
   // The end-of-run agreement of `repetition`, out of band: whether every rank ended it cleanly.
   bool agreeOnShutdown(int repetition, bool clean);
   void runRepetition(int repetition);
@@ -84,16 +85,38 @@ void RankRun::joinWorld() {
     local_ = EvidenceFolder::create(placement_.rank);
     handOff_.setFolder(local_);
   }
-  transport_.emplace(
-      collective::makeTransport(launch_.transport, launch_.transportOptions(timeout_)));
+  transport_.emplace(formWorld());
   kv_ = transport_->control->keyValueStore();
   handOff_.setStore(transport_->control->keyValueStore());  // the watcher's own connection
   if (!placement_.underLauncher()) return;
   if (placement_.rank == 0) {
     local_.announce(*kv_);
   } else {
-    local_ = EvidenceFolder::join(*kv_, placement_.rank, timeout_);
+    local_ = EvidenceFolder::join(*kv_, placement_.rank, launch_.joinTimeout());
     handOff_.setFolder(local_);
+  }
+}
+
+// Forms this rank's world (collective::makeTransport), bounded by the join timeout. Under
+// hmc-run's own launcher a rank that could not join leaves a result saying so, which the
+// launcher reports (a rank process that ended without one reads as a crash).
+collective::ProcessTransport RankRun::formWorld() {
+  try {
+    return collective::makeTransport(launch_.transport, launch_.transportOptions(timeout_));
+  } catch (const std::exception& error) {
+    if (placement_.underLauncher()) throw;
+    scenario::RankResult result;
+    result.rank = placement_.rank;
+    result.crashed = true;
+    result.crashReason = fmt::format("could not join its world: {}", error.what());
+    result.leaks.reason = "the rank did not join its world: not checked";
+    try {
+      scenario::writeOutputFile(repetitionResultFile(launch_.resultFile, 0),
+                                rankResultsDocument({result}));
+    } catch (const std::exception& writeError) {
+      spdlog::debug("rank {}: cannot write its result: {}", placement_.rank, writeError.what());
+    }
+    throw;
   }
 }
 

@@ -161,6 +161,7 @@ WorldOptions worldOptions(const RunPlan& plan, const RunOptions& options,
   world.launch.transport = plan.transport;
   world.launch.flightCapacity = plan.flightCapacity;
   world.launch.logLevel = options.logLevel;
+  world.launch.joinTimeoutS = options.joinTimeoutS;
   if (plan.placement) world.launch.placement = *plan.placement;
   world.underLauncher = plan.launch.has_value();
   world.executable = executable;

@@ -6,6 +6,19 @@ if(NOT HMC_WITH_GLOO STREQUAL "OFF")
   find_path(HMC_GLOO_PG_INCLUDE_DIR torch/csrc/distributed/c10d/ProcessGroupGloo.hpp
     HINTS ${TORCH_INCLUDE_DIRS})
   find_path(HMC_GLOO_INCLUDE_DIR gloo/context.h HINTS ${TORCH_INCLUDE_DIRS})
+  # The gloo transport calls gloo itself (gloo::Context::setTimeout, gloo_transport.cpp). Debian's
+  # libtorch_cpu needs gloo as a shared library (libgloo.so.0), which hmc then links too; pip
+  # wheels carry gloo inside libtorch_cpu: nothing more to link (and a system libgloo must not be).
+  if(TARGET torch_cpu AND CMAKE_OBJDUMP)
+    get_target_property(_hmc_torch_cpu torch_cpu LOCATION)
+    if(_hmc_torch_cpu)
+      execute_process(COMMAND ${CMAKE_OBJDUMP} -p ${_hmc_torch_cpu} OUTPUT_VARIABLE _hmc_needed
+                      ERROR_QUIET)
+      if(_hmc_needed MATCHES "NEEDED +libgloo\\.so")
+        find_library(HMC_GLOO_LIBRARY NAMES gloo)
+      endif()
+    endif()
+  endif()
   if(HMC_GLOO_PG_INCLUDE_DIR AND HMC_GLOO_INCLUDE_DIR)
     set(HMC_HAVE_GLOO 1)
     message(STATUS "hmc: gloo transport enabled (${HMC_GLOO_INCLUDE_DIR})")

@@ -7,14 +7,19 @@
 #include <doctest/doctest.h>
 
 #include <CLI/CLI.hpp>
+#include <chrono>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "cli.hpp"
 #include "hmc/collective/launch_env.hpp"
 #include "rank_placement.hpp"
 
 namespace {
 
+using namespace std::chrono_literals;
+using hmc::app::CommandLine;
 using hmc::app::RankLaunch;
 using hmc::app::RankPlacement;
 using hmc::app::StoreHost;
@@ -34,6 +39,15 @@ RankLaunch roundTrip(const RankLaunch& launch) {
   return back;
 }
 
+// Parses `args` (after the program name) with hmc-run's command line; the exit code when
+// parsing ended the command (a usage error), else nullopt.
+std::optional<int> parse(CommandLine& cli, std::vector<std::string> args) {
+  args.insert(args.begin(), "hmc-run");
+  std::vector<char*> argv;
+  for (auto& arg : args) argv.push_back(arg.data());
+  return cli.parse(static_cast<int>(argv.size()), argv.data());
+}
+
 }  // namespace
 
 TEST_SUITE("rank launch") {
@@ -51,6 +65,7 @@ TEST_SUITE("rank launch") {
     launch.flightCapacity = 65536;
     launch.resultFile = "/tmp/hmc-run-x/rank5";
     launch.logLevel = "debug";
+    launch.joinTimeoutS = 12.345;
     const RankLaunch back = roundTrip(launch);
     CHECK(back.scenarioFile == launch.scenarioFile);
     CHECK(back.displayFile == launch.displayFile);
@@ -70,6 +85,12 @@ TEST_SUITE("rank launch") {
     CHECK(back.flightCapacity == 65536);
     CHECK(back.resultFile == launch.resultFile);
     CHECK(back.logLevel == "debug");
+    CHECK(back.joinTimeoutS == launch.joinTimeoutS);
+    const auto options = back.transportOptions(2s);
+    CHECK(options.timeout == 2s);
+    REQUIRE(options.joinTimeout.has_value());
+    CHECK(*options.joinTimeout == 12345ms);
+    CHECK(back.joinTimeout() == 12345ms);
   }
 
   TEST_CASE("without overrides none appear, and rank 0 hosts the store by default") {
@@ -116,5 +137,37 @@ TEST_SUITE("rank launch") {
     env.rank = 3;
     CHECK_FALSE(RankPlacement::fromLaunch(env).hostsStore());
     CHECK_FALSE(RankPlacement{}.underLauncher());  // hmc-run's own rank process
+  }
+
+  TEST_CASE("hmc-run's own parser reads a _rank command line back") {
+    RankLaunch sent;
+    sent.scenarioFile = "/tmp/scenario.json";
+    sent.placement.masterPort = 29500;
+    sent.placement.rank = 1;
+    sent.placement.worldSize = 4;
+    sent.resultFile = "/tmp/result";
+    sent.joinTimeoutS = 7;
+    CommandLine cli;
+    REQUIRE_FALSE(parse(cli, sent.toArgs()).has_value());
+    CHECK(cli.rankLaunch.placement.rank == 1);
+    CHECK(cli.rankLaunch.joinTimeout() == 7s);
+  }
+
+  TEST_CASE("--join-timeout defaults to 300 s and reaches the rank launch") {
+    CommandLine defaults;
+    REQUIRE_FALSE(parse(defaults, {"scenario.json"}).has_value());
+    CHECK(defaults.run.joinTimeoutS == 300.0);
+    CHECK(RankLaunch().joinTimeout() == 300s);
+    CommandLine given;
+    REQUIRE_FALSE(parse(given, {"scenario.json", "--join-timeout", "45"}).has_value());
+    CHECK(given.run.joinTimeoutS == 45.0);
+  }
+
+  TEST_CASE("--join-timeout that is not a positive number of seconds is a usage error") {
+    for (const char* bad : {"0", "-1", "nan", "1e7", "later"}) {
+      CAPTURE(bad);
+      CommandLine cli;
+      CHECK(parse(cli, {"scenario.json", "--join-timeout", bad}) == hmc::app::kExitUsage);
+    }
   }
 }

@@ -5,6 +5,8 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,6 +25,8 @@ std::vector<std::string> transports() {
 }
 
 constexpr int kWorlds[] = {2, 4};
+// The join cases: more than one rank waits for the last one.
+constexpr int kJoinWorld = 3;
 
 // The deadline of the cases that wait one out. It also bounds each rank's set-up (connecting,
 // publishing its address), which on a loaded 2-core CI machine, 4 rank processes loading
@@ -34,24 +38,30 @@ struct Run {
   int port = 0;
 };
 
+// Ranks 0 .. started - 1 of a world of `world` (started < 0: all of them); `join`: the join
+// timeout (unset: the transports' default, the collective timeout).
 Run runRanks(const std::string& transport, int world, const std::string& scenario,
-             std::chrono::milliseconds timeout) {
+             std::chrono::milliseconds timeout,
+             std::optional<std::chrono::milliseconds> join = std::nullopt, int started = -1) {
   Run run;
   run.port = hmc::testing::freeLoopbackPort();
+  if (started < 0) started = world;
   run.ranks = hmc::testing::runProcessRanks(
-      world,
+      started,
       [&](int rank) {
-        return std::vector<std::string>{HMC_TRANSPORT_PEER,
-                                        transport,
-                                        std::to_string(rank),
-                                        std::to_string(world),
-                                        std::to_string(run.port),
-                                        std::to_string(timeout.count()),
-                                        scenario};
+        std::vector<std::string> argv{HMC_TRANSPORT_PEER,
+                                      transport,
+                                      std::to_string(rank),
+                                      std::to_string(world),
+                                      std::to_string(run.port),
+                                      std::to_string(timeout.count()),
+                                      scenario};
+        if (join) argv.push_back(std::to_string(join->count()));
+        return argv;
       },
-      timeout + 20s);
+      std::max(timeout, join.value_or(timeout)) + 20s);
   CHECK_MESSAGE(!hmc::testing::hasChildren(), "a rank process was left behind");
-  for (int rank = 0; rank < world; ++rank) {
+  for (int rank = 0; rank < started; ++rank) {
     const auto& r = run.ranks[rank];
     INFO("rank ", rank, ": ", r.kind, " ", r.message, " (exit ", r.exitCode, ", signal ", r.signal,
          ", ", r.seconds, " s)");
@@ -215,6 +225,65 @@ TEST_SUITE("process transports") {
                              "#1 timed out on rank " +
                              std::to_string(rank)) != std::string::npos);
       }
+    }
+  }
+
+  TEST_CASE("a rank that joins after the collective deadline but within the join deadline works") {
+    // The last rank starts its transport only once every other rank waits in its construction
+    // for it, and 2 collective deadlines later; then every rank's first exchanges must work.
+    const int world = kJoinWorld;
+    for (const auto& transport : transports()) {
+      CAPTURE(transport);
+      auto run = runRanks(transport, world, "late", 2s, 60s);
+      for (const auto& r : run.ranks) {
+        CHECK_MESSAGE(r.kind == "ok", describe(r));
+        CHECK(r.seconds >= 4.0);  // every rank waited out the late one's 2 deadlines
+      }
+    }
+  }
+
+  TEST_CASE("tcp: setting up the connections after the collective deadline is part of joining") {
+    // Every rank joined the control store; the last one sets up the tcp transport 2 collective
+    // deadlines late: the others wait in the address rendezvous under the join deadline.
+    auto run = runRanks("tcp", kJoinWorld, "late-setup", 2s, 60s);
+    for (const auto& r : run.ranks) CHECK_MESSAGE(r.kind == "ok", describe(r));
+  }
+
+  TEST_CASE("a rank that never starts fails the world at the join deadline, named") {
+    const int world = kJoinWorld;
+    const int last = world - 1;
+    for (const auto& transport : transports()) {
+      CAPTURE(transport);
+      auto run = runRanks(transport, world, "absent", 1s, 4s, last);
+      for (int rank = 0; rank < last; ++rank) {
+        const auto& r = run.ranks[rank];
+        CAPTURE(rank);
+        CHECK_MESSAGE(r.kind == "timeout", describe(r));
+        CHECK(r.message.find("rank " + std::to_string(rank) +
+                             " timed out after 4 s forming the world (--join-timeout)") !=
+              std::string::npos);
+        CHECK(r.message.find("ranks [" + std::to_string(last) + "] did not join") !=
+              std::string::npos);
+        CHECK(r.message.find("raise --join-timeout") != std::string::npos);
+        CHECK(r.seconds >= 4.0);  // the join deadline, not the collective one
+      }
+    }
+  }
+
+  TEST_CASE("tcp: a rank that joins the store but never sets up the transport is named") {
+    const int world = kJoinWorld;
+    const int last = world - 1;
+    auto run = runRanks("tcp", world, "no-setup", 1s, 4s);
+    CHECK(run.ranks[last].kind == "ok");
+    for (int rank = 0; rank < last; ++rank) {
+      const auto& r = run.ranks[rank];
+      CAPTURE(rank);
+      CHECK_MESSAGE(r.kind == "timeout", describe(r));
+      CHECK(r.message.find("forming the world (--join-timeout) setting up the tcp transport: "
+                           "ranks [" +
+                           std::to_string(last) + "] did not publish their address") !=
+            std::string::npos);
+      CHECK(r.seconds >= 4.0);
     }
   }
 

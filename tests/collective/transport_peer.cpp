@@ -1,6 +1,6 @@
 // One rank of a process-based transport test: `hmc_transport_peer TRANSPORT RANK WORLD PORT
-// TIMEOUT_MS SCENARIO`. Prints one line "RESULT <kind> <message>" to stdout (kind "ok" or
-// the error's report kind) and exits 0; the test process asserts on these lines.
+// TIMEOUT_MS SCENARIO [JOIN_TIMEOUT_MS]`. Prints one line "RESULT <kind> <message>" to stdout
+// (kind "ok" or the error's report kind) and exits 0; the test process asserts on these lines.
 
 #include <unistd.h>
 
@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -36,7 +37,19 @@ struct Args {
   int port = 0;
   std::chrono::milliseconds timeout{0};
   std::string scenario;
+  std::optional<std::chrono::milliseconds> joinTimeout;  // unset: the transports' default
 };
+
+// The store options of this rank's control store (the transport's own for gloo alone).
+hmc::collective::StoreTransportOptions storeOptions(const Args& args) {
+  hmc::collective::StoreTransportOptions options;
+  options.port = args.port;
+  options.rank = args.rank;
+  options.worldSize = args.world;
+  options.timeout = args.timeout;
+  options.joinTimeout = args.joinTimeout;
+  return options;
+}
 
 std::shared_ptr<Collective> connect(const Args& args) {
   const auto transport = hmc::collective::transportFromString(args.transport);
@@ -46,8 +59,28 @@ std::shared_ptr<Collective> connect(const Args& args) {
   options.worldSize = args.world;
   options.masterPort = args.port;
   options.timeout = args.timeout;
+  options.joinTimeout = args.joinTimeout;
   options.glooControlStore = false;  // the transport under test alone, on the test's port
   return hmc::collective::makeTransport(*transport, options).collective;
+}
+
+// Waits (bounded by the join timeout) until every other rank has joined the world and waits in
+// its construction for this one, then past the collective deadline: this rank provably joins
+// later than a collective would have waited for it.
+void joinLate(const Args& args) {
+  auto options = storeOptions(args);
+  options.isServer = false;
+  // GlooTransport's own store namespaces its keys under "<prefix>/gloo".
+  if (args.transport == "gloo") options.prefix = "hmc/gloo";
+  const auto kv = hmc::collective::connectKeyValueStore(options);
+  const auto until = std::chrono::steady_clock::now() + options.joinBound();
+  while (kv->add(hmc::collective::kJoinedCountKey, 0) < args.world - 1) {
+    if (std::chrono::steady_clock::now() >= until) {
+      throw std::logic_error("peer check failed: the other ranks did not join");
+    }
+    std::this_thread::sleep_for(10ms);
+  }
+  std::this_thread::sleep_for(2 * args.timeout);
 }
 
 void expect(bool condition, const std::string& what) {
@@ -154,8 +187,25 @@ void ringScenario(const Args& args) {
   c.barrier();
 }
 
+// The last rank joins the control store with the others, then sets up the tcp transport past
+// the collective deadline ("late-setup"), or never ("no-setup": it leaves at once).
+void tcpSetupScenario(const Args& args) {
+  auto control = std::make_shared<hmc::collective::StoreTransport>(storeOptions(args));
+  const bool last = args.rank == args.world - 1;
+  if (last && args.scenario == "no-setup") return;
+  if (last) std::this_thread::sleep_for(2 * args.timeout);
+  hmc::collective::TcpTransportOptions options;
+  options.control = control;
+  hmc::collective::TcpTransport tcp(options);
+  expect(tcp.exchange("first", std::to_string(args.rank)).size() ==
+             static_cast<std::size_t>(args.world),
+         "first exchange");
+}
+
 void run(const Args& args) {
   if (args.scenario == "ring") return ringScenario(args);
+  if (args.scenario == "late-setup" || args.scenario == "no-setup") return tcpSetupScenario(args);
+  if (args.scenario == "late" && args.rank == args.world - 1) joinLate(args);
   auto collective = connect(args);
   Collective& c = *collective;
   const int last = args.world - 1;
@@ -204,6 +254,15 @@ void run(const Args& args) {
     }
     std::this_thread::sleep_for(600ms);
     c.exchange("recycle", "x");
+  } else if (args.scenario == "late" || args.scenario == "absent") {
+    // "absent": a world whose last rank never starts; construction has failed before here.
+    for (int round = 0; round < 3; ++round) {
+      const auto got = c.exchange("first", "rank-" + std::to_string(c.rank()));
+      for (int peer = 0; peer < args.world; ++peer) {
+        expect(got[peer] == "rank-" + std::to_string(peer),
+               "payload of rank " + std::to_string(peer));
+      }
+    }
   } else if (args.scenario == "lifecycle") {
     lifecycleScenario(std::move(collective));
   } else {
@@ -221,8 +280,10 @@ std::string oneLine(std::string text) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 7) {
-    std::fprintf(stderr, "usage: %s TRANSPORT RANK WORLD PORT TIMEOUT_MS SCENARIO\n", argv[0]);
+  if (argc != 7 && argc != 8) {
+    std::fprintf(stderr,
+                 "usage: %s TRANSPORT RANK WORLD PORT TIMEOUT_MS SCENARIO [JOIN_TIMEOUT_MS]\n",
+                 argv[0]);
     return 2;
   }
   Args args{argv[1],
@@ -231,6 +292,7 @@ int main(int argc, char** argv) {
             std::atoi(argv[4]),
             std::chrono::milliseconds(std::atoi(argv[5])),
             argv[6]};
+  if (argc == 8) args.joinTimeout = std::chrono::milliseconds(std::atoi(argv[7]));
   std::string kind = "ok";
   std::string message;
   try {

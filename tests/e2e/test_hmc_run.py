@@ -14,6 +14,7 @@ import glob
 import ipaddress
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -272,6 +273,11 @@ def test_invalid_input_exits_2():
     check(proc.returncode == 2, f"no scenario: {output(proc)}")
     proc = run_cpu(os.path.join(SCENARIOS, "quickstart.json"), "--world-size", "0")
     check(proc.returncode == 2, f"--world-size 0: {output(proc)}")
+    for bad in ("0", "-5", "nan", "2e6", "soon"):
+        proc = run_cpu(os.path.join(SCENARIOS, "quickstart.json"), "--join-timeout", bad)
+        check(proc.returncode == 2 and "--join-timeout" in proc.stderr and
+              "expected a number of seconds > 0" in proc.stderr,
+              f"--join-timeout {bad}: {output(proc)}")
 
 
 def test_unexpected_hang_exits_3_with_a_diagnosis():
@@ -607,6 +613,11 @@ def test_help_mentions_every_flag():
     for flag in ("--world-size", "--transport", "--device", "--timeout", "--report", "--trace",
                  "--log-level", "--quiet", "validate", "list", "Exit codes", "Example"):
         check(flag in proc.stdout, f"--help does not mention {flag}")
+    # The join deadline: its default, and that threads has no join.
+    text = " ".join(proc.stdout.split())
+    check(re.search(r"--join-timeout \S*SECONDS=300 ", text) is not None,
+          f"--help does not show --join-timeout with its default 300:\n{proc.stdout}")
+    check("threads transport forms no world" in text, "--help: --join-timeout and threads")
 
 
 def main():

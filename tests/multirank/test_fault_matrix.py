@@ -71,9 +71,9 @@ REFERENCE = "--no-reference" not in sys.argv
 LIST_ONLY = "--list" in sys.argv
 ONLY = sys.argv[sys.argv.index("-k") + 1] if "-k" in sys.argv else None
 
-# Every collective's deadline in the generated scenarios. It also bounds a rank's connect to
-# rank 0's store, so rank 0 must load LibTorch and listen within it: 2 s was too short on a
-# loaded machine (rank 1 "found no c10d store ... within 2 s" in 11 of 204 cells).
+# Every collective's deadline in the generated scenarios. Before --join-timeout it also bounded
+# a rank's connect to rank 0's store, and 2 s was too short on a loaded machine (rank 1 "found
+# no c10d store ... within 2 s" in 11 of 204 cells); the join deadline bounds that now.
 TIMEOUT_S = 4.0
 STALL_S = 5.5          # a stall past the deadline
 WINDOW_S = 5.0         # the sleep in which a rank is signalled from outside

@@ -304,10 +304,11 @@ def crash_scenario(world):
 def check_crash(launcher, world):
     before = set(hmc_processes())
     path = report_path(f"{launcher}-crash-{world}")
-    # --timeout 10: the scenario's 2 s would also bound how long a rank waits for rank 0's
-    # store at start, and 4 ranks loading LibTorch on 2 busy cores can differ by more than that
-    # (rank 1 exited "found no c10d store ... within 2 s" in one of 12 mpirun rounds here).
-    # rank 1's death is seen at once anyway (its closed connection).
+    # --timeout 10: before --join-timeout the scenario's 2 s also bounded how long a rank waited
+    # for rank 0's store at start, and 4 ranks loading LibTorch on 2 busy cores can differ by
+    # more than that (rank 1 exited "found no c10d store ... within 2 s" in one of 12 mpirun
+    # rounds here); the join deadline (300 s by default) bounds that now. rank 1's death is
+    # seen at once anyway (its closed connection).
     run = launch(LAUNCHERS[launcher](world, [crash_scenario(world), "--timeout", "10",
                                              "--report", path]),
                  report=path)
@@ -518,7 +519,9 @@ def store_ranks_on_several_hosts_meet_at_a_master_that_is_not_127_0_0_1():
 
 def one_rank(env, timeout_s, bound):
     began = time.monotonic()
-    (code, out, err), = launch_ranks(1, lambda _: env, [QUICKSTART, "--timeout", str(timeout_s)],
+    # Connecting is part of joining: the join deadline bounds it (its default is minutes).
+    (code, out, err), = launch_ranks(1, lambda _: env, [QUICKSTART, "--timeout", str(timeout_s),
+                                                        "--join-timeout", str(timeout_s)],
                                      bound=bound)
     return code, out, err, time.monotonic() - began
 

@@ -497,6 +497,52 @@ def repetitions_are_reported_whole_and_leave_no_file():
     assert not os.listdir(tmpdir), os.listdir(tmpdir)
 
 
+# (h) joining: the join deadline (--join-timeout, 300 s by default) is not waited out for a rank
+# that died before it joined.
+@test
+def a_rank_that_dies_before_joining_fails_the_others_at_once_naming_it():
+    quickstart = os.path.join(SOURCE_DIR, "scenarios", "quickstart.json")
+    for transport in ("tcp", "store", "gloo") if GLOO else ("tcp", "store"):
+        pid_file = os.path.join(TMP, f"pids-join-{transport}")
+        report_path = os.path.join(TMP, f"report-join-{transport}.json")
+        proc = start([quickstart, "--world-size", "3", "--transport", transport, "--timeout", "3",
+                      "--report", report_path], pid_file=pid_file)
+        try:
+            end = time.monotonic() + 60
+            while len(read_pids(pid_file)) < 3:
+                assert time.monotonic() < end and proc.poll() is None, "the ranks did not start"
+                time.sleep(0.005)
+            # Milliseconds after its start: it is still loading LibTorch, far from joining.
+            os.kill(read_pids(pid_file)[2], signal.SIGKILL)
+            killed = time.monotonic()
+            out, err = proc.communicate(timeout=120)
+        except BaseException:
+            kill_tree(proc, pid_file)
+            proc.communicate()
+            raise
+        waited = time.monotonic() - killed
+        where = f"{transport}: exit {proc.returncode} after {waited:.1f} s\n{out}\n{err[-3000:]}"
+        assert proc.returncode == 1, where
+        # At once through the launcher's announcement; at the latest the launcher's grace after a
+        # death (2 deadlines + 5 s), and nowhere near the join deadline's 300 s.
+        assert waited < 2 * 3 + 5 + 30, where
+        with open(report_path) as f:
+            report = json.load(f)
+        reasons = {r["rank"]: r.get("crash_reason") or "" for r in report["ranks"]}
+        assert "killed by signal 9" in reasons[2], (reasons, where)
+        # Rank 0 hosts the store, where the launcher announces the death: it cannot have formed
+        # the world, and names why.
+        assert re.match(r"could not join its world: rank 0 could not form the world: rank 2 "
+                        r"killed by signal 9 \(Killed\); ranks \[(1, )?2\] did not join",
+                        reasons[0]), (reasons, where)
+        assert "hmc-run rank 0: rank 0 could not form the world" in err, where
+        assert "could not join its world" in out, where  # the console names it too
+        # Rank 1 fails the same way when it had joined by then; if it was still starting, the
+        # store went with rank 0 and the launcher stopped it (SIGTERM: 143) after the grace.
+        assert ("could not join its world" in reasons[1] or
+                reasons[1] == "exited with status 143"), (reasons, where)
+
+
 def main():
     passed = failed = 0
     for fn in TESTS:

@@ -24,6 +24,19 @@ long long wallMillis(WallTime time) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(time.time_since_epoch()).count();
 }
 
+// A process group whose collectives have another deadline than its creation: 1.13 takes one
+// timeout for both (Options::timeout, copied into each gloo context at creation) and has no
+// setter; the contexts are protected. Formed under the join deadline, then set to the
+// collective one.
+class GlooGroup final : public c10d::ProcessGroupGloo {
+ public:
+  using ProcessGroupGloo::ProcessGroupGloo;
+  void setCollectiveTimeout(std::chrono::milliseconds timeout) {
+    options_->timeout = timeout;
+    for (auto& context : contexts_) context->setTimeout(timeout);
+  }
+};
+
 }  // namespace
 
 struct GlooTransportState {
@@ -56,6 +69,7 @@ struct GlooTransportState {
                        WallTime entered, WallTime failed, WallTime deadline) {
     StoreTransportOptions quick = options.store;
     quick.timeout = std::min(quick.timeout, std::chrono::milliseconds(2000));
+    quick.joinTimeout.reset();
     auto probe = connectTcpStore(quick, false, false, port);
     probe->set(arrivalKey(sequence, self), c10d_compat::toVector(fmt::format(
                                                "{} {}", wallMillis(entered), wallMillis(failed))));
@@ -98,23 +112,36 @@ struct GlooTransportState {
     return out;
   }
 
-  void createGroup() {
+  // Creates the process group within `setup` (the rest of the join deadline at construction,
+  // the collective one in rebuild()); its collectives then have options.store.timeout.
+  // `joining`: at construction, and a timeout says it was the join.
+  void createGroup(std::chrono::milliseconds setup, bool joining) {
     const auto& so = options.store;
     auto prefixed = c10::make_intrusive<c10d::PrefixStore>(
         fmt::format("{}/pg/{}", so.prefix, generation), store);
-    auto pgOptions = c10d::ProcessGroupGloo::Options::create(so.timeout);
+    auto pgOptions = c10d::ProcessGroupGloo::Options::create(setup);
     pgOptions->devices.push_back(
         c10d::ProcessGroupGloo::createDeviceForHostname(options.deviceHost));
     pgOptions->threads = options.threads;
     try {
-      group =
-          c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, so.rank, so.worldSize, pgOptions);
+      auto created = c10::make_intrusive<GlooGroup>(prefixed, so.rank, so.worldSize, pgOptions);
+      created->setCollectiveTimeout(so.timeout);
+      group = std::move(created);
+      // The rendezvous' waits left this connection's read deadline at `setup`.
+      store->wait({}, so.timeout);
     } catch (const std::exception& error) {
       const std::string reason = c10d_compat::messageOf(error);
       if (c10d_compat::isTimeout(reason)) {
+        if (joining) {
+          throw TimeoutError(fmt::format(
+              "rank {} timed out after {} forming the world (--join-timeout): creating the gloo "
+              "process group (store {}): {}; start every rank, or raise --join-timeout",
+              so.rank, fmt::format("{:g} s", static_cast<double>(setup.count()) / 1000.0),
+              endpoint(), reason));
+        }
         throw TimeoutError(fmt::format(
             "rank {} timed out after {} ms creating the gloo process group (store {}): {}", so.rank,
-            so.timeout.count(), endpoint(), reason));
+            setup.count(), endpoint(), reason));
       }
       throw BackendError(fmt::format("rank {}: ProcessGroupGloo (store {}) failed: {}", so.rank,
                                      endpoint(), reason));
@@ -186,9 +213,16 @@ GlooTransport::GlooTransport(const GlooTransportOptions& options)
   s.options = options;
   s.options.store.prefix = options.store.prefix + "/gloo";
   const bool host = options.store.hostsServer();
+  // One join deadline for the store, the barrier and the group; collectives have the timeout.
+  const auto deadline = Clock::now() + options.store.joinBound();
   s.store = hmc::detail::connectTcpStore(s.options.store, host, true, options.store.port);
   s.port = host ? s.store->getPort() : options.store.port;
-  s.createGroup();
+  // Every rank there first, so that a rank that never starts is named (gloo's own rendezvous
+  // only times out).
+  hmc::detail::joinWorld(*s.store, s.options.store, s.endpoint(), deadline);
+  s.createGroup(std::max(std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()),
+                         std::chrono::milliseconds(1000)),
+                true);
 }
 
 GlooTransport::~GlooTransport() {
@@ -204,7 +238,7 @@ void GlooTransport::rebuild() {
   auto& s = *state_;
   s.group.reset();
   ++s.generation;
-  s.createGroup();
+  s.createGroup(s.options.store.timeout, false);
 }
 
 std::vector<Bytes> GlooTransport::gather(std::uint64_t sequence, std::string_view stage,

@@ -109,6 +109,10 @@ void NcclTransportOptions::validate() const {
     throw ValueError(
         fmt::format("nccl transport: timeout must be positive, got {} ms", timeout.count()));
   }
+  if (joinTimeout && joinTimeout->count() <= 0) {
+    throw ValueError(fmt::format("nccl transport: join timeout must be positive, got {} ms",
+                                 joinTimeout->count()));
+  }
   if (device < -1) throw ValueError(fmt::format("nccl transport: bad device {}", device));
 }
 
@@ -122,7 +126,7 @@ NcclTransport::NcclTransport(const NcclTransportOptions& options)
   resources::ScopedCheckRank checkRank(rank());
   resources::NcclRuntimeOptions runtime;
   runtime.device = state_->device;
-  runtime.initTimeout = options.timeout;
+  runtime.initTimeout = options.joinTimeout.value_or(options.timeout);
   runtime.releaseTimeout = options.timeout;
   runtime.operationTimeout = options.timeout;
   // The transport's release runs in its destructor: local, never another exchange.

@@ -126,6 +126,10 @@ void StoreTransportOptions::validate() const {
   if (timeout.count() <= 0) {
     throw ValueError(fmt::format("store timeout must be positive, got {} ms", timeout.count()));
   }
+  if (joinTimeout && joinTimeout->count() <= 0) {
+    throw ValueError(
+        fmt::format("store join timeout must be positive, got {} ms", joinTimeout->count()));
+  }
   if (prefix.empty()) throw ValueError("the store key prefix is empty");
   if (keySlots < 3) {
     throw ValueError(fmt::format(
@@ -189,10 +193,11 @@ bool refusedNow(const sockaddr_storage& address, socklen_t length, int family,
 // Before c10d's client connects: something at host:port must accept a connection and answer
 // one store request (c10d_compat::storeProbeRequest) before `deadline`. A refused or
 // unroutable connection is retried (rank 0 may not listen yet), as c10d does.
-void probeStore(const StoreTransportOptions& options, int port, Clock::time_point deadline) {
+void probeStore(const StoreTransportOptions& options, int port, Clock::time_point deadline,
+                bool joining) {
   const std::string endpoint = fmt::format("{}:{}", options.host, port);
   const std::string who = fmt::format("rank {}", options.rank);
-  const auto budget = collective::formatSeconds(options.timeout);
+  const auto budget = collective::formatSeconds(options.joinBound());
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -298,8 +303,10 @@ void probeStore(const StoreTransportOptions& options, int port, Clock::time_poin
     }
     lastReason = osReason(error);
     if (Clock::now() >= deadline) {
-      throw TimeoutError(fmt::format("{} found no c10d store at {} within {} ({}): {}", who,
-                                     endpoint, budget, lastReason, kCheckMaster));
+      throw TimeoutError(fmt::format(
+          "{} found no c10d store at {} within {} ({}){}: {}{}", who, endpoint, budget, lastReason,
+          joining ? ", so it could not join the world (--join-timeout)" : "", kCheckMaster,
+          joining ? ", or raise --join-timeout if its start is slow" : ""));
     }
     // Refused (nothing listens yet) or unreachable: after a round of every address, try
     // again shortly, as c10d would.
@@ -347,19 +354,20 @@ void boundReads(c10d::TCPStore& store, std::chrono::milliseconds timeout) {
 }  // namespace
 
 c10::intrusive_ptr<c10d::TCPStore> connectTcpStore(
-    const StoreTransportOptions& options, bool asServer, bool waitWorkers, int port,
+    const StoreTransportOptions& options, bool asServer, bool joining, int port,
     std::optional<std::chrono::milliseconds> readTimeout) {
   const std::string endpoint = fmt::format("{}:{}", options.host, port);
-  const auto deadline = Clock::now() + options.timeout;
+  const auto bound = options.joinBound();
+  const auto deadline = Clock::now() + bound;
   c10::intrusive_ptr<c10d::TCPStore> store;
   try {
     if (asServer) {
       checkPortFree(options, port);
     } else {
-      probeStore(options, port, deadline);
+      probeStore(options, port, deadline, joining);
     }
-    // Workers are awaited below, after the probe: c10d's own wait reads its first reply
-    // without a deadline.
+    // c10d's own wait for workers is not used (joinWorld replaces it): it reads its first
+    // reply without a deadline and cannot name the ranks that did not come.
     {
       // A store for a loopback master address listens on loopback only (c10d would bind every
       // interface); any other master address: every interface, as torch's store does.
@@ -371,10 +379,12 @@ c10::intrusive_ptr<c10d::TCPStore> connectTcpStore(
       }
       store = c10::make_intrusive<c10d::TCPStore>(
           options.host,
-          c10d_compat::tcpStoreOptions(port, asServer, options.worldSize, false, options.timeout));
+          c10d_compat::tcpStoreOptions(port, asServer, options.worldSize, false, bound));
     }
-    if (asServer) probeStore(options, store->getPort(), deadline);
-    if (waitWorkers) store->waitForWorkers();
+    if (asServer) probeStore(options, store->getPort(), deadline, joining);
+    // From here on the collective deadline: c10d's get() and wait() without a timeout use the
+    // store's, whatever bounded the connect.
+    store->setTimeout(options.timeout);
     boundReads(*store, readTimeout.value_or(options.timeout));
   } catch (const Error&) {
     throw;
@@ -382,9 +392,16 @@ c10::intrusive_ptr<c10d::TCPStore> connectTcpStore(
     const std::string reason = c10d_compat::messageOf(error);
     if (asServer && c10d_compat::isAddressInUse(reason)) portInUse(options, port);
     if (c10d_compat::isTimeout(reason)) {
+      if (joining) {
+        throw TimeoutError(fmt::format(
+            "rank {} timed out after {} forming the world (--join-timeout): connecting to the "
+            "c10d store at {} ({} ranks): {}; start every rank (the store's host first), or "
+            "raise --join-timeout",
+            options.rank, collective::formatSeconds(bound), endpoint, options.worldSize, reason));
+      }
       throw TimeoutError(fmt::format(
           "rank {} timed out after {} ms connecting to the c10d store at {} ({} ranks): {}",
-          options.rank, options.timeout.count(), endpoint, options.worldSize, reason));
+          options.rank, bound.count(), endpoint, options.worldSize, reason));
     }
     throw BackendError(fmt::format("rank {} could not {} the c10d store at {}: {}", options.rank,
                                    asServer ? "start" : "connect to", endpoint, reason));
@@ -457,6 +474,82 @@ void KeyJanitor::run() {
   }
 }
 
+void joinWorld(c10d::Store& store, const StoreTransportOptions& options,
+               const std::string& endpoint, Clock::time_point deadline) {
+  if (options.worldSize == 1) return;
+  const std::string kv = options.prefix + "/kv/";
+  const std::string countKey = kv + collective::kJoinedCountKey;
+  // Added to the count by the hosting rank when its deadline passes; acknowledged in seenKey.
+  constexpr std::int64_t kAbandoned = -(std::int64_t{1} << 40);
+  const std::string seenKey = countKey + "/abandoned";
+  const auto joinedKey = [&](int rank) { return kv + collective::joinedRankKey(rank); };
+  const auto missingRanks = [&] {
+    std::vector<int> missing;
+    for (int peer = 0; peer < options.worldSize; ++peer) {
+      if (!store.check({joinedKey(peer)})) missing.push_back(peer);
+    }
+    return missing;
+  };
+  try {
+    store.set(joinedKey(options.rank), {1});
+    std::int64_t joined = store.add(countKey, 1);
+    // One key polled whatever the world size; rank by rank only to name who is missing.
+    auto pause = std::chrono::milliseconds(1);
+    while (joined < options.worldSize) {
+      if (store.check({kv + collective::kAnyDeadKey})) {
+        const std::vector<int> missing = missingRanks();
+        for (int peer : missing) {
+          const std::string dead = deadKeyOf(options.prefix, peer);
+          if (!store.check({dead})) continue;
+          throw RankFailure(fmt::format(
+              "rank {} could not form the world: {}; ranks {} did not join the c10d store at {}",
+              options.rank, c10d_compat::toBytes(c10d_compat::getExisting(store, {dead}).front()),
+              collective::formatRankList(missing), endpoint));
+        }
+      }
+      const bool abandoned = joined < 0;
+      if (abandoned || Clock::now() >= deadline) {
+        const std::vector<int> missing = missingRanks();
+        if (abandoned) {
+          store.add(seenKey, 1);
+        } else if (options.hostsServer()) {
+          // The server dies with this rank's error: the ranks that joined learn why first (the
+          // count turns negative), instead of failing on a lost store.
+          const std::int64_t others = store.add(countKey, kAbandoned) - kAbandoned - 1;
+          const auto until = Clock::now() + std::chrono::seconds(2);
+          while (store.add(seenKey, 0) < others && Clock::now() < until) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+          }
+        }
+        throw TimeoutError(fmt::format(
+            "rank {} timed out after {} forming the world (--join-timeout): ranks {} did not "
+            "join the c10d store at {}{}; start them (or see why they exited), or raise "
+            "--join-timeout",
+            options.rank, collective::formatSeconds(options.joinBound()),
+            collective::formatRankList(missing), endpoint,
+            abandoned ? " (the store's host gave up at its join deadline)" : ""));
+      }
+      std::this_thread::sleep_for(
+          std::min(pause, std::chrono::ceil<std::chrono::milliseconds>(
+                              std::max(Clock::duration::zero(), deadline - Clock::now()))));
+      pause = std::min(pause * 2, std::chrono::milliseconds(50));
+      joined = store.add(countKey, 0);
+    }
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& error) {
+    const std::string reason = c10d_compat::messageOf(error);
+    if (c10d_compat::isConnectionLost(reason)) {
+      throw RankFailure(fmt::format(
+          "rank {} lost the c10d store at {} while forming the world: {}; its host (rank 0, or "
+          "the launcher's agent) exited or was killed: see that process's output for why",
+          options.rank, endpoint, reason));
+    }
+    throw BackendError(fmt::format("rank {} forming the world: c10d store {} failed: {}",
+                                   options.rank, endpoint, reason));
+  }
+}
+
 void leaveStore(c10d::Store& store, bool hostsServer,
                 const StoreTransportOptions& options) noexcept {
   try {
@@ -508,6 +601,7 @@ c10::intrusive_ptr<c10d::TCPStore> freshConnection(const StoreTransportState& s,
   try {
     StoreTransportOptions quick = s.options;
     quick.timeout = std::min(s.options.timeout, std::chrono::milliseconds(2000));
+    quick.joinTimeout.reset();  // the world formed long ago: the server is there or gone
     // Requests get the whole store timeout, like the first connection's, not the 2 s.
     return connectTcpStore(quick, false, false, s.port, s.options.timeout);
   } catch (const Error& error) {
@@ -538,6 +632,8 @@ StoreTransport::StoreTransport(const StoreTransportOptions& options)
   auto& s = *state_;
   s.options = options;
   s.port = options.port;
+  // One join deadline for everything that forms the world; exchanges have the timeout.
+  const auto deadline = Clock::now() + options.joinBound();
   if (options.hostsServer()) {
     s.server = hmc::detail::connectTcpStore(options, true, true, options.port);
     s.port = s.server->getPort();
@@ -545,9 +641,10 @@ StoreTransport::StoreTransport(const StoreTransportOptions& options)
   } else {
     s.client = hmc::detail::connectTcpStore(options, false, true, options.port);
   }
-  s.waiter = hmc::detail::connectTcpStore(options, false, false, s.port);
+  s.waiter = hmc::detail::connectTcpStore(options, false, true, s.port);
   s.janitor = std::make_unique<hmc::detail::KeyJanitor>(
-      hmc::detail::connectTcpStore(options, false, false, s.port));
+      hmc::detail::connectTcpStore(options, false, true, s.port));
+  hmc::detail::joinWorld(*s.client, options, s.endpoint(), deadline);
 }
 
 StoreTransport::~StoreTransport() {
@@ -557,6 +654,9 @@ StoreTransport::~StoreTransport() {
 }
 
 int StoreTransport::port() const noexcept { return state_->port; }
+std::chrono::milliseconds StoreTransport::joinTimeout() const noexcept {
+  return state_->options.joinBound();
+}
 const std::string& StoreTransport::host() const noexcept { return state_->options.host; }
 
 std::shared_ptr<KeyValueStore> connectKeyValueStore(const StoreTransportOptions& options) {
@@ -570,9 +670,10 @@ std::shared_ptr<KeyValueStore> connectKeyValueStore(const StoreTransportOptions&
 
 std::shared_ptr<KeyValueStore> StoreTransport::keyValueStore() {
   auto& s = *state_;
-  return std::make_shared<StoreKeyValue>(
-      hmc::detail::connectTcpStore(s.options, false, false, s.port), s.options.prefix + "/kv/",
-      s.endpoint());
+  StoreTransportOptions formed = s.options;
+  formed.joinTimeout.reset();  // the world has formed: the server is there
+  return std::make_shared<StoreKeyValue>(hmc::detail::connectTcpStore(formed, false, false, s.port),
+                                         s.options.prefix + "/kv/", s.endpoint());
 }
 
 std::vector<Bytes> StoreTransport::gather(std::uint64_t sequence, std::string_view stage,

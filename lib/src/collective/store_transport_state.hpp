@@ -19,14 +19,22 @@ namespace hmc::detail {
 
 using collective::StoreTransportOptions;
 
-// Connects to (and, on the hosting rank, starts) the TCPStore of `options`. With
-// `waitWorkers`, the hosting rank returns once all worldSize ranks connected. Throws
-// TimeoutError or BackendError naming host:port.
+// Connects to (and, on the hosting rank, starts) the TCPStore of `options`, trying until
+// options.joinBound() (a connection made after the world formed resets joinTimeout: then the
+// timeout). `joining`: this connection forms the world, and a timeout says so (--join-timeout).
+// Throws TimeoutError or BackendError naming host:port.
 // Every request on the connection then has `readTimeout` (default: options.timeout) to be
-// answered; options.timeout also bounds the connect.
+// answered, and c10d's own store timeout is options.timeout.
 c10::intrusive_ptr<c10d::TCPStore> connectTcpStore(
-    const StoreTransportOptions& options, bool asServer, bool waitWorkers, int port,
+    const StoreTransportOptions& options, bool asServer, bool joining, int port,
     std::optional<std::chrono::milliseconds> readTimeout = std::nullopt);
+
+// The world's barrier on `store`: sets "<prefix>/kv/joined/<rank>", counts itself in
+// "<prefix>/kv/joined/count" and returns once every rank has. Throws TimeoutError at `deadline`
+// naming the ranks that did not join, RankFailure at once when one of them was announced dead
+// ("<prefix>/kv/dead/<rank>") or the store's server is gone. `endpoint` names the store.
+void joinWorld(c10d::Store& store, const StoreTransportOptions& options,
+               const std::string& endpoint, collective::Clock::time_point deadline);
 
 // "<prefix>/kv/dead/<rank>": the key a launcher sets when that rank's process died.
 std::string deadKeyOf(const std::string& prefix, int rank);

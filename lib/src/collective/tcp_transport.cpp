@@ -226,7 +226,9 @@ TcpTransport::TcpTransport(const TcpTransportOptions& options,
   s.options.control = nullptr;  // held once, in s.control
   const int self = rank();
   const int world = worldSize();
-  const auto deadline = Clock::now() + timeout();
+  // Setting up is part of forming the world: the join deadline, not the collective one.
+  const auto joinTimeout = s.control->joinTimeout();
+  const auto deadline = Clock::now() + joinTimeout;
   const std::string what = fmt::format("rank {} setting up the tcp transport", self);
   // The address this rank binds and announces: options.host, else HMC_ADVERTISE_ADDR, else
   // the interface that routes to the store's host (as torch chooses a rank's address).
@@ -275,10 +277,10 @@ TcpTransport::TcpTransport(const TcpTransportOptions& options,
   }
   auto peerSlot = [&](int peer) -> TcpPeer& { return s.peers[peer < self ? peer : peer - 1]; };
   const auto timedOut = [&](const std::vector<int>& ranks, const char* how) {
-    return TimeoutError(
-        fmt::format("rank {} timed out after {} setting up the tcp transport: "
-                    "ranks {} {}",
-                    self, formatSeconds(timeout()), formatRankList(ranks), how));
+    return TimeoutError(fmt::format(
+        "rank {} timed out after {} forming the world (--join-timeout) setting up the tcp "
+        "transport: ranks {} {}; start them (or see why they exited), or raise --join-timeout",
+        self, formatSeconds(joinTimeout), formatRankList(ranks), how));
   };
 
   auto kv = s.control->keyValueStore();

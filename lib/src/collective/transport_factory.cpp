@@ -44,6 +44,7 @@ ProcessTransport makeTransport(Transport transport, const TransportOptions& opti
   store.rank = options.rank;
   store.worldSize = options.worldSize;
   store.timeout = options.timeout;
+  store.joinTimeout = options.joinTimeout;
   store.prefix = options.prefix;
   if (!options.rankZeroHostsStore) store.isServer = false;
 
@@ -92,6 +93,7 @@ ProcessTransport makeTransport(Transport transport, const TransportOptions& opti
       NcclTransportOptions nccl;
       nccl.bootstrap = out.control;
       nccl.timeout = options.timeout;
+      nccl.joinTimeout = options.joinTimeout;
       nccl.arrivals = out.control->keyValueStore();
       out.collective = std::make_shared<NcclTransport>(nccl);
 #else

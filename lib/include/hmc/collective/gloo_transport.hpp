@@ -7,9 +7,13 @@
 //
 // Only built when hmc/config.hpp says HMC_HAVE_GLOO.
 //
+// Construction forms the world within options.store.joinBound(): connecting to the store, every
+// rank joining it (StoreTransport's barrier: a rank that never starts is named), and the
+// process group's rendezvous; a timeout says it was the join ("forming the world").
+//
 // Deadlines. LibTorch 1.13 honours only the process group's timeout, not a per-operation
-// one: the group is created with options.store.timeout, and that value bounds every
-// exchange. Collective::setTimeout on this transport changes when the caller stops waiting,
+// one: once created, the group's collectives get options.store.timeout, and that value bounds
+// every exchange. Collective::setTimeout on this transport changes when the caller stops waiting,
 // but the allgather itself still runs until the group's timeout.
 //
 // After any failure (timeout, a peer gone) the process group is unusable: the transport is
@@ -47,7 +51,8 @@ struct GlooTransportState;
 namespace hmc::collective {
 
 struct GlooTransportOptions {
-  // Rendezvous store, rank, world size and timeout (also the process group's timeout).
+  // Rendezvous store, rank, world size, timeout (also the process group's collective timeout)
+  // and join timeout (its creation).
   StoreTransportOptions store;
   // The address gloo binds and announces to its peers.
   std::string deviceHost = "127.0.0.1";

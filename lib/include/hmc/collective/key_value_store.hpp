@@ -13,6 +13,9 @@
 //   flight/<rank>      the rank's flight record, published by its watchdog once a collective
 //                      passed its deadline (diagnostics/watchdog.hpp has the JSON).
 //   flight/published   a counter bumped by every publication, so that readers poll one key.
+//   joined/<rank>      set by each rank as it joins the world (StoreTransport's construction,
+//                      the gloo transport's store); joined/count counts them, so that joining
+//                      ranks poll one key and look rank by rank only to name who is missing.
 
 #include <chrono>
 #include <cstdint>
@@ -41,6 +44,8 @@ inline std::string deadRankKey(int rank) { return "dead/" + std::to_string(rank)
 inline std::string flightKey(int rank) { return "flight/" + std::to_string(rank); }
 inline constexpr const char* kAnyDeadKey = "dead/any";
 inline constexpr const char* kFlightPublishedKey = "flight/published";
+inline std::string joinedRankKey(int rank) { return "joined/" + std::to_string(rank); }
+inline constexpr const char* kJoinedCountKey = "joined/count";
 
 // What a launcher does when rank `rank` died: dead/<rank> = why, then dead/any.
 inline void announceDeadRank(KeyValueStore& store, int rank, const std::string& why) {

@@ -31,6 +31,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -49,8 +50,10 @@ struct NcclTransportOptions {
   std::shared_ptr<Collective> bootstrap;
   // The CUDA device of this rank; -1: rank % the number of devices.
   int device = -1;
-  // The collective deadline, also the bound of the communicator's creation and release.
+  // The collective deadline, also the bound of the communicator's release.
   std::chrono::milliseconds timeout = std::chrono::seconds(30);
+  // The bound of the communicator's creation (part of forming the world); unset: `timeout`.
+  std::optional<std::chrono::milliseconds> joinTimeout;
   // Optional out-of-band arrival marks, to name the ranks that did not arrive on a timeout.
   // Costs one store round trip per exchange; null: the timeout says the ranks are unknown.
   std::shared_ptr<KeyValueStore> arrivals;

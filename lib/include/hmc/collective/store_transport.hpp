@@ -9,10 +9,15 @@
 //   StoreTransport transport(options);  // rank 0 hosts the store unless isServer says else
 //   transport.exchange("recycle", payload);
 //
-// Construction is itself collective: it returns once every rank has connected to the store,
-// or throws TimeoutError after options.timeout (BackendError when the server cannot be
-// reached or its port cannot be bound). Every rank must use the same host, port, world size
-// and prefix.
+// Construction is itself collective, the forming of the world: every rank connects to the
+// store (retrying while the hosting rank does not listen yet), sets "<prefix>/kv/joined/<rank>"
+// and waits until every rank has. It returns once every rank has joined, or throws
+// TimeoutError after options.joinBound() naming the ranks that did not join ("rank 0 timed out
+// after 300 s forming the world (--join-timeout): ranks [3] did not join ..."), RankFailure at
+// once when a missing rank was announced dead ("<prefix>/kv/dead/<rank>"), BackendError when
+// the server cannot be reached or its port cannot be bound. Every rank must use the same host,
+// port, world size and prefix. The join deadline bounds only this; every exchange after it has
+// options.timeout.
 //
 // An exchange writes this rank's envelope under "<prefix>/x/<sequence>/<rank>", waits for the
 // others' keys (bounded by the collective's deadline, see Waiting) and reads them. Keys are
@@ -66,8 +71,13 @@ struct StoreTransportOptions {
   int worldSize = 1;
   // Whether this rank hosts the store server; by default rank 0 does.
   std::optional<bool> isServer;
-  // The collective deadline, also the bound on connecting to the store.
+  // The collective deadline: every exchange, and every request on the store's connections.
   std::chrono::milliseconds timeout = std::chrono::seconds(30);
+  // The join deadline: how long construction may take to form the world (connect to the store,
+  // wait for every rank to join). Unset: `timeout`. Ranks that start slowly (LibTorch loading
+  // from a network file system, a busy node, a batch system starting tasks one by one) need
+  // more than a collective does; torchrun's rendezvous timeout is the same idea.
+  std::optional<std::chrono::milliseconds> joinTimeout;
   // Namespace of this transport's keys: transports sharing a store need distinct prefixes.
   std::string prefix = "hmc";
   // Exchange keys reuse this many names per rank, round robin (at least 3): c10d 1.13's
@@ -79,6 +89,8 @@ struct StoreTransportOptions {
   int keySlots = 64;
 
   bool hostsServer() const noexcept { return isServer.value_or(rank == 0); }
+  // The join deadline in force: joinTimeout, else timeout.
+  std::chrono::milliseconds joinBound() const noexcept { return joinTimeout.value_or(timeout); }
   // Throws ValueError naming the first bad field.
   void validate() const;
 };
@@ -86,7 +98,7 @@ struct StoreTransportOptions {
 // A client connection to the store of `options` (host, port, prefix, timeout) that is not a
 // rank: for launchers and tools. Keys under "<prefix>/kv/", like StoreTransport's
 // keyValueStore(). c10d retries a refused connection (the hosting rank may not listen yet)
-// about once a second until options.timeout (rounded up to whole seconds), then this throws
+// about once a second until options.joinBound() (rounded up to whole seconds), then this throws
 // TimeoutError; BackendError for other failures. c10d logs each failed connect to stderr, so
 // callers that poll for a server probe the port first.
 std::shared_ptr<KeyValueStore> connectKeyValueStore(const StoreTransportOptions& options);
@@ -100,6 +112,8 @@ class StoreTransport final : public Collective {
   // The port the store listens on (the bound one when options.port was 0).
   int port() const noexcept;
   const std::string& host() const noexcept;
+  // The join deadline this transport was formed under (options.joinBound()).
+  std::chrono::milliseconds joinTimeout() const noexcept;
   // A new connection to the same store, keys under "<prefix>/kv/". Safe to use from
   // another thread while this transport blocks in an exchange.
   std::shared_ptr<KeyValueStore> keyValueStore();

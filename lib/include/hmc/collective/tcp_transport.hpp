@@ -5,7 +5,8 @@
 //
 //   TcpTransportOptions options;
 //   options.store.port = 29500;  options.store.rank = rank;  options.store.worldSize = world;
-//   options.store.timeout = std::chrono::seconds(30);
+//   options.store.timeout = std::chrono::seconds(30);  // each exchange
+//   options.store.joinTimeout = std::chrono::minutes(5);  // forming the world
 //   TcpTransport transport(options);  // or options.control = an existing StoreTransport
 //   transport.exchange("recycle", payload);
 //
@@ -13,7 +14,8 @@
 // options.host, publishes "host port" under "<name>/addr/<rank>" in the store's key-value
 // view, connects to every higher rank (TCP_NODELAY, a hello naming its rank) and accepts one
 // connection from every lower rank. It returns once all world - 1 connections stand, or
-// throws TimeoutError after the store's timeout naming the ranks that did not connect
+// throws TimeoutError after the store's join timeout (StoreTransport::joinTimeout(): setting up
+// is part of forming the world) naming the ranks that did not publish or connect
 // (BackendError when a socket call fails, ValueError for bad options). Every rank must use
 // the same store, world size and name.
 //
@@ -56,7 +58,8 @@ namespace hmc::collective {
 
 struct TcpTransportOptions {
   // The rendezvous: an existing StoreTransport (shared, e.g. hmc-run's control store), or
-  // null to create one from `store`. Rank, world size and the timeout come from it.
+  // null to create one from `store`. Rank, world size, the timeout and the join timeout come
+  // from it.
   std::shared_ptr<StoreTransport> control;
   // Used only when `control` is null.
   StoreTransportOptions store;

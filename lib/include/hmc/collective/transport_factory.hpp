@@ -4,10 +4,12 @@
 // tests' peers and the benchmarks, so that the choice of transport is made in one place.
 //
 // Construction is collective (every rank must call it with the same transport, world size,
-// master and prefix) and bounded by `timeout`.
+// master and prefix): it forms the world, bounded by `joinTimeout` (unset: `timeout`); every
+// collective after it by `timeout`.
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,7 +28,11 @@ struct TransportOptions {
   // Whether rank 0 hosts the control store (false: a launcher's agent hosts it, as torchrun's
   // does, and every rank is a client).
   bool rankZeroHostsStore = true;
-  std::chrono::milliseconds timeout = std::chrono::seconds(30);
+  std::chrono::milliseconds timeout = std::chrono::seconds(30);  // each collective
+  // Forming the world: connecting to the store, every rank joining, the tcp transport's
+  // connections, the gloo group, the NCCL communicator. Unset: `timeout` (hmc-run passes
+  // --join-timeout, 300 s by default).
+  std::optional<std::chrono::milliseconds> joinTimeout;
   std::string prefix = "hmc";  // the control store's key namespace
   int glooThreads = 2;         // ProcessGroupGloo worker threads
   // gloo only: false puts the process group's own store on masterPort (prefix `prefix`) and
