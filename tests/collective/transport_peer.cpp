@@ -1,6 +1,7 @@
 // One rank of a process-based transport test: `hmc_transport_peer TRANSPORT RANK WORLD PORT
 // TIMEOUT_MS SCENARIO`. Prints one line "RESULT <kind> <message>" to stdout (kind "ok" or
-// the error's report kind) and exits 0; the test process asserts on these lines.
+// the error's report kind) and exits 0; the test process asserts on these lines. Under the
+// test's start gate (HMC_TEST_GATE, support/process_ranks.hpp) it waits there first.
 
 #include <unistd.h>
 
@@ -19,6 +20,7 @@
 #include "hmc/error.hpp"
 #include "hmc/lifecycle/resource_manager.hpp"
 #include "hmc/resources/host_resources.hpp"
+#include "support/process_ranks.hpp"
 #if HMC_HAVE_GLOO
 #include "hmc/collective/gloo_transport.hpp"
 #endif
@@ -154,6 +156,19 @@ void ringScenario(const Args& args) {
   c.barrier();
 }
 
+// The last rank of "skip" and "tcp-broken": alive (and out of every collective) until every
+// other rank has exited. By hand, without the test's gate: the deadline and a margin.
+void outliveTheOthers(const Args& args) {
+  if (hmc::testing::gateFolder() == nullptr) {
+    std::this_thread::sleep_for(args.timeout + 3s);
+    return;
+  }
+  for (int rank = 0; rank < args.world - 1; ++rank) {
+    expect(hmc::testing::gateAwaitExitOf(rank, args.timeout + 5min),
+           "rank " + std::to_string(rank) + " exited");
+  }
+}
+
 void run(const Args& args) {
   if (args.scenario == "ring") return ringScenario(args);
   auto collective = connect(args);
@@ -172,7 +187,9 @@ void run(const Args& args) {
   } else if (args.scenario == "skip") {
     c.barrier("warmup");
     if (c.rank() == last) {
-      std::this_thread::sleep_for(args.timeout + 3s);  // alive but never enters
+      // Alive but never enters, until the others have timed out and exited (had it exited
+      // first, a peer still waiting could see its connection close: a rank failure).
+      outliveTheOthers(args);
       return;
     }
     c.exchange("recycle", "x");
@@ -187,7 +204,7 @@ void run(const Args& args) {
     // The last rank skips 'recycle': the others time out, then find the transport broken.
     c.barrier("warmup");
     if (c.rank() == last) {
-      std::this_thread::sleep_for(args.timeout + 2s);
+      outliveTheOthers(args);
       return;
     }
     try {
@@ -198,11 +215,28 @@ void run(const Args& args) {
     throw std::logic_error("peer check failed: the exchange after a timeout did not throw");
   } else if (args.scenario == "server-gone") {
     c.barrier("warmup");
-    if (c.rank() == 0) {
-      std::this_thread::sleep_for(300ms);  // let the others finish reading the warmup
+    // Rank 0 (the store's host) exits once every other rank has finished reading the warmup;
+    // they ask for 'recycle' once it is gone.
+    if (hmc::testing::gateFolder() == nullptr) {  // by hand, without the test's gate
+      if (c.rank() == 0) {
+        std::this_thread::sleep_for(300ms);
+        ::_exit(0);
+      }
+      std::this_thread::sleep_for(600ms);
+    } else if (c.rank() == 0) {
+      expect(hmc::testing::gateAwait([&] {
+               for (int rank = 1; rank < args.world; ++rank) {
+                 if (!hmc::testing::gateFileExists("warm." + std::to_string(rank))) return false;
+               }
+               return true;
+             }),
+             "every rank finished the warmup");
+      std::fflush(stdout);
       ::_exit(0);
+    } else {
+      expect(hmc::testing::gateMark("warm." + std::to_string(c.rank())), "warm mark written");
+      expect(hmc::testing::gateAwaitExitOf(0), "rank 0 exited");
     }
-    std::this_thread::sleep_for(600ms);
     c.exchange("recycle", "x");
   } else if (args.scenario == "lifecycle") {
     lifecycleScenario(std::move(collective));
@@ -233,6 +267,13 @@ int main(int argc, char** argv) {
             argv[6]};
   std::string kind = "ok";
   std::string message;
+  // Started with the test's start gate: up to here is process start-up (LibTorch loaded); the
+  // scenario, connecting included, begins at the go, when every rank is this far.
+  if (!hmc::testing::gateWait(args.rank)) {
+    std::printf("RESULT gate no go from the test at the start gate\n");
+    std::fflush(stdout);
+    return 0;
+  }
   try {
     run(args);
   } catch (const std::exception& error) {
