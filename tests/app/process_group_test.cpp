@@ -6,8 +6,13 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <unistd.h>
+
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
 #include <thread>
 
 namespace {
@@ -26,6 +31,16 @@ bool reapAll(ProcessGroup& group, std::chrono::milliseconds limit = 10s) {
 }
 
 bool alive(pid_t pid) { return kill(pid, 0) == 0 || errno != ESRCH; }
+
+// Polls until `path` exists, at most `limit` (a bound on an observable state, not a delay).
+bool waitForFile(const std::string& path, std::chrono::milliseconds limit = 60s) {
+  const auto until = ProcessGroup::Clock::now() + limit;
+  while (access(path.c_str(), F_OK) != 0) {
+    if (ProcessGroup::Clock::now() >= until) return false;
+    std::this_thread::sleep_for(5ms);
+  }
+  return true;
+}
 
 }  // namespace
 
@@ -66,9 +81,18 @@ TEST_SUITE("process_group") {
   }
 
   TEST_CASE("a child that ignores SIGTERM gets SIGKILL after the grace period") {
+    // The shell says when its trap is in place (a file it creates after `trap`): a SIGTERM
+    // before that would end it with 15, whatever the grace period does.
+    char folder[] = "/tmp/hmc-process-group-XXXXXX";
+    REQUIRE(mkdtemp(folder) != nullptr);
+    const std::string trapped = std::string(folder) + "/trapped";
     ProcessGroup group(200ms);
-    group.spawn({"/bin/sh", "-c", "trap '' TERM; while :; do sleep 0.1; done"});
-    std::this_thread::sleep_for(200ms);  // let the shell install its trap
+    group.spawn({"/bin/sh", "-c", "trap '' TERM; : > \"$0\"; while :; do sleep 0.1; done",
+                 trapped});
+    const bool ready = waitForFile(trapped);
+    std::remove(trapped.c_str());
+    rmdir(folder);
+    REQUIRE_MESSAGE(ready, "the shell did not install its trap within 60 s");
     group.stopNow();
     REQUIRE(reapAll(group, 5s));
     CHECK(hmc::app::describeWaitStatus(*group.status(0)) == "killed by signal 9 (Killed)");

@@ -345,6 +345,64 @@ def wait_for_evidence_pids(proc, tmpdir, world, bound=90):
     return pid_of
 
 
+def _listening_ports(pid):
+    """The TCP ports process `pid` listens on (/proc/net/tcp and tcp6, its socket fds)."""
+    inodes = set()
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:["):-1])
+    except OSError:
+        return []
+    ports = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if len(fields) > 9 and fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                ports.append(int(fields[1].split(":")[1], 16))
+    return sorted(set(ports))
+
+
+def _status(port):
+    """`hmc-run status --json` on 127.0.0.1:port: the document, or None."""
+    try:
+        proc = subprocess.run([HMC_RUN, "status", "--master-port", str(port), "--json",
+                               "--timeout", "5"], env=clean_env(), capture_output=True,
+                              text=True, timeout=60)
+        return json.loads(proc.stdout) if proc.returncode in (0, 3) and proc.stdout.strip() \
+            else None
+    except (subprocess.TimeoutExpired, ValueError):
+        return None
+
+
+def wait_for_ranks(proc, rank0_pid, world, ready, what, bound=90):
+    """Polls `hmc-run status` until ready(ranks) holds for the heartbeats of all `world` ranks.
+    Under a launcher the test does not know the store's port (torchrun and hmc-run pick it):
+    it is one of rank 0's listening ports, the one `hmc-run status` can read."""
+    end = time.monotonic() + bound
+    port, last = None, None
+    while True:
+        assert time.monotonic() < end and proc.poll() is None, \
+            f"the ranks were not seen {what} within {bound} s (last status: {last})"
+        for candidate in ([port] if port else _listening_ports(rank0_pid)):
+            doc = _status(candidate)
+            if doc is not None:
+                port, last = candidate, doc.get("ranks")
+                break
+        if last and len(last) == world and ready(last):
+            return
+        time.sleep(0.2)
+
+
 def check_sigterm(launcher, world):
     before = set(hmc_processes())
     tmpdir = tempfile.mkdtemp(prefix=f"sigterm-{launcher}-{world}-", dir=TMP)
@@ -355,14 +413,16 @@ def check_sigterm(launcher, world):
         {"op": "sleep", "seconds": 60},
     ], world_size=world, timeout_s=90)
     command = LAUNCHERS[launcher](world, [long_sleep, "--report", path])
-    began = time.monotonic()
     proc = start(command, env={"TMPDIR": tmpdir})
     try:
-        wait_for_evidence_pids(proc, tmpdir, world)
-        time.sleep(2)  # every rank past its first steps, sleeping
+        pid_of = wait_for_evidence_pids(proc, tmpdir, world)
+        # Every rank past its first steps, sleeping in step 2 (its heartbeat says so).
+        wait_for_ranks(proc, pid_of[0], world,
+                       lambda ranks: all(r.get("step") == 2 for r in ranks),
+                       "sleeping in step 2")
         sent = time.monotonic()
         proc.send_signal(signal.SIGTERM)
-        run = finish(proc, command, began, 90, path)
+        run = finish(proc, command, sent, 90, path)  # bounded from the signal: no start-up
     except BaseException:
         kill_group(proc)
         proc.communicate()
@@ -393,13 +453,16 @@ def check_store_host_dies(launcher, world, transport):
         ]},
     ], world_size=world, timeout_s=5)
     command = LAUNCHERS[launcher](world, [churn, "--transport", transport, "--report", path])
-    began = time.monotonic()
     proc = start(command, env={"TMPDIR": tmpdir})
     try:
         pid_of = wait_for_evidence_pids(proc, tmpdir, world)
-        time.sleep(1.5)  # every rank inside the churn
+        # Every rank inside the churn with a completed collective (its heartbeat says so).
+        wait_for_ranks(proc, pid_of[0], world,
+                       lambda ranks: all(r.get("step") == 0 and r.get("last_completed")
+                                         for r in ranks),
+                       "inside the churn")
         os.kill(pid_of[0], signal.SIGKILL)
-        run = finish(proc, command, began, 90, path)
+        run = finish(proc, command, time.monotonic(), 90, path)  # from the kill: no start-up
     except BaseException:
         kill_group(proc)
         proc.communicate()

@@ -124,6 +124,42 @@ def all_beating(world):
                               len(doc["ranks"]) == world)
 
 
+def skipped_close_settled(code, doc):
+    """skipped-close-hang.json at 4 ranks in the state the tests look at: rank 0 waits in
+    the close validation of step 2 and ranks 1-3 are done. "rank 0 waiting" alone is not
+    enough: rank 0 also waits, for a moment, in the recycle of step 1 until the others have
+    arrived there (status read it so 0.06 s into a run), and ranks 1-3 are still running their
+    check step when rank 0 has just entered the validation. Both states below are final until
+    rank 0's deadline (HUNG_JOB_TIMEOUT), so what the tests assert afterwards cannot change
+    under them."""
+    if not all_beating(4)(code, doc):
+        return False
+    rank0 = doc["ranks"][0]
+    return (rank0["state"] == "waiting" and rank0.get("stage") == "close validation" and
+            rank0.get("step") == 2 and
+            all(doc["ranks"][r]["state"] == "done" for r in (1, 2, 3)))
+
+
+def flight_dump(job, rank, bound=30):
+    """The whole flight record rank `rank` dumped to the job's stderr: its header line names
+    how many entries follow; waits (bounded) until all of them are there."""
+    header = re.compile(rf"^# hmc flight record of rank {rank} \(.*; (\d+) entries, .*$", re.M)
+    end = time.monotonic() + bound
+    while True:
+        text = job.err()
+        found = header.search(text)
+        if found:
+            # the column header, then one "#  <seq> ..." row per entry (other ranks' lines may
+            # follow in the same file)
+            rows = [line for line in text[found.end():].splitlines()
+                    if re.match(r"^#\s+(seq|\d+)\s", line)]
+            if len(rows) >= 1 + int(found.group(1)):
+                return text
+        assert time.monotonic() < end, f"no complete flight record of rank {rank} within " \
+                                       f"{bound} s:\n{text}"
+        time.sleep(0.05)
+
+
 def test_nothing_listening_exits_2_naming_address_and_port():
     port = free_port()
     code, out, err, _ = status(port, "--timeout", "2")
@@ -139,14 +175,19 @@ def test_bad_usage_exits_2():
     assert proc.returncode == 2 and "--master-port is required" in proc.stderr, proc.stderr
 
 
+# The deadline of the hung-job tests. They look at a job within its deadline (exit 0,
+# "progressing") and kill it when done; no rank is meant to time out. With 30 s, the looking
+# (a status attach loads LibTorch: seconds each on a loaded machine) had to fit in rank 0's 30 s.
+HUNG_JOB_TIMEOUT = "600"
+
+
 def test_hung_job_names_the_missing_ranks_and_the_stage():
     hang = os.path.join(SOURCE_DIR, "scenarios", "skipped-close-hang.json")
-    with Job([hang, "--world-size", "4", "--timeout", "30"]) as job:
-        code, doc, err, wall = poll_status(
-            job.port, lambda c, d: all_beating(4)(c, d) and d["ranks"][0]["state"] == "waiting")
+    with Job([hang, "--world-size", "4", "--timeout", HUNG_JOB_TIMEOUT]) as job:
+        code, doc, err, wall = poll_status(job.port, skipped_close_settled)
         assert f"# hmc-run: store at 127.0.0.1:{job.port} (attach: hmc-run status " \
                f"--master-port {job.port})" in job.err(), job.err()
-        assert code == 0, (code, doc, err)  # waiting, but within its 30 s deadline
+        assert code == 0, (code, doc, err)  # waiting, but within its deadline
         assert doc["format"] == "hmc-status/1" and doc["verdict"] == "progressing", doc
         assert doc["job"]["scenario"] == "skipped-close-hang" and doc["job"]["world_size"] == 4
         rank0 = doc["ranks"][0]
@@ -174,16 +215,12 @@ def test_hung_job_names_the_missing_ranks_and_the_stage():
 
 def test_sigusr1_dumps_a_rank_flight_record_to_stderr():
     hang = os.path.join(SOURCE_DIR, "scenarios", "skipped-close-hang.json")
-    with Job([hang, "--world-size", "4", "--timeout", "30"]) as job:
-        poll_status(job.port,
-                    lambda c, d: all_beating(4)(c, d) and d["ranks"][0]["state"] == "waiting")
+    with Job([hang, "--world-size", "4", "--timeout", HUNG_JOB_TIMEOUT]) as job:
+        poll_status(job.port, skipped_close_settled)
         pids = job.pids()
         assert len(pids) == 4, pids
         os.kill(pids[0], signal.SIGUSR1)
-        end = time.monotonic() + 10
-        while "# hmc flight record of rank 0" not in job.err() and time.monotonic() < end:
-            time.sleep(0.05)
-        text = job.err()
+        text = flight_dump(job, 0)
         assert f"# hmc flight record of rank 0 (pid {pids[0]}, SIGUSR1): waiting in " \
                f"'close validation' #1 (step 2)" in text, text
         assert re.search(r"#\s+1 close validation\s+2 .* in_flight", text), text

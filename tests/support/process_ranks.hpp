@@ -2,8 +2,17 @@
 // Runs N rank processes (fork + exec of a helper executable) on 127.0.0.1 and collects what
 // each printed, reaping every child: a child still alive at the bound is killed (SIGKILL)
 // and reaped, so no test leaves a process behind.
+//
+// The start gate (`startGate`): process start-up (exec, loading LibTorch) on a loaded machine
+// takes seconds and differs between ranks, and it is no part of what a case times. With the
+// gate, each child finds a folder in HMC_TEST_GATE, creates "ready.<rank>" (its pid) there once
+// it runs main(), and waits for "go" (gateWait below); the test creates "go" once every rank is
+// ready (or one has already exited), and the bound and each outcome's seconds count from then.
+// The folder also serves the ranks of a case to wait for each other's observable states
+// (gateMark, gateAwait, gateAwaitExitOf) where they would otherwise sleep for a time.
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -11,8 +20,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
@@ -30,8 +41,71 @@ struct ProcessOutcome {
   int exitCode = -1;    // -1 when killed by a signal
   int signal = 0;
   bool killed = false;  // still alive at the bound
-  double seconds = 0;   // from the start of all ranks to this child's exit
+  double seconds = 0;   // from the start of all ranks (with the gate: the go) to this exit
 };
+
+inline constexpr const char* kGateVariable = "HMC_TEST_GATE";
+
+// The gate's folder in a child started with the gate, or nullptr.
+inline const char* gateFolder() { return std::getenv(kGateVariable); }
+
+// In a child: polls until `done()` holds, at most `bound`; whether it held.
+template <typename Done>
+bool gateAwait(Done done, std::chrono::milliseconds bound = std::chrono::minutes(5)) {
+  const auto until = std::chrono::steady_clock::now() + bound;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return true;
+}
+
+inline bool gateFileExists(const std::string& name) {
+  const char* folder = gateFolder();
+  return folder != nullptr && ::access((std::string(folder) + "/" + name).c_str(), F_OK) == 0;
+}
+
+// In a child: creates `name` in the gate's folder holding `text` (written whole, then renamed
+// into place, so a reader never sees it half written). False without the gate.
+inline bool gateMark(const std::string& name, const std::string& text = "") {
+  const char* folder = gateFolder();
+  if (folder == nullptr) return false;
+  const std::string path = std::string(folder) + "/" + name;
+  const std::string partial = path + ".partial";
+  {
+    std::ofstream out(partial);
+    out << text;
+    if (!out) return false;
+  }
+  return std::rename(partial.c_str(), path.c_str()) == 0;
+}
+
+// In a child started with the gate: the pid rank `rank` wrote at the gate (0 if none).
+inline pid_t gatePidOf(int rank) {
+  const char* folder = gateFolder();
+  if (folder == nullptr) return 0;
+  std::ifstream in(std::string(folder) + "/ready." + std::to_string(rank));
+  long pid = 0;
+  in >> pid;
+  return static_cast<pid_t>(pid);
+}
+
+// In a child started with the gate: waits until rank `rank`'s process is gone (exited and
+// reaped by the test, which reaps every few milliseconds), at most `bound`.
+inline bool gateAwaitExitOf(int rank, std::chrono::milliseconds bound = std::chrono::minutes(5)) {
+  const pid_t pid = gatePidOf(rank);
+  if (pid <= 0) return false;
+  return gateAwait([&] { return ::kill(pid, 0) != 0 && errno == ESRCH; }, bound);
+}
+
+// In a child started with the gate (HMC_TEST_GATE set): says it runs ("ready.<rank>" holding
+// its pid), then waits for the go, at most `bound`. Returns false when no go came. Without
+// the variable: true at once.
+inline bool gateWait(int rank, std::chrono::milliseconds bound = std::chrono::minutes(5)) {
+  if (gateFolder() == nullptr) return true;
+  if (!gateMark("ready." + std::to_string(rank), std::to_string(::getpid()))) return false;
+  return gateAwait([] { return gateFileExists("go"); }, bound);
+}
 
 using hmc::collective::freeLoopbackPort;
 
@@ -41,15 +115,25 @@ inline bool hasChildren() {
   return ::waitid(P_ALL, 0, &info, WEXITED | WNOHANG | WNOWAIT) == 0;
 }
 
-// Starts `argvOf(rank)` for every rank, waits at most `bound` for all, kills the rest.
+// Starts `argvOf(rank)` for every rank, waits at most `bound` for all, kills the rest. With
+// `startGate`, the children wait at the gate (see above) and `bound` counts from the go; the
+// wait for every rank to be ready is bounded by `startBound`.
 template <typename ArgvOf>
-std::vector<ProcessOutcome> runProcessRanks(int worldSize, ArgvOf argvOf,
-                                            std::chrono::milliseconds bound) {
+std::vector<ProcessOutcome> runProcessRanks(
+    int worldSize, ArgvOf argvOf, std::chrono::milliseconds bound, bool startGate = false,
+    std::chrono::milliseconds startBound = std::chrono::minutes(3)) {
   using Clock = std::chrono::steady_clock;
-  const auto start = Clock::now();
+  auto start = Clock::now();
   std::vector<ProcessOutcome> outcomes(worldSize);
   std::vector<pid_t> pids(worldSize, -1);
   std::vector<std::string> outputs(worldSize);
+  std::string gate;
+  if (startGate) {
+    char folder[] = "/tmp/hmc-gate-XXXXXX";
+    if (::mkdtemp(folder) == nullptr) throw std::runtime_error("mkdtemp failed");
+    gate = folder;
+    ::setenv(kGateVariable, gate.c_str(), 1);  // inherited by the children, unset below
+  }
   for (int rank = 0; rank < worldSize; ++rank) {
     std::vector<std::string> args = argvOf(rank);
     char path[] = "/tmp/hmc-rank-XXXXXX";
@@ -67,6 +151,32 @@ std::vector<ProcessOutcome> runProcessRanks(int worldSize, ArgvOf argvOf,
     }
     ::close(fd);
     pids[rank] = pid;
+  }
+  if (startGate) {
+    ::unsetenv(kGateVariable);
+    // Every rank ready, or one gone already (it cannot get ready: open the gate for the
+    // others, whose outcomes then say what its absence did).
+    auto ready = [&] {
+      for (int rank = 0; rank < worldSize; ++rank) {
+        siginfo_t info{};
+        if (::waitid(P_PID, static_cast<id_t>(pids[rank]), &info, WEXITED | WNOHANG | WNOWAIT) ==
+                0 &&
+            info.si_pid == pids[rank]) {
+          return true;
+        }
+      }
+      for (int rank = 0; rank < worldSize; ++rank) {
+        if (::access((gate + "/ready." + std::to_string(rank)).c_str(), F_OK) != 0) return false;
+      }
+      return true;
+    };
+    while (!ready() && Clock::now() - start < startBound) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    const std::string go = gate + "/go";
+    const int goFd = ::open(go.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+    if (goFd >= 0) ::close(goFd);
+    start = Clock::now();
   }
   int alive = worldSize;
   while (alive > 0) {
@@ -107,6 +217,17 @@ std::vector<ProcessOutcome> runProcessRanks(int worldSize, ArgvOf argvOf,
       outcomes[rank].message = space == std::string::npos ? "" : rest.substr(space + 1);
     }
     std::remove(outputs[rank].c_str());
+  }
+  if (startGate) {
+    // Every child is reaped: nothing reads the gate any more.
+    if (DIR* dir = ::opendir(gate.c_str())) {
+      while (const dirent* entry = ::readdir(dir)) {
+        const std::string name = entry->d_name;
+        if (name != "." && name != "..") std::remove((gate + "/" + name).c_str());
+      }
+      ::closedir(dir);
+    }
+    ::rmdir(gate.c_str());
   }
   return outcomes;
 }
