@@ -337,8 +337,9 @@ LocalLaunchResult launchLocalRanks(const scenario::Scenario& scenario,
     any.placement = RankPlacement{0, world, "127.0.0.1", port, glooPort, StoreHost::kRankZero, ""};
     for (const auto& store :
          collective::worldStores(any.transport, any.transportOptions(timeout))) {
-      liaisons.push_back(std::make_unique<StoreLiaison>(
-          store.port, store.prefix, world, options.launch.joinTimeout() + std::chrono::seconds(10)));
+      liaisons.push_back(
+          std::make_unique<StoreLiaison>(store.port, store.prefix, world,
+                                         options.launch.joinTimeout() + std::chrono::seconds(10)));
     }
   }
 

@@ -5,7 +5,6 @@
 
 #include <doctest/doctest.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -13,6 +12,7 @@
 #include <fstream>
 #include <string>
 
+#include "support/dead_pid.hpp"
 #include "support/memory_store.hpp"
 
 namespace {
@@ -30,14 +30,7 @@ std::string thisHost() {
   return name;
 }
 
-// A pid that is certainly not a live process: a child that exited and was reaped.
-pid_t deadPid() {
-  const pid_t child = fork();
-  if (child == 0) _exit(0);
-  int status = 0;
-  waitpid(child, &status, 0);
-  return child;
-}
+using hmc::testing::deadPid;
 
 void writePid(const EvidenceFolder& folder, int rank, pid_t pid) {
   std::ofstream out(folder.path() + "/rank" + std::to_string(rank) + ".pid", std::ios::trunc);

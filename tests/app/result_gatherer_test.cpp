@@ -6,7 +6,6 @@
 #include "result_gatherer.hpp"
 
 #include <doctest/doctest.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -18,6 +17,7 @@
 #include "hmc/diagnostics/watchdog.hpp"
 #include "result_files.hpp"
 #include "run_keys.hpp"
+#include "support/dead_pid.hpp"
 #include "support/memory_store.hpp"
 
 namespace {
@@ -47,14 +47,7 @@ RankResult resultOf(int rank, std::uint64_t marker = 0) {
 
 std::string why(int rank) { return "no result from rank " + std::to_string(rank); }
 
-// A pid that is certainly not a live process: a child that exited and was reaped.
-pid_t deadPid() {
-  const pid_t child = fork();
-  if (child == 0) _exit(0);
-  int status = 0;
-  waitpid(child, &status, 0);
-  return child;
-}
+using hmc::testing::deadPid;
 
 }  // namespace
 
