@@ -163,7 +163,6 @@ WorldOptions worldOptions(const RunPlan& plan, const RunOptions& options,
   world.launch.logLevel = options.logLevel;
   world.launch.joinTimeoutS = options.joinTimeoutS;
   if (plan.placement) world.launch.placement = *plan.placement;
-  world.underLauncher = plan.launch.has_value();
   world.executable = executable;
   world.masterPort = options.masterPort;
   return world;

@@ -134,7 +134,7 @@ bool worldEnds(const std::vector<scenario::RankResult>& ranks) {
 }
 
 std::unique_ptr<WorldDriver> makeWorldDriver(WorldOptions options) {
-  if (options.underLauncher) return std::make_unique<LauncherRankWorld>(std::move(options));
+  if (options.launch.placement.underLauncher()) return std::make_unique<LauncherRankWorld>(std::move(options));
   if (!collective::ranksAreProcesses(options.launch.transport)) {
     return std::make_unique<ThreadsWorld>(std::move(options));
   }

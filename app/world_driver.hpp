@@ -51,10 +51,8 @@ class WorldDriver {
 // What every driver needs, decided once for the run (main.cpp's RunPlan).
 struct WorldOptions {
   // Every rank's configuration: transport, overrides, repetitions, flight capacity, log
-  // level, and under a launcher this process's placement.
+  // level, and under a launcher this process's placement (launch.placement.underLauncher()).
   RankLaunch launch;
-  // A launcher started this process (launch.placement says where it sits).
-  bool underLauncher = false;
   // hmc-run's own launcher: the program its rank processes run (`hmc-run _rank ...`), and
   // --master-port (else a free port).
   std::string executable;

@@ -84,7 +84,7 @@ TEST_SUITE("run plan") {
     CHECK(plan.placement->masterPort == 29400);
     CHECK(plan.placement->launcher == "torchrun");
     const auto world = hmc::app::worldOptions(plan, options, "/bin/hmc-run");
-    CHECK(world.underLauncher);
+    CHECK(world.launch.placement.underLauncher());
     CHECK(world.launch.placement.rank == 2);
     CHECK(name(world.launch.transport) == "tcp");
   }

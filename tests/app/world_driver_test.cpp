@@ -66,7 +66,6 @@ TEST_SUITE("world driver") {
     CHECK(hmc::app::makeWorldDriver(optionsFor(Transport::kStore, 1))->describe() ==
           "local processes");
     WorldOptions launched = optionsFor(Transport::kTcp, 1);
-    launched.underLauncher = true;
     launched.launch.placement.launcher = "srun";
     launched.launch.placement.rank = 3;
     launched.launch.placement.worldSize = 8;
