@@ -13,6 +13,7 @@
 #include <fstream>
 #include <iterator>
 
+#include "hmc/host.hpp"
 #include "hmc/scenario/output_file.hpp"
 
 namespace hmc::app {
@@ -21,12 +22,6 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr const char* kFolderKey = "evidence/folder";
-
-std::string thisHost() {
-  char name[256] = {};
-  if (gethostname(name, sizeof name - 1) != 0) return "?";
-  return name;
-}
 
 std::optional<std::string> readFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -64,7 +59,7 @@ EvidenceFolder EvidenceFolder::create(int rank) {
 void EvidenceFolder::announce(collective::KeyValueStore& kv) const {
   try {
     // Without a folder too ("none"), so that no rank waits for the announcement.
-    kv.set(kFolderKey, usable() ? thisHost() + "\n" + path_ : std::string("none"));
+    kv.set(kFolderKey, usable() ? hostName() + "\n" + path_ : std::string("none"));
   } catch (const std::exception& error) {
     spdlog::debug("rank {}: cannot announce the evidence folder: {}", rank_, error.what());
   }
@@ -81,7 +76,7 @@ EvidenceFolder EvidenceFolder::join(collective::KeyValueStore& kv, int rank,
     return {};
   }
   const auto newline = text.find('\n');
-  if (newline == std::string::npos || text.substr(0, newline) != thisHost()) return {};
+  if (newline == std::string::npos || text.substr(0, newline) != hostName()) return {};
   const std::string path = text.substr(newline + 1);
   struct stat info {};
   // Only a real folder of this user that nobody else may write: never follow a planted link.
@@ -135,10 +130,15 @@ std::optional<std::string> EvidenceFolder::readResults(int rank, bool early) con
 }
 
 bool EvidenceFolder::alive(int rank) const {
-  if (!usable()) return false;
+  const auto pid = pidOf(rank);
+  return pid && processAlive(static_cast<pid_t>(*pid));
+}
+
+std::optional<std::int64_t> EvidenceFolder::pidOf(int rank) const {
+  if (!usable()) return std::nullopt;
   const auto text = readFile(file(rank, "pid"));
-  if (!text) return false;
-  return processAlive(static_cast<pid_t>(std::atol(text->c_str())));
+  if (!text) return std::nullopt;
+  return std::atoll(text->c_str());
 }
 
 bool EvidenceFolder::known(int rank) const { return usable() && fs::exists(file(rank, "pid")); }

@@ -55,6 +55,8 @@ class EvidenceFolder {
   bool alive(int rank) const;
   // Whether rank `rank` wrote its pid here (it runs on this node).
   bool known(int rank) const;
+  // The pid rank `rank` wrote here, if it did (it runs on this node).
+  std::optional<std::int64_t> pidOf(int rank) const;
   // Who reports: the lowest rank below `worldSize` whose process is alive (this rank when no
   // lower one is), or -1 once the folder is gone (the reporting rank removes it when done).
   int lowestLiveRank(int worldSize) const;

@@ -32,6 +32,7 @@
 #include "hmc/diagnostics/heartbeat.hpp"
 #include "hmc/diagnostics/watchdog.hpp"
 #include "hmc/error.hpp"
+#include "hmc/host.hpp"
 #include "missing_ranks.hpp"
 #include "process_group.hpp"
 #include "rank_process.hpp"
@@ -389,6 +390,8 @@ LocalLaunchResult launchLocalRanks(const scenario::Scenario& scenario,
     evidence.reason = describeWaitStatus(*ranks.status(rank), kCrashExitStatus);
     evidence.leakReason = "the rank process died without a result: not checked";
     evidence.ended = true;
+    evidence.host = hostName();
+    evidence.pid = ranks.pid(rank);
     if (auto beat = heartbeats.find(rank); beat != heartbeats.end()) {
       evidence.heartbeat = beat->second;
     }

@@ -37,6 +37,7 @@
 #include "hmc/collective/transport.hpp"
 #include "hmc/config.hpp"
 #include "hmc/error.hpp"
+#include "hmc/host.hpp"
 #include "hmc/resources/cuda_device.hpp"
 #include "hmc/scenario/output_file.hpp"
 #include "hmc/scenario/report.hpp"
@@ -89,12 +90,6 @@ std::string isoNow() {
   return buffer;
 }
 
-std::string hostName() {
-  char buffer[256] = {};
-  if (gethostname(buffer, sizeof buffer - 1) != 0) return "unknown";
-  return buffer;
-}
-
 // A live "step i/N" indicator on a terminal, for long runs.
 class Progress {
  public:
@@ -125,7 +120,7 @@ hmc::scenario::RunInfo runInfo(const RunPlan& plan, const hmc::scenario::Scenari
   info.device = hmc::scenario::resolvedDeviceName(scenario.device);
   info.wallSeconds = wallSeconds;
   info.startedAt = std::move(startedAt);
-  info.host = hostName();
+  info.host = hmc::hostName();
   info.torchVersion = hmc::scenario::torchVersion();
   info.command = command;
   return info;

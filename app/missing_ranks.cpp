@@ -27,6 +27,12 @@ scenario::RankResult fromEvidence(int rank, MissingRankEvidence evidence,
                                   std::optional<std::uint64_t> completed) {
   scenario::RankResult result;
   result.rank = rank;
+  result.host = std::move(evidence.host);
+  result.pid = evidence.pid;
+  if (result.host.empty() && evidence.heartbeat) {
+    result.host = evidence.heartbeat->host;
+    result.pid = evidence.heartbeat->pid;
+  }
   result.leaks.reason = std::move(evidence.leakReason);
   if (const auto& beat = evidence.heartbeat) {
     if (beat->lastCompleted) result.flight.push_back(*beat->lastCompleted);
@@ -48,8 +54,11 @@ scenario::RankResult fromEvidence(int rank, MissingRankEvidence evidence,
   }
   std::map<int, diagnostics::PublishedFlight> flights;
   if (evidence.flight) flights.emplace(rank, std::move(*evidence.flight));
-  return missingRankResult(rank, std::move(evidence.reason), std::move(result.leaks.reason),
-                           flights);
+  auto missing = missingRankResult(rank, std::move(evidence.reason),
+                                   std::move(result.leaks.reason), flights);
+  missing.host = std::move(result.host);
+  missing.pid = result.pid;
+  return missing;
 }
 
 }  // namespace
@@ -86,7 +95,13 @@ std::vector<std::vector<scenario::RankResult>> fillMissing(
         merged[r][rank] = std::move(results[r]);
         continue;
       }
-      if (!missing) missing = fromEvidence(rank, evidenceOf(rank), completed);
+      if (!missing) {
+        missing = fromEvidence(rank, evidenceOf(rank), completed);
+        if (missing->host.empty() && r > 0) {
+          missing->host = merged[r - 1][rank].host;
+          missing->pid = merged[r - 1][rank].pid;
+        }
+      }
       merged[r][rank] = *missing;
     }
   }

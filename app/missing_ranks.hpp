@@ -23,6 +23,8 @@ struct MissingRankEvidence {
   std::string reason;      // why it has none: "killed by signal 9 (Killed)", "no result ..."
   std::string leakReason;  // its leak check's reason: "... : not checked"
   bool ended = false;      // its process is known to have ended
+  std::string host;        // where it ran, when the caller knows ("": from its heartbeat)
+  std::int64_t pid = 0;
   std::optional<diagnostics::Heartbeat> heartbeat;     // its last heartbeat
   std::optional<diagnostics::PublishedFlight> flight;  // published by its watchdog
 };
@@ -37,6 +39,7 @@ using EvidenceOf = std::function<MissingRankEvidence(int rank)>;
 // - else crashed for `reason`, saying where it was: its last heartbeat ("; last heartbeat
 //   (waiting): in step 3", its last completed and current collective as its flight), else the
 //   flight record its watchdog published ("; last seen in step 3", its entries).
+// Its host and pid come from the evidence, else its heartbeat, else its earlier result.
 std::vector<std::vector<scenario::RankResult>> fillMissing(
     std::vector<std::vector<scenario::RankResult>> byRank, std::size_t minRepetitions,
     const EvidenceOf& evidenceOf);

@@ -14,6 +14,7 @@
 #include "hmc/collective/transport_factory.hpp"
 #include "hmc/diagnostics/watchdog.hpp"
 #include "hmc/error.hpp"
+#include "hmc/host.hpp"
 #include "hmc/scenario/output_file.hpp"
 #include "hmc/scenario/runner.hpp"
 #include "rank_progress.hpp"
@@ -107,6 +108,8 @@ collective::ProcessTransport RankRun::formWorld() {
     if (placement_.underLauncher()) throw;
     scenario::RankResult result;
     result.rank = placement_.rank;
+    result.host = hostName();
+    result.pid = processId();
     result.crashed = true;
     result.crashReason = fmt::format("could not join its world: {}", error.what());
     result.leaks.reason = "the rank did not join its world: not checked";

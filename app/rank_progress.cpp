@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "hmc/host.hpp"
 #include "hmc/scenario/runner.hpp"
 
 namespace hmc::app {
@@ -17,6 +18,8 @@ RankProgress::Snapshot RankProgress::snapshot(const scenario::Scenario& scenario
   if (!recorder_) return snap;
   scenario::RankResult partial;
   partial.rank = rank;
+  partial.host = hostName();
+  partial.pid = processId();
   partial.steps = steps_;
   partial.flight = recorder_->entries();
   partial.leaks.reason = "the rank was stopped by a signal: not checked";

@@ -8,6 +8,7 @@
 
 #include "hmc/diagnostics/heartbeat.hpp"
 #include "hmc/diagnostics/watchdog.hpp"
+#include "hmc/host.hpp"
 #include "missing_ranks.hpp"
 #include "result_files.hpp"
 #include "run_keys.hpp"
@@ -146,6 +147,10 @@ std::vector<std::vector<scenario::RankResult>> gatherResults(
     evidence.reason = missingWhy(rank);
     evidence.leakReason = "no result from this rank: not checked";
     evidence.ended = folder.known(rank) && !folder.alive(rank);
+    if (const auto pid = folder.pidOf(rank)) {  // a rank of this node
+      evidence.host = hostName();
+      evidence.pid = *pid;
+    }
     fromStore([&] {
       const std::string key = diagnostics::heartbeatKey(rank);
       if (!kv->check({key})) return;

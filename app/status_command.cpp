@@ -15,6 +15,7 @@
 #include "hmc/diagnostics/hang_diagnosis.hpp"
 #include "hmc/diagnostics/job_status.hpp"
 #include "hmc/error.hpp"
+#include "hmc/text.hpp"
 
 namespace hmc::app {
 namespace {
@@ -76,12 +77,12 @@ void printTable(const diagnostics::JobStatus& status, double elapsedS) {
   const auto& meta = status.meta;
   fmt::print("# hmc-run status: job '{}' at {}: {} ranks, transport {}, deadline {:g} s\n",
              meta.scenario, status.endpoint, meta.worldSize, meta.transport, meta.timeoutS);
-  fmt::print("# {:>4}  {:<8} {:>4}  {:<28} {:>5} {:>10}  {}\n", "rank", "state", "step", "stage",
-             "seq", "in_stage_s", "last_completed");
+  fmt::print("# {:>4}  {:<8} {:>4}  {:<28} {:>5} {:>10}  {:<32}  {}\n", "rank", "state", "step",
+             "stage", "seq", "in_stage_s", "last_completed", "host:pid");
   for (const auto& rank : status.ranks) {
     if (!rank.heartbeat) {
-      fmt::print("  {:>4}  {:<8} {:>4}  {:<28} {:>5} {:>10}  {}\n", rank.rank,
-                 rank.dead ? "dead" : "unknown", "-", "-", "-", "-", "-");
+      fmt::print("  {:>4}  {:<8} {:>4}  {:<28} {:>5} {:>10}  {:<32}  {}\n", rank.rank,
+                 rank.dead ? "dead" : "unknown", "-", "-", "-", "-", "-", "-");
       continue;
     }
     const auto& beat = *rank.heartbeat;
@@ -101,9 +102,12 @@ void printTable(const diagnostics::JobStatus& status, double elapsedS) {
         beat.lastCompleted ? fmt::format("'{}' #{} (step {})", beat.lastCompleted->stage,
                                          beat.lastCompleted->sequence, beat.lastCompleted->step)
                            : std::string("-");
-    fmt::print("  {:>4}  {:<8} {:>4}  {:<28} {:>5} {:>10.1f}  {}\n", rank.rank, state,
+    // Where it runs ("-": a heartbeat of an older hmc-run names no host).
+    const std::string where =
+        beat.host.empty() ? std::string("-") : fmt::format("{}:{}", printable(beat.host), beat.pid);
+    fmt::print("  {:>4}  {:<8} {:>4}  {:<28} {:>5} {:>10.1f}  {:<32}  {}\n", rank.rank, state,
                beat.step < 0 ? std::string("-") : std::to_string(beat.step), cell(stage),
-               cell(sequence), rank.inStageS, last);
+               cell(sequence), rank.inStageS, last, where);
   }
   if (!status.diagnosis.empty()) fmt::print("# waits: {}\n", status.diagnosis);
   if (status.hung) {

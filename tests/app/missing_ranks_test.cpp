@@ -215,4 +215,41 @@ TEST_SUITE("missing ranks") {
     });
     CHECK(merged[0][0].crashReason == "killed; last heartbeat (running): in step 4");
   }
+
+  TEST_CASE("a missing rank's host and pid: the caller's, else its heartbeat's, else its last") {
+    // Rank 1 has a heartbeat from h2; rank 2 is known to the caller (a rank of this node);
+    // rank 3 left repetition 0 and nothing after, and no heartbeat.
+    RankResult earlier = passed(3);
+    earlier.host = "h3";
+    earlier.pid = 33;
+    std::vector<std::vector<RankResult>> byRank = {
+        {passed(0), passed(0)}, {}, {}, {earlier}};
+    const auto merged = fillMissing(std::move(byRank), 1, [](int rank) {
+      MissingRankEvidence evidence;
+      evidence.reason = "no result";
+      evidence.ended = true;
+      if (rank == 1) {
+        evidence.heartbeat = waitingIn(4, 2);
+        evidence.heartbeat->host = "h2";
+        evidence.heartbeat->pid = 22;
+      }
+      if (rank == 2) {
+        evidence.host = "h1";
+        evidence.pid = 11;
+        evidence.heartbeat = waitingIn(4, 2);  // the caller's knowledge wins
+        evidence.heartbeat->host = "elsewhere";
+      }
+      return evidence;
+    });
+    REQUIRE(merged.size() == 2);
+    for (const auto& repetition : merged) {
+      CHECK(repetition[1].host == "h2");
+      CHECK(repetition[1].pid == 22);
+      CHECK(repetition[2].host == "h1");
+      CHECK(repetition[2].pid == 11);
+    }
+    CHECK(merged[1][3].crashed);
+    CHECK(merged[1][3].host == "h3");
+    CHECK(merged[1][3].pid == 33);
+  }
 }

@@ -19,6 +19,7 @@
 #include "hmc/diagnostics/job_status.hpp"
 #include "hmc/diagnostics/watchdog.hpp"
 #include "hmc/error.hpp"
+#include "hmc/host.hpp"
 #include "support/memory_store.hpp"
 
 namespace {
@@ -101,6 +102,18 @@ TEST_SUITE("heartbeat") {
     CHECK(beat.lastCompleted->sequence == 1);  // a timeout is not a completion
     const auto round = dx::Heartbeat::fromJson(nlohmann::json::parse(beat.toJson().dump()));
     CHECK(round.toJson() == beat.toJson());
+    // Where the rank runs: this process on this host.
+    CHECK(beat.host == hmc::hostName());
+    CHECK(beat.pid == hmc::processId());
+    CHECK(round.host == beat.host);
+    CHECK(round.pid == beat.pid);
+    // A heartbeat of an older hmc-run, without them, still reads.
+    auto old = beat.toJson();
+    old.erase("host");
+    old.erase("pid");
+    const auto fromOld = dx::Heartbeat::fromJson(old);
+    CHECK(fromOld.host.empty());
+    CHECK(fromOld.pid == 0);
   }
 
   TEST_CASE("the watchdog writes the heartbeat when the rank moves, not on every period") {

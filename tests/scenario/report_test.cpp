@@ -69,6 +69,8 @@ hmc::diagnostics::FlightEntry entry(std::uint64_t sequence, std::string stage, i
 // Every field of a rank result set, so a round trip would notice a field it drops.
 RankResult fullResult() {
   RankResult result = rank(1, {});
+  result.host = "node-7";
+  result.pid = 4242;
   StepResult forward = step(0, Op::kForward, StepStatus::kOk);
   forward.module = "a";
   forward.label = "first bind";
@@ -192,6 +194,76 @@ TEST_SUITE("report") {
     CHECK(diagnoseHang({absent}).empty());
   }
 
+  TEST_CASE("across hosts the diagnosis names each rank's host, and the hosts that did not wait") {
+    auto on = [](RankResult result, std::string host) {
+      result.host = std::move(host);
+      return result;
+    };
+    RankResult waiting = rank(0, {step(0, Op::kCreate, StepStatus::kOk),
+                                  step(1, Op::kCloseAll, StepStatus::kHang, false)});
+    waiting.hung = true;
+    waiting.flight = {entry(2, "recycle", 0, "ok"), entry(3, "close validation", 1, "timeout")};
+    RankResult waiting1 = waiting;
+    waiting1.rank = 1;
+    RankResult absent = rank(
+        2, {step(0, Op::kCreate, StepStatus::kOk), step(1, Op::kCloseAll, StepStatus::kSkipped)});
+    absent.flight = {entry(2, "recycle", 0, "ok")};
+    RankResult absent3 = absent;
+    absent3.rank = 3;
+    RankResult crashed = rank(4, {});
+    crashed.crashed = true;
+    crashed.crashReason = "killed by signal 9 (Killed)";
+    CHECK(diagnoseHang({on(waiting, "h1"), on(waiting1, "h1"), on(absent, "h3"),
+                        on(absent3, "h3"), on(crashed, "h2")}) ==
+          "rank 0 (host h1) waits in 'close validation' #3 (step 1); rank 1 (host h1) waits in "
+          "'close validation' #3 (step 1); rank 2 (host h3) never arrived: last completed "
+          "'recycle' #2 (step 0), finished its steps; rank 3 (host h3) never arrived: last "
+          "completed 'recycle' #2 (step 0), finished its steps; rank 4 (host h2) crashed "
+          "(killed by signal 9 (Killed)); no collective completed; not waiting: host h2 "
+          "(rank 4), host h3 (ranks 2-3)");
+    // One host (or none known): the words of one node, unchanged.
+    CHECK(diagnoseHang({on(waiting, "h1"), on(absent, "h1")}) ==
+          "rank 0 waits in 'close validation' #3 (step 1); rank 2 never arrived: last completed "
+          "'recycle' #2 (step 0), finished its steps");
+    CHECK(diagnoseHang({waiting, absent}) == diagnoseHang({on(waiting, "h1"), on(absent, "h1")}));
+  }
+
+  TEST_CASE("the report and the console say where each rank ran") {
+    auto at = [](int index, std::string host, std::int64_t pid) {
+      RankResult result = rank(index, {step(0, Op::kCreate, StepStatus::kOk),
+                                       step(1, Op::kCloseAll, StepStatus::kOk)});
+      result.host = std::move(host);
+      result.pid = pid;
+      return result;
+    };
+    Scenario three = twoSteps();
+    three.worldSize = 3;
+    RunInfo info;
+    info.transport = "tcp";
+    info.device = "cpu";
+    const ScenarioReport across =
+        buildReport(three, {at(0, "h1", 101), at(1, "h1", 102), at(2, "h3", 301)}, info);
+    const json document = toJson(across);
+    CHECK(document["ranks"][2]["host"] == "h3");
+    CHECK(document["ranks"][2]["pid"] == 301);
+    const std::string text = console(across);
+    CHECK(text.find("\n# hosts: h1 ranks 0-1 (pids 101,102); h3 rank 2 (pid 301)\n") !=
+          std::string::npos);
+    CHECK(text.find("rank 2 @h3") != std::string::npos);
+    // Thread ranks: one process on one host, no hosts line and plain columns; the JSON still
+    // says where.
+    const ScenarioReport threads =
+        buildReport(three, {at(0, "h1", 7), at(1, "h1", 7), at(2, "h1", 7)}, info);
+    CHECK(console(threads).find("# hosts:") == std::string::npos);
+    CHECK(console(threads).find("@h1") == std::string::npos);
+    CHECK(toJson(threads)["ranks"][0]["host"] == "h1");
+    // A rank that never said where it ran reads null.
+    const ScenarioReport unknown = buildReport(three, {at(0, "", 0), at(1, "", 0), at(2, "", 0)},
+                                               info);
+    CHECK(toJson(unknown)["ranks"][1]["host"].is_null());
+    CHECK(toJson(unknown)["ranks"][1]["pid"].is_null());
+  }
+
   TEST_CASE("timing percentiles are nearest-rank over the samples") {
     std::vector<double> samples;
     for (int i = 20; i >= 1; --i) samples.push_back(i);
@@ -230,6 +302,10 @@ TEST_SUITE("report") {
     stepless["steps"][1].erase("status");
     CHECK_THROWS_WITH_AS(rankResultFromJson(stepless),
                          doctest::Contains("missing field /steps/1/status"), hmc::ValueError);
+    json hostless = wire;
+    hostless.erase("host");
+    CHECK_THROWS_WITH_AS(rankResultFromJson(hostless), doctest::Contains("missing field /host"),
+                         hmc::ValueError);
     json mistyped = wire;
     mistyped["rank"] = "one";
     CHECK_THROWS_WITH_AS(rankResultFromJson(mistyped), doctest::Contains("field /rank"),

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "hmc/collective/launch_env.hpp"
 #include "hmc/collective/tcp_transport.hpp"
 #include "hmc/config.hpp"
 #include "hmc/error.hpp"
@@ -21,6 +22,14 @@ int glooPortOf(const TransportOptions& options) {
   return options.glooPort != 0 ? options.glooPort : options.masterPort + 1;
 }
 std::string glooPrefixOf(const TransportOptions& options) { return options.prefix + "-gloo"; }
+
+// The address gloo binds and announces: this rank's own (HMC_ADVERTISE_ADDR, else the
+// interface that routes to the master), as the tcp transport's; never the master's, which
+// no other host can bind.
+std::string glooDeviceHost(const TransportOptions& options) {
+  if (options.masterAddr == "localhost") return "127.0.0.1";
+  return advertiseAddress(options.masterAddr, options.masterPort);
+}
 
 }  // namespace
 
@@ -53,6 +62,7 @@ ProcessTransport makeTransport(Transport transport, const TransportOptions& opti
   if (transport == Transport::kGloo && !options.glooControlStore) {
     GlooTransportOptions gloo;
     gloo.store = store;
+    gloo.deviceHost = glooDeviceHost(options);
     gloo.threads = options.glooThreads;
     out.collective = std::make_shared<GlooTransport>(gloo);
     return out;
@@ -75,7 +85,7 @@ ProcessTransport makeTransport(Transport transport, const TransportOptions& opti
       gloo.store = store;
       gloo.store.port = glooPortOf(options);
       gloo.store.prefix = glooPrefixOf(options);
-      gloo.deviceHost = options.masterAddr == "localhost" ? "127.0.0.1" : options.masterAddr;
+      gloo.deviceHost = glooDeviceHost(options);
       gloo.threads = options.glooThreads;
       out.collective = std::make_shared<GlooTransport>(gloo);
 #else

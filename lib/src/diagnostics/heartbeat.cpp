@@ -4,6 +4,7 @@
 
 #include "hmc/diagnostics/hang_diagnosis.hpp"
 #include "hmc/error.hpp"
+#include "hmc/host.hpp"
 
 namespace hmc::diagnostics {
 namespace {
@@ -29,7 +30,9 @@ nlohmann::json Heartbeat::toJson() const {
           {"in_stage_s", inStageS},
           {"wall_s", wallS},
           {"written_at", writtenAtUnix},
-          {"beat", beat}};
+          {"beat", beat},
+          {"host", host},
+          {"pid", pid}};
 }
 
 Heartbeat Heartbeat::fromJson(const nlohmann::json& value) {
@@ -47,6 +50,8 @@ Heartbeat Heartbeat::fromJson(const nlohmann::json& value) {
   out.wallS = value.at("wall_s").get<double>();
   out.writtenAtUnix = value.at("written_at").get<double>();
   out.beat = value.at("beat").get<std::uint64_t>();
+  out.host = value.value("host", std::string());
+  out.pid = value.value("pid", std::int64_t{0});
   return out;
 }
 
@@ -66,8 +71,11 @@ JobMeta JobMeta::fromJson(const nlohmann::json& value) {
 }
 
 Heartbeat heartbeatOf(const FlightRecorder& recorder, int rank, collective::Clock::time_point now) {
+  static const std::string host = hostName();  // once per process: it writes every 100 ms
   Heartbeat out;
   out.rank = rank;
+  out.host = host;
+  out.pid = processId();
   out.step = recorder.step();
   out.wallS = std::chrono::duration<double>(now - recorder.epoch()).count();
   const auto entries = recorder.entries();

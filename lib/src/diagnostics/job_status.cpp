@@ -66,8 +66,12 @@ nlohmann::json RankStatus::toJson() const {
     out["last_completed"] = beat.lastCompleted ? beat.lastCompleted->toJson() : nullptr;
     out["heartbeat_age_s"] = heartbeatAgeS;
     out["wall_s"] = beat.wallS + heartbeatAgeS;
+    out["host"] = beat.host.empty() ? nlohmann::json(nullptr) : nlohmann::json(beat.host);
+    out["pid"] = beat.pid == 0 ? nlohmann::json(nullptr) : nlohmann::json(beat.pid);
   } else {
     out["state"] = "unknown";
+    out["host"] = nullptr;
+    out["pid"] = nullptr;
   }
   out["dead"] = dead ? nlohmann::json(*dead) : nlohmann::json(nullptr);
   out["stale"] = stale;
@@ -100,6 +104,7 @@ JobStatus assessJob(const JobMeta& meta, const std::vector<std::optional<Heartbe
     place.rank = rank;
     if (status.heartbeat) {
       const Heartbeat& beat = *status.heartbeat;
+      place.host = beat.host;
       status.heartbeatAgeS = std::max(0.0, nowUnix - beat.writtenAtUnix);
       status.inStageS = beat.inStageS + status.heartbeatAgeS;
       status.stale = beat.state != RankState::kDone && status.heartbeatAgeS > kStaleHeartbeatS;

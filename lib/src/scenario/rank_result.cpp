@@ -232,6 +232,8 @@ json toJson(const RankResult& result) {
   for (const auto& entry : result.flight) flight.push_back(entry.toJson());
   return {{"format", kRankResultFormat},
           {"rank", result.rank},
+          {"host", result.host},
+          {"pid", result.pid},
           {"crashed", result.crashed},
           {"crash_reason", optionalJson(result.crashReason)},
           {"hung", result.hung},
@@ -261,6 +263,8 @@ RankResult rankResultFromJson(const json& value) {
   }
   RankResult result;
   result.rank = in.get<int>("rank");
+  result.host = in.get<std::string>("host");
+  result.pid = in.get<std::int64_t>("pid");
   result.crashed = in.get<bool>("crashed");
   result.crashReason = in.optional<std::string>("crash_reason");
   result.hung = in.get<bool>("hung");

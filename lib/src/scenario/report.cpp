@@ -101,7 +101,9 @@ json reportStepJson(const StepResult& step) {
 }
 
 json rankJson(const RankResult& rank) {
-  json entry = {{"rank", rank.rank}};
+  json entry = {{"rank", rank.rank},
+                {"host", rank.host.empty() ? json(nullptr) : json(rank.host)},
+                {"pid", rank.pid == 0 ? json(nullptr) : json(rank.pid)}};
   // A rank process that died left no result: like the reference, no steps and no final
   // state (zeros would read as a clean rank). Thread ranks that crashed keep theirs.
   // The same for a rank known only from its heartbeat (no steps, hung).
@@ -175,6 +177,7 @@ std::string diagnoseHang(const std::vector<RankResult>& ranks) {
   for (const auto& rank : ranks) {
     diagnostics::RankWhereabouts place;
     place.rank = rank.rank;
+    place.host = rank.host;
     place.flight = rank.flight;
     place.hung = rank.hung;
     if (rank.crashed) place.gone = rank.crashReason.value_or("exited");

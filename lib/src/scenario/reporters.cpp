@@ -6,6 +6,7 @@
 
 #include <map>
 #include <ostream>
+#include <set>
 
 #include "hmc/scenario/output_file.hpp"
 #include "hmc/text.hpp"
@@ -45,6 +46,35 @@ std::string rankRanges(const std::vector<int>& ranks) {
   return fmt::format("{}", fmt::join(parts, ","));
 }
 
+// "# hosts: h1 ranks 0-1 (pids 4711,4712); h2 ranks 2-3 (pids 801,802)": where the rank
+// processes ran (pids up to 16 ranks; the JSON report has every one). "" for thread ranks
+// (one process) and where no rank said.
+std::string whereLine(const std::vector<RankResult>& ranks) {
+  std::map<std::string, std::vector<const RankResult*>> byHost;
+  std::set<std::int64_t> pids;
+  for (const auto& rank : ranks) {
+    if (rank.host.empty()) continue;
+    byHost[rank.host].push_back(&rank);
+    pids.insert(rank.pid);
+  }
+  if (byHost.empty() || (byHost.size() == 1 && pids.size() <= 1)) return "";
+  std::vector<std::string> parts;
+  for (const auto& [host, members] : byHost) {
+    std::vector<int> numbers;
+    std::vector<std::string> ids;
+    for (const RankResult* rank : members) {
+      numbers.push_back(rank->rank);
+      ids.push_back(rank->pid == 0 ? std::string("?") : std::to_string(rank->pid));
+    }
+    const bool one = numbers.size() == 1;
+    std::string part = fmt::format("{} {} {}", printable(host), one ? "rank" : "ranks",
+                                   rankRanges(numbers));
+    if (ranks.size() <= 16) part += fmt::format(" ({} {})", one ? "pid" : "pids", fmt::join(ids, ","));
+    parts.push_back(std::move(part));
+  }
+  return fmt::format("# hosts: {}", fmt::join(parts, "; "));
+}
+
 std::string stats(const TimingStats& timing) {
   return fmt::format("{}/{} n={}", formatSeconds(timing.p50), formatSeconds(timing.p95),
                      timing.count);
@@ -70,6 +100,9 @@ class ConsoleReporter final : public Reporter {
                  printable(report.name), report.worldSize, report.info.transport,
                  report.info.device, report.timeoutS);
       if (!report.description.empty()) fmt::print(out_, "# {}\n", printable(report.description));
+      if (const auto where = whereLine(report.ranks); !where.empty()) {
+        fmt::print(out_, "{}\n", where);
+      }
       if (report.samples.repetitions > 1) {
         fmt::print(out_, "# {} repetitions ({} warm-up); the table shows repetition {}\n",
                    report.samples.repetitions, report.samples.warmup, report.shownRepetition);
@@ -129,8 +162,16 @@ class ConsoleReporter final : public Reporter {
     if (wide) {
       header += "ranks";
     } else {
-      for (const auto& rank : ranks)
-        header += fmt::format("{:<22}", fmt::format("rank {}", rank.rank));
+      // Across hosts each column names its rank's host too ("rank 4 @h3").
+      std::set<std::string> hosts;
+      for (const auto& rank : ranks) hosts.insert(rank.host);
+      for (const auto& rank : ranks) {
+        std::string title = hosts.size() > 1 && !rank.host.empty()
+                                ? fmt::format("rank {} @{}", rank.rank, printable(rank.host))
+                                : fmt::format("rank {}", rank.rank);
+        if (title.size() > 21) title.resize(21);
+        header += fmt::format("{:<22}", title);
+      }
     }
     fmt::print(out_, "{}\n", header);
     for (std::size_t index = 0; index < report.steps.size(); ++index) {

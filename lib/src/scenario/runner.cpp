@@ -13,6 +13,7 @@
 
 #include "hmc/config.hpp"
 #include "hmc/error.hpp"
+#include "hmc/host.hpp"
 #include "hmc/lifecycle/resource_manager.hpp"
 #include "hmc/log.hpp"
 #include "hmc/resources/cuda_device.hpp"
@@ -558,6 +559,8 @@ LeakCheck checkLeaks(RankState& state, const RankResult& result, const RankEnvir
 RankResult runRank(const Scenario& scenario, RankEnvironment& env) {
   RankResult result;
   result.rank = env.collective->rank();
+  result.host = hostName();
+  result.pid = processId();
   const auto recorderPtr =
       env.recorder ? env.recorder
                    : std::make_shared<diagnostics::FlightRecorder>(env.flightCapacity, env.epoch);

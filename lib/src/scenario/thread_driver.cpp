@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "hmc/collective/threads_transport.hpp"
+#include "hmc/host.hpp"
 
 namespace hmc::scenario {
 namespace {
@@ -116,6 +117,11 @@ std::vector<RankResult> runOnThreads(const Scenario& scenario, const ThreadRunOp
   }
   for (auto& thread : threads) thread.join();
   if (options.interrupt != nullptr) options.interrupt->detach();
+  // Every thread rank ran here, also those whose runner failed or never started.
+  for (auto& result : results) {
+    result.host = hostName();
+    result.pid = processId();
+  }
   return results;
 }
 

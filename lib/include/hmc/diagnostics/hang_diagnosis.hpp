@@ -27,10 +27,14 @@ struct RankWhereabouts {
   // For a rank neither gone nor waiting: what it did instead ("finished its steps",
   // "stopped early", "runs step 3").
   std::string elsewhere;
+  std::string host;  // where it runs, "" when unknown
 };
 
 // One line naming every rank: where the hung ones wait (with ", a peer failed" after a
-// rank_failure), which crashed, and where the others are. Empty when no rank hung.
+// rank_failure), which crashed, and where the others are. Empty when no rank hung. When the
+// ranks ran on more than one host, each is named with its host ("rank 4 (host h3) never
+// arrived: ..."), and the line ends with the hosts of the ranks that did not wait: "; not
+// waiting: host h3 (ranks 4-5)".
 std::string diagnoseWaits(const std::vector<RankWhereabouts>& ranks);
 
 }  // namespace hmc::diagnostics

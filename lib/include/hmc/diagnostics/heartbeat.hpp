@@ -52,6 +52,8 @@ struct Heartbeat {
   double wallS = 0;          // seconds since the rank's epoch, when written
   double writtenAtUnix = 0;  // the writer's system clock, seconds since 1970
   std::uint64_t beat = 0;    // how many heartbeats this rank wrote before this one
+  std::string host;          // where the rank runs (hostName()); "" in a heartbeat without it
+  std::int64_t pid = 0;      // its process id; 0 when unknown
 
   nlohmann::json toJson() const;
   // Throws nlohmann::json::exception for a malformed document.

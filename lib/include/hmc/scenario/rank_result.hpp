@@ -144,6 +144,10 @@ struct TimingSamples {
 
 struct RankResult {
   int rank = 0;
+  // Where it ran: its host (hostName()) and process id; "" and 0 when unknown (a rank that
+  // died before it said).
+  std::string host;
+  std::int64_t pid = 0;
   bool crashed = false;
   std::optional<std::string> crashReason;
   bool hung = false;
