@@ -126,9 +126,11 @@ class Host:
         self.holder = None  # subprocess.Popen of the holder
         self.holder_pid = None
 
-    def cmd(self, argv):
-        """argv run on this host: in its network, hostname and /etc/hosts."""
-        return ["nsenter", "-t", str(self.holder_pid), "--mount", "--uts", "--net", "--"] + list(argv)
+    def cmd(self, argv, cwd=None):
+        """argv run on this host: in its network, hostname and /etc/hosts, in `cwd` (default:
+        the caller's working directory; entering a mount namespace would start it in /)."""
+        return ["nsenter", "-t", str(self.holder_pid), "--mount", "--uts", "--net",
+                "--wd=" + (cwd or os.getcwd()), "--"] + list(argv)
 
     def popen(self, argv, **kw):
         return subprocess.Popen(self.cmd(argv), **kw)
