@@ -12,7 +12,16 @@ that host enters (`nsenter -t HOLDER --mount --uts --net`):
 The hosts' eth0 ends meet in a bridge inside a namespace of its own (PREFIX-sw): the box adds
 no interface, address or route to this machine's own network stack. `link_down(host)` and
 `link_up(host)` cut and restore a host's cable at the switch; `power_cut(host)` kills every
-process of that host at once (its holder stays, so the host can come back).
+process of that host at once (its holder stays, so the host can come back); `power_off(host)`
+cuts its cable first, so that no FIN or RST of its dying sockets reaches the others, as when a
+machine loses power (its peers learn of it only by a deadline). Each host has a folder of its
+own for temporary files, `host.tmpdir` (its TMPDIR in `host.env()` and under `rsh`), as the
+local /tmp of separate machines: processes that take the hostname for "this machine" (hmc's
+evidence folder) find their own files only.
+
+`rsh HOST WORDS...` is a remote shell (as ssh: the words joined are one command line for `sh -c`,
+in a clean environment) for launchers that start their daemons through one, e.g. Open MPI:
+`mpirun --mca plm_rsh_agent "/usr/bin/python3 .../cluster_box.py --prefix P rsh" --host h1,h2`.
 
 Everything the box makes is named by its prefix (namespaces PREFIX-*, folder
 /tmp/PREFIX.box/, processes in those namespaces): `down(prefix)` removes all of it, also after
@@ -125,6 +134,15 @@ class Host:
         self.port = "v{}".format(index)  # its cable's end at the switch
         self.holder = None  # subprocess.Popen of the holder
         self.holder_pid = None
+        self.tmpdir = os.path.join(box.dir, self.name + ".tmp")  # this host's own TMPDIR
+
+    def env(self, extra=None, base=None):
+        """An environment for a command on this host: `base` (default: this process's), with
+        this host's TMPDIR, and `extra`."""
+        env = dict(os.environ if base is None else base)
+        env["TMPDIR"] = self.tmpdir
+        env.update(extra or {})
+        return env
 
     def cmd(self, argv, cwd=None):
         """argv run on this host: in its network, hostname and /etc/hosts, in `cwd` (default:
@@ -152,11 +170,22 @@ class Host:
     def link_up(self):
         _run(["ip", "-n", self.box.switch, "link", "set", self.port, "up"])
 
+    def link_is_up(self):
+        return _link_up(["-n", self.box.switch], self.port)
+
     def power_cut(self):
-        """Every process of this host killed at once (SIGKILL); returns how many."""
+        """Every process of this host killed at once (SIGKILL); returns how many. The host's
+        kernel stays: its sockets close with FIN/RST to their peers (see power_off)."""
         victims = self.pids()
         _kill_and_reap(victims)
         return len(victims)
+
+    def power_off(self):
+        """A machine losing power: its cable is cut first, then every process of it is killed,
+        so its peers see nothing (no FIN, no RST), only silence. link_up() brings the (empty)
+        host back; until then its peers' packets to it are lost. Returns how many processes."""
+        self.link_down()
+        return self.power_cut()
 
 
 class ClusterBox:
@@ -224,6 +253,8 @@ class ClusterBox:
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                 start_new_session=True)
             h.holder_pid = h.holder.pid
+            os.makedirs(h.tmpdir, mode=0o1777, exist_ok=True)
+            os.chmod(h.tmpdir, 0o1777)
             deadline = time.monotonic() + READY_BOUND_S
             while not os.path.exists(ready):
                 if h.holder.poll() is not None:
@@ -317,6 +348,30 @@ def load(prefix):
     return box
 
 
+# A clean environment for rsh, as ssh gives a remote command (no variable of the caller leaks).
+RSH_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def rsh(prefix, words):
+    """ssh's contract: `rsh [-opts] HOST WORD...` runs the words, joined by spaces, as one
+    `sh -c` command line on HOST in a clean environment (HOME, PATH, USER, SHELL, and the host's
+    TMPDIR); its exit status is the command's. Options before the host (ssh's -x, -q ...) are
+    accepted and ignored."""
+    words = list(words)
+    while words and words[0].startswith("-"):
+        words.pop(0)
+    if len(words) < 2:
+        print("# cluster_box rsh: usage: rsh HOST COMMAND...", file=sys.stderr)
+        return 2
+    host = load(prefix).host(words[0])
+    env = {"HOME": os.environ.get("HOME", "/root"), "PATH": RSH_PATH, "SHELL": "/bin/sh",
+           "USER": os.environ.get("USER", "root"), "LOGNAME": os.environ.get("USER", "root"),
+           "TMPDIR": host.tmpdir}
+    argv = host.cmd(["/bin/sh", "-c", " ".join(words[1:])])
+    sys.stdout.flush()
+    os.execvpe(argv[0], argv, env)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(
         prog="scripts/cluster",
@@ -330,10 +385,20 @@ def main(argv=None):
     ex = sub.add_parser("exec", help="run a command on a host: exec h2 -- hostname")
     ex.add_argument("host")
     ex.add_argument("argv", nargs=argparse.REMAINDER)
+    rs = sub.add_parser("rsh", help="a remote shell for launchers (mpirun's plm_rsh_agent): "
+                                    "rsh HOST WORDS... runs the words as `sh -c` on HOST, as ssh")
+    rs.add_argument("words", nargs=argparse.REMAINDER)
     sub.add_parser("down", help="remove the box (also what an interrupted run left)")
     sub.add_parser("status", help="the hosts, their addresses and processes (JSON)")
     sub.add_parser("leftovers", help="what of the box is still here (JSON); exit 1 if any")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    words = None
+    if "rsh" in argv[:3]:  # rsh takes everything after it as is, options too (ssh's -x ...)
+        cut = argv.index("rsh") + 1
+        argv, words = argv[:cut], argv[cut:]
     args = parser.parse_args(argv)
+    if words is not None:
+        args.words = words
     try:
         if args.command == "up":
             box = ClusterBox(args.hosts, args.prefix)
@@ -344,6 +409,8 @@ def main(argv=None):
             if not cmd:
                 parser.error("exec needs a command: exec h1 -- hostname")
             return subprocess.call(load(args.prefix).host(args.host).cmd(cmd))
+        elif args.command == "rsh":
+            return rsh(args.prefix, args.words)
         elif args.command == "down":
             print(json.dumps(down(args.prefix)))
         elif args.command == "status":
