@@ -367,7 +367,7 @@ def rsh(prefix, words):
     env = {"HOME": os.environ.get("HOME", "/root"), "PATH": RSH_PATH, "SHELL": "/bin/sh",
            "USER": os.environ.get("USER", "root"), "LOGNAME": os.environ.get("USER", "root"),
            "TMPDIR": host.tmpdir}
-    argv = host.cmd(["/bin/sh", "-c", " ".join(words[1:])])
+    argv = host.cmd(["/bin/sh", "-c", " ".join(words[1:])], cwd=env["HOME"])  # as ssh: $HOME
     sys.stdout.flush()
     os.execvpe(argv[0], argv, env)
 
