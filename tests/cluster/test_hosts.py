@@ -25,6 +25,8 @@ plus at most 2 s; the bound asserted is stated per case):
   - node loss (mpirun, tcp): h3 loses power (cable cut, then its processes killed) while ranks
     wait;
   - node loss of the store's host (torchrun, tcp): h1 (rank 0, the store) loses power;
+  - every process of h2 killed, its kernel alive (mpirun, tcp): the others see the sockets
+    close; Open MPI loses a daemon and tears the job down;
   - `hmc-run status --master-addr h1` from h3, which runs no rank, shows the job's ranks.
 The cable comes back once every surviving rank has ended (or at the case's bound), and the
 launchers are then given a bounded time to end. After each case no hmc-run process may be left
@@ -632,7 +634,8 @@ def assert_names_unreachable(report, unreachable, job):
     for rank in unreachable:
         entry = report["ranks"][rank]
         assert "no result from rank" in json.dumps(entry), \
-            f"rank {rank} is not reported as a rank without a result: {entry}\n{job}"
+            f"rank {rank} is not reported as a rank without a result: {entry}; diagnosis: " \
+            f"{diagnosis}\n{job}"
         assert re.search(rf"rank {rank}{on_host(job, rank)} ", diagnosis), \
             f"the diagnosis does not name unreachable rank {rank}: {diagnosis}\n{job}"
     others = json.dumps([r for r in report["ranks"] if r["rank"] not in unreachable])
@@ -690,10 +693,14 @@ def fault_case(box, case, launcher, collective, transport, fault, victim, unreac
             host.link_down()
             survivors = list(range(6))
         else:
-            host.power_off()
+            if fault == "power":
+                host.power_off()  # the cable first: the others see silence
+            else:
+                host.power_cut()  # "kill": its kernel closes the sockets (FIN/RST reach them)
             survivors = [r for r in range(6) if job.ranks[r][0] != victim]
         deadline = last_deadline(job, doc, read_at, fault_at, 0 in survivors)
-        _, exits, report_s, _ = measure_fault(job, fault_at, survivors, host, FAULT_BOUND_S)
+        _, exits, report_s, _ = measure_fault(job, fault_at, survivors,
+                                              host if fault != "kill" else None, FAULT_BOUND_S)
         # What the report says first (when it fails, the timing is in the figures above).
         if need_report:
             assert report_s is not None, f"no report was written\n{job}"
@@ -718,6 +725,13 @@ def torchrun_partition_h2_cut_during_close_all_store(box):
 @test
 def mpirun_node_loss_h3_powered_off_while_ranks_wait_tcp(box):
     fault_case(box, "mpi-node-loss-h3", "mpirun", "barrier", "tcp", "power", "h3", [4, 5])
+
+
+@test
+def mpirun_every_process_of_h2_killed_while_ranks_wait_tcp(box):
+    """power_cut without the cable cut: h2's orted and ranks die, their sockets close (the
+    others see FIN/RST at once) and mpirun loses a daemon, so Open MPI tears the job down."""
+    fault_case(box, "mpi-kill-h2", "mpirun", "barrier", "tcp", "kill", "h2", [2, 3])
 
 
 @test
@@ -801,7 +815,7 @@ def main():
                 print(f"FAIL {fn.__name__} ({time.monotonic() - began:.1f} s)", flush=True)
                 traceback.print_exc()
     except KeyboardInterrupt as why:
-        print(f"# interrupted ({why}): the box is removed", flush=True)
+        print(f"# interrupted ({str(why) or 'SIGINT'}): the box is removed", flush=True)
         cluster_box.down(PREFIX)
         shutil.rmtree(TMP, ignore_errors=True)
         return 130
