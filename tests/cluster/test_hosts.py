@@ -22,6 +22,8 @@ timed from the fault to every surviving rank's exit and to the report (goal: the
 plus at most 2 s; the bound asserted is stated per case):
   - partition (mpirun, tcp): h3's cable cut while ranks wait in a barrier for a stalled rank 0;
   - partition (torchrun, store): h2's cable cut while ranks wait in close_all;
+  - a short cut (mpirun, tcp): h3's cable cut, and back once rank 0 entered the barrier, within
+    the deadline: TCP retransmits and the run passes (exit 0);
   - node loss (mpirun, tcp): h3 loses power (cable cut, then its processes killed) while ranks
     wait;
   - node loss of the store's host (torchrun, tcp): h1 (rank 0, the store) loses power;
@@ -575,7 +577,7 @@ def waiting_for_rank0(world, stage_step):
     return ready
 
 
-def fault_scenario(name, world, collective):
+def fault_scenario(name, world, collective, timeout_s=DEADLINE_S):
     """Rank 0 stalls STALL_S s; the others wait for it in `collective` (step 3)."""
     steps = [
         {"op": "create", "module": "a"},
@@ -584,7 +586,7 @@ def fault_scenario(name, world, collective):
     ]
     steps.append({"op": "barrier"} if collective == "barrier" else {"op": "close_all"})
     steps.append({"op": "close_all"} if collective == "barrier" else {"op": "check", "groups": 0})
-    return scenario(name, steps, world, DEADLINE_S)
+    return scenario(name, steps, world, timeout_s)
 
 
 def last_deadline(job, doc, read_at, fault_at, rank0_survives=True):
@@ -753,6 +755,42 @@ def mpirun_partition_h3_cut_during_a_barrier_tcp(box):
 @test
 def torchrun_partition_h2_cut_during_close_all_store(box):
     fault_case(box, "tr-partition-close", "torchrun", "close_all", "store", "cut", "h2", [2, 3])
+
+
+TRANSIENT_DEADLINE_S = 10
+
+
+@test
+def mpirun_short_cut_of_h3_within_the_deadline_passes_tcp(box):
+    """h3's cable is cut while the others wait for rank 0, and comes back once rank 0 entered
+    the barrier (its frames to h3 were sent into the cut): TCP retransmits, and the run passes
+    as if nothing happened (exit 0), within the deadline (10 s here, for the retransmission's
+    back-off)."""
+    job = Job(box, "mpi-short-cut", 6)
+    try:
+        proc = mpirun(job, HOSTS6, [
+            fault_scenario("short-cut", 6, "barrier", TRANSIENT_DEADLINE_S), "--transport", "tcp",
+            "--join-timeout", "60"])
+        job.wait_placed()
+        wait_status(job, waiting_for_rank0(6, 3), "waiting in the barrier for rank 0")
+        h3 = box.host("h3")
+        fault_at = time.monotonic()
+        h3.link_down()
+        wait_status(job, lambda ranks: ranks[0].get("step", 0) >= 3 or
+                    ranks[0].get("state") == "done", "rank 0 past its stall")
+        h3.link_up()
+        figure(job.case, "cable back after the fault", time.monotonic() - fault_at)
+        assert not job.wait_launchers(TRANSIENT_DEADLINE_S * 3), f"mpirun still runs\n{job}"
+        figure(job.case, "fault -> mpirun's exit", time.monotonic() - fault_at)
+        figure(job.case, "fault -> last rank's exit",
+               max(job.exited.values()) - fault_at)
+        assert proc.returncode == 0, job
+        report = job.load_report()
+        assert_all_ranks(report, 6, job)
+        assert report["outcome"] == "pass", job
+        assert_no_hmc_left(job)
+    finally:
+        job.stop()
 
 
 @test
