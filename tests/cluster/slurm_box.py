@@ -339,6 +339,10 @@ def _register(slurm):
         for sig in (signal.SIGTERM, signal.SIGHUP):
             if signal.getsignal(sig) in (signal.SIG_DFL, None):
                 signal.signal(sig, _on_signal)
+        # A shell starts a background job with SIGINT ignored, and Python then leaves it so:
+        # `kill -INT` of such a run would leave the daemons. Ctrl-C unwinds here in any case.
+        if signal.getsignal(signal.SIGINT) in (signal.SIG_IGN, signal.SIG_DFL, None):
+            signal.signal(signal.SIGINT, signal.default_int_handler)
     _LIVE.append(slurm)
 
 
