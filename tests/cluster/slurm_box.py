@@ -72,10 +72,13 @@ def clean_env(extra=None):
 
 
 class SlurmBox:
-    def __init__(self, box, controller="h1", nodes=None, cpus=8):
+    def __init__(self, box, controller="h1", nodes=None, cpus=8, partitions=None):
+        """nodes: the compute hosts (default: every host); partitions: {name: [host names]},
+        the first one the default (default: {"box": nodes})."""
         self.box = box
         self.controller = box.host(controller)
         self.nodes = [box.host(n) for n in (nodes or [h.name for h in box.hosts])]
+        self.partitions = partitions or {"box": [h.name for h in self.nodes]}
         self.cpus = cpus
         self.dir = os.path.join(box.dir, "slurm")
         self.conf = os.path.join(self.dir, "slurm.conf")
@@ -103,6 +106,7 @@ class SlurmBox:
         check_available()
         began = time.monotonic()
         _register(self)
+        _become_subreaper()
         try:
             os.makedirs(self.munge_dir)
             os.chmod(self.munge_dir, 0o700)
@@ -162,9 +166,13 @@ class SlurmBox:
             "InactiveLimit=0",
             "MinJobAge=600",
             "UnkillableStepTimeout=30",
+            # A batch job that loses a node fails; it is not queued again (minutes later).
+            "JobRequeue=0",
             "NodeName={} CPUs={} State=UNKNOWN".format(names, self.cpus),
-            "PartitionName=box Nodes={} Default=YES MaxTime=INFINITE State=UP".format(names),
         ]
+        for i, (part, members) in enumerate(self.partitions.items()):
+            lines.append("PartitionName={} Nodes={} Default={} MaxTime=INFINITE State=UP".format(
+                part, ",".join(members), "YES" if i == 0 else "NO"))
         # Each node's address: slurm.conf's NodeAddr, or the box's /etc/hosts (every host
         # resolves the others by name).
         with open(self.conf, "w") as f:
@@ -307,6 +315,7 @@ class SlurmBox:
         # on the hosts but their holders.
         for h in self.box.hosts:
             cluster_box._kill_and_reap(h.pids())
+        _reap_orphans()
         for log in self._logs:
             log.close()
         self._logs = []
@@ -316,6 +325,31 @@ class SlurmBox:
 
 
 # --- teardown on exit and on signals ---------------------------------------------------------
+
+def _become_subreaper():
+    """slurmd forks slurmstepd twice over (and slurmctld its slurmscriptd): their parents exit
+    and they are reparented to this process instead of to pid 1, so that stop() can reap them.
+    (A pid 1 that reaps lazily left them as zombies that `pgrep slurm` still listed.)"""
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
+
+
+def _reap_orphans():
+    """Reaps the children that have ended (the daemons and what was reparented to us: stop()
+    killed them and waited until they were zombies). Others (the box's holders) stay."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
 
 _LIVE = []
 

@@ -68,6 +68,9 @@ from slurm_box import SlurmBox  # noqa: E402
 
 HEAD = "h4"
 NODES = ["h1", "h2", "h3"]
+# The time-limit job runs for a minute or more beside the other cases, on nodes of its own
+# (partition "side"): a power cut of h1-h3 would kill it too (and Slurm would queue it again).
+SIDE = ["h5", "h6"]
 WORLD = 6
 HOST_OF_RANK = {0: "h1", 1: "h1", 2: "h2", 3: "h2", 4: "h3", 5: "h3"}
 JOIN_TIMEOUT_S = 60     # a rank's start (LibTorch on 2 busy cores) and joining the world
@@ -108,12 +111,12 @@ class Ctx:
         os.makedirs(tmpdir, exist_ok=True)
         return {"TMPDIR": tmpdir}
 
-    def srun_argv(self, args, world=WORLD, extra=(), name=None):
+    def srun_argv(self, args, world=WORLD, extra=(), name=None, nodes=len(NODES)):
         # -J: the ranks' SLURM_JOB_NAME tells this case's job from the others.
-        # --ntasks-per-node: with 8 CPUs a node (room for the time-limit job beside the others)
-        # select/cons_tres would put 4 of the 6 tasks on h1.
-        return (["srun", "-N", str(len(NODES)), "-n", str(world),
-                 "--ntasks-per-node", str(world // len(NODES))] +
+        # --ntasks-per-node: with 8 CPUs a node select/cons_tres would put 4 of the 6 tasks
+        # on h1.
+        return (["srun", "-N", str(nodes), "-n", str(world),
+                 "--ntasks-per-node", str(world // nodes)] +
                 (["-J", name] if name else []) + list(extra) +
                 [HMC_RUN] + list(args) + ["--transport", "tcp",
                                            "--join-timeout", str(JOIN_TIMEOUT_S)])
@@ -340,15 +343,15 @@ def wait_job_end(ctx, job, bound):
         time.sleep(0.3)
 
 
-def sbatch(ctx, tag, script_lines, extra=()):
+def sbatch(ctx, tag, script_lines, extra=(), nodes=len(NODES), world=WORLD):
     """Submits a batch script from the head node; returns (job id, output file)."""
     out = ctx.path(tag, "out")
     script = ctx.path(tag, "sh")
     with open(script, "w") as f:
         f.write("#!/bin/sh\n" + "\n".join(script_lines) + "\n")
     os.chmod(script, 0o755)
-    proc = ctx.slurm.run(HEAD, ["sbatch", "--parsable", "-J", tag, "-N", str(len(NODES)),
-                                "-n", str(WORLD), "--ntasks-per-node", str(WORLD // len(NODES)),
+    proc = ctx.slurm.run(HEAD, ["sbatch", "--parsable", "-J", tag, "-N", str(nodes),
+                                "-n", str(world), "--ntasks-per-node", str(world // nodes),
                                 "-o", out] + list(extra) + [script],
                          env=ctx.env(tag), timeout=30)
     assert proc.returncode == 0, "sbatch failed: {}{}".format(proc.stdout, proc.stderr)
@@ -576,9 +579,9 @@ def long_sleep(ctx, name, seconds):
     ], timeout_s=30)
 
 
-def assert_teardown_evidence(rep, what):
+def assert_teardown_evidence(rep, what, world=WORLD):
     assert rep is not None, "no report after {}".format(what)
-    assert [r["rank"] for r in rep["ranks"]] == list(range(WORLD)), rep["ranks"]
+    assert [r["rank"] for r in rep["ranks"]] == list(range(world)), rep["ranks"]
     assert rep["outcome"] in ("fail", "hang", "interrupted"), rep["outcome"]
     for rank in rep["ranks"]:
         assert len(rank.get("steps", [])) >= 2, "{}: rank {} lost its steps: {}".format(
@@ -617,12 +620,18 @@ def scancel_of_a_running_srun_keeps_the_evidence(ctx):
     assert_job_gone(ctx, job, "scancel")
 
 
+TIME_LIMIT_WORLD = 2 * len(SIDE)
+
+
 def start_time_limit_job(ctx):
-    """A batch job of one minute (the smallest limit Slurm keeps) running a 10-minute sleep."""
+    """A batch job of one minute (the smallest limit Slurm keeps) running a 10-minute sleep on
+    the side partition (2 ranks on each of h5 and h6)."""
     path = long_sleep(ctx, "time-limit-sleep", 600)
     report = ctx.path("time-limit")
     job, out = sbatch(ctx, "time-limit", [
-        "exec " + shell_quote(ctx.srun_argv([path, "--report", report]))], extra=["-t", "1"])
+        "exec " + shell_quote(ctx.srun_argv([path, "--report", report], world=TIME_LIMIT_WORLD,
+                                            nodes=len(SIDE)))],
+        extra=["-t", "1", "-p", "side"], nodes=len(SIDE), world=TIME_LIMIT_WORLD)
     return job, out, report
 
 
@@ -635,7 +644,7 @@ def finish_time_limit_job(ctx, job, out, report):
         " | ".join(text.strip().splitlines()[-6:])), flush=True)
     assert fields["JobState"] == "TIMEOUT", (fields, text)
     assert "DUE TO TIME LIMIT" in text, text
-    assert_teardown_evidence(read_report(report), "the time limit")
+    assert_teardown_evidence(read_report(report), "the time limit", TIME_LIMIT_WORLD)
     assert "# hmc-run: time-limit-sleep" in text, text  # rank 0's console reached the output
     assert_job_gone(ctx, job, "time-limit")
 
@@ -756,11 +765,12 @@ def main():
     passed = failed = 0
     down_began = None
     began_all = time.monotonic()
-    box = ClusterBox(len(NODES) + 1, prefix=PREFIX)
+    box = ClusterBox(len(NODES) + 1 + len(SIDE), prefix=PREFIX)
     slurm = None
     try:
         with box:
-            slurm = SlurmBox(box, controller=HEAD, nodes=NODES)
+            slurm = SlurmBox(box, controller=HEAD, nodes=NODES + SIDE,
+                             partitions={"box": NODES, "side": SIDE})
             with slurm:
                 print("# box and Slurm up in {:.1f} s (box {:.1f} s); nodes {}".format(
                     time.monotonic() - began_all, box.setup_s, slurm.node_states()), flush=True)
