@@ -553,7 +553,7 @@ def wait_node_back(ctx, host):
     proc = ctx.slurm.procs.get("slurmd-" + host.name)
     if proc is not None and proc.poll() is not None:
         ctx.slurm.start_slurmd(host)
-    ctx.slurm.wait_idle(bound=60)
+    ctx.slurm.wait_idle(NODES, bound=60)
 
 
 @test
@@ -705,7 +705,7 @@ def check_partition(ctx, name, heal_at):
     print("  link of h3 down for {:.1f} s; ranks' exits after the cut: {}; srun exit {} after "
           "{:.1f} s; report: {}".format(up - cut, after, run.returncode, run.seconds,
                                        run.report and run.report["outcome"]), flush=True)
-    ctx.slurm.wait_idle(bound=60)
+    ctx.slurm.wait_idle(NODES, bound=60)
     assert_job_gone(ctx, job, name)
     late = {r: a for r, a in after.items() if a is None or a > deadline + SLACK_S}
     assert not late, "ranks ended later than deadline {} s + {} s after the cut: {}\n{}".format(
