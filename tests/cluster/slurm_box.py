@@ -338,6 +338,13 @@ def _become_subreaper():
         pass
 
 
+def reap_children():
+    """Reaps every child of this process that has ended; call it after cluster_box.down(),
+    which kills what is left in the box: else the zombies go to pid 1 when this process exits,
+    and `pgrep` lists them until it reaps them."""
+    _reap_orphans()
+
+
 def _reap_orphans():
     """Reaps the children that have ended (the daemons and what was reparented to us: stop()
     killed them and waited until they were zombies). Others (the box's holders) stay."""
@@ -410,6 +417,7 @@ def main(argv=None):
     finally:
         down_began = time.monotonic()
         box.down()
+        reap_children()
     print(json.dumps({"box_s": round(box.setup_s, 2), "box_and_slurm_s": round(ready, 2),
                       "slurm_teardown_s": round(slurm.teardown_s, 2),
                       "box_down_s": round(time.monotonic() - down_began, 2),

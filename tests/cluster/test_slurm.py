@@ -816,6 +816,9 @@ def main():
                     shutil.copytree(os.path.join(slurm.dir, "log"), os.path.join(KEEP, "log"))
                 down_began = time.monotonic()
     finally:
+        # After the box's down(): our ended children (the box's holders, and the job steps
+        # reparented to us, the subreaper), also on Ctrl-C.
+        slurm_box.reap_children()
         teardown = time.monotonic() - down_began if down_began else float("nan")
     left = cluster_box.leftovers(PREFIX)
     procs = our_processes(PREFIX)
