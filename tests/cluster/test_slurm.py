@@ -29,7 +29,9 @@ Cases:
   - a partition: h3's cable cut in the middle of a churn of collectives (deadline 4 s) and
     plugged in again once every rank ended or deadline + 3 s passed: every rank ends within
     deadline + 2 s of the cut, none hangs past it.
-The time-limit job is submitted first and checked last (Slurm keeps time limits in whole
+Two more hosts, h5 and h6, form a partition of their own ("side") for the time-limit job, so
+that the power cuts of h1-h3 do not kill it. Needs Debian's slurm-wlm and munge (skip, exit
+77, without them). The time-limit job is submitted first and checked last (Slurm keeps time limits in whole
 minutes and checks them every 30 s: it runs 60-90 s), beside the other cases. Each job has a
 TMPDIR of its own under the box, so that an evidence folder left behind is the job's.
 
@@ -60,6 +62,7 @@ PREFIX = sys.argv[sys.argv.index("--prefix") + 1] if "--prefix" in sys.argv else
 KEEP = sys.argv[sys.argv.index("--keep") + 1] if "--keep" in sys.argv else None
 QUICKSTART = os.path.join(SOURCE_DIR, "scenarios", "quickstart.json")
 
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.join(SOURCE_DIR, "tests", "cluster"))
 import cluster_box  # noqa: E402
 import slurm_box  # noqa: E402
