@@ -5,6 +5,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
+#include <ctime>
 
 namespace hmc::app {
 namespace {
@@ -14,13 +16,44 @@ constexpr int kSignals[3] = {SIGINT, SIGTERM, SIGHUP};
 constexpr int kStopWatcher = SIGUSR2;
 
 std::atomic<int> gSignal{0};
+// When the first termination signal came (CLOCK_MONOTONIC, ns), for repeatedTerm.
+std::atomic<std::int64_t> gFirstSignalNs{0};
+// A SIGTERM this soon after the first one is the same request sent twice, not a user who means
+// it: Slurm at a job's time limit sends SIGTERM, SIGCONT and SIGTERM within milliseconds (the
+// step's and the batch script's teardown), and its SIGKILL after KillWait still bounds us.
+constexpr std::int64_t kRepeatWindowNs = 1'000'000'000;
+
+std::int64_t monotonicNs() noexcept {
+  timespec now{};
+  clock_gettime(CLOCK_MONOTONIC, &now);  // async-signal-safe
+  return static_cast<std::int64_t>(now.tv_sec) * 1'000'000'000 + now.tv_nsec;
+}
+
+bool repeatedTerm(int signal) noexcept {
+  return signal == SIGTERM && monotonicNs() - gFirstSignalNs.load() < kRepeatWindowNs;
+}
+
+// The handler once a termination signal was taken: a second one ends the process at once
+// (default action), but for a repeated SIGTERM (repeatedTerm).
+extern "C" void secondSignal(int signal) {
+  if (repeatedTerm(signal)) return;
+  ::signal(signal, SIG_DFL);
+  ::raise(signal);
+}
 
 extern "C" void recordSignal(int signal) {
   if (gSignal.exchange(signal) != 0) {
-    // The second one: the user means it.
-    ::signal(signal, SIG_DFL);
-    ::raise(signal);
+    secondSignal(signal);  // the user means it, unless a launcher only repeated its SIGTERM
+    return;
   }
+  gFirstSignalNs.store(monotonicNs());
+}
+
+void takeSecondSignals() {
+  struct sigaction action {};
+  action.sa_handler = secondSignal;
+  sigemptyset(&action.sa_mask);
+  for (int signal : kSignals) sigaction(signal, &action, nullptr);
 }
 
 sigset_t terminationSet() {
@@ -87,15 +120,23 @@ TerminationWatcher::TerminationWatcher(std::function<bool(int)> onSignal, unsign
       lastWake = Clock::now();
     }
     if (signal == kStopWatcher) return;
-    // From now on a second termination signal ends the process at once (default action,
-    // delivered to this thread, the only one that unblocks them), and nothing outlives the
-    // hard limit.
-    for (int s : kSignals) ::signal(s, SIG_DFL);
+    // From now on a second termination signal ends the process at once (delivered to this
+    // thread, the only one that unblocks them; secondSignal), and nothing outlives the hard
+    // limit.
+    gFirstSignalNs.store(monotonicNs());
+    takeSecondSignals();
     sigset_t unblock = terminationSet();
     pthread_sigmask(SIG_UNBLOCK, &unblock, nullptr);
     ::alarm(hardLimitSeconds_);
     if (onSignal_(signal)) ::_exit(128 + signal);
-    // The owner's thread reports and exits by itself (within the hard limit).
+    // The owner's thread reports and exits by itself (within the hard limit). This thread
+    // stays, the one that takes a second signal (secondSignal), until the owner is done.
+    sigset_t stop;
+    sigemptyset(&stop);
+    sigaddset(&stop, kStopWatcher);
+    while (sigwaitinfo(&stop, nullptr) != kStopWatcher) {
+      // EINTR: secondSignal ran for a repeated SIGTERM
+    }
   });
 }
 

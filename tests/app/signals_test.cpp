@@ -1,5 +1,6 @@
 // TerminationWatcher on real forked processes: a termination signal runs the callback and exits
-// with 128 + the signal unless the callback leaves the exit to its owner; a SIGCONT to a running
+// with 128 + the signal unless the callback leaves the exit to its owner; a second signal ends
+// the process, but for a SIGTERM repeated at once; a SIGCONT to a running
 // process is Open MPI's warning (the callback runs), a SIGCONT that resumes a stopped process
 // is not.
 #include "signals.hpp"
@@ -21,8 +22,8 @@ using namespace std::chrono_literals;
 
 // A child that blocks the signals, runs a watcher whose callbacks write a letter to `fd` ('w'
 // for a warning, 't' for a termination signal), says 'r' when ready, and lives up to 20 s; it
-// exits 7 when the termination callback returned `exitByItself` false.
-pid_t startChild(int fd, bool exitByItself) {
+// exits 7 when the termination callback returned `exitByItself` false, `linger` after it.
+pid_t startChild(int fd, bool exitByItself, std::chrono::milliseconds linger = 0ms) {
   const pid_t pid = fork();
   if (pid != 0) return pid;
   hmc::app::blockTerminationSignals();
@@ -37,6 +38,7 @@ pid_t startChild(int fd, bool exitByItself) {
         5, [&] { (void)!write(fd, "w", 1); });
     (void)!write(fd, "r", 1);
     for (int i = 0; i < 2000 && !leftToUs; ++i) std::this_thread::sleep_for(10ms);
+    if (leftToUs) std::this_thread::sleep_for(linger);  // the owner still reporting
   }  // the watcher's thread is joined before the exit (TSan reports a thread left unjoined)
   _exit(leftToUs ? 7 : 0);
 }
@@ -103,6 +105,32 @@ TEST_SUITE("signals") {
     REQUIRE(waitFor(p.fds[0], seen, "r"));
     kill(child, SIGTERM);
     CHECK(exitOf(child) == 7);
+  }
+
+  TEST_CASE("a SIGTERM repeated at once is the same request: the owner still reports") {
+    // Slurm at a time limit: SIGTERM, SIGCONT, SIGTERM within milliseconds.
+    Pipe p;
+    const pid_t child = startChild(p.fds[1], false, 1500ms);
+    std::string seen;
+    REQUIRE(waitFor(p.fds[0], seen, "r"));
+    kill(child, SIGTERM);
+    REQUIRE(waitFor(p.fds[0], seen, "t"));
+    kill(child, SIGTERM);
+    CHECK(exitOf(child) == 7);
+  }
+
+  TEST_CASE("a second signal of another kind ends the process at once") {
+    Pipe p;
+    const pid_t child = startChild(p.fds[1], false, 4000ms);
+    std::string seen;
+    REQUIRE(waitFor(p.fds[0], seen, "r"));
+    kill(child, SIGTERM);
+    REQUIRE(waitFor(p.fds[0], seen, "t"));
+    kill(child, SIGINT);
+    int status = 0;
+    REQUIRE(waitpid(child, &status, 0) == child);
+    REQUIRE(WIFSIGNALED(status));
+    CHECK(WTERMSIG(status) == SIGINT);
   }
 
   TEST_CASE("a SIGCONT to a running process is a warning; one that resumes a stopped one is not") {
