@@ -328,7 +328,8 @@ int runScenarios(const RunOptions& options, const std::vector<std::string>& comm
         {prepared.scenario, file, prepared.text},
         [&repetitions](std::vector<RankResult> ranks) { repetitions.add(std::move(ranks)); });
     progress.clear();
-    if (!ran.reporting) return 0;  // a non-reporting rank: rank 0 reports
+    // A non-reporting rank: rank 0 reports (or nobody can report what this rank saw).
+    if (!ran.reporting) return ran.unreported ? hmc::scenario::exitCodeOf(*ran.unreported) : 0;
     const double wall =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     ScenarioReport report =

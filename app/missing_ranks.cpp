@@ -41,7 +41,7 @@ scenario::RankResult fromEvidence(int rank, MissingRankEvidence evidence,
       result.flight.push_back(*beat->current);
     }
     const bool stale = completed && beat->current && beat->current->sequence <= *completed;
-    if (!evidence.ended && beat->state == diagnostics::RankState::kWaiting && beat->current &&
+    if (!evidence.ended && !evidence.silent && beat->state == diagnostics::RankState::kWaiting && beat->current &&
         !stale) {
       result.hung = true;
       return result;

@@ -23,6 +23,7 @@ struct MissingRankEvidence {
   std::string reason;      // why it has none: "killed by signal 9 (Killed)", "no result ..."
   std::string leakReason;  // its leak check's reason: "... : not checked"
   bool ended = false;      // its process is known to have ended
+  bool silent = false;     // announced gone by another rank (it fell silent): never hung
   std::string host;        // where it ran, when the caller knows ("": from its heartbeat)
   std::int64_t pid = 0;
   std::optional<diagnostics::Heartbeat> heartbeat;     // its last heartbeat
@@ -34,8 +35,9 @@ using EvidenceOf = std::function<MissingRankEvidence(int rank)>;
 // the first on. Returns [repetition][rank]: max(minRepetitions, the most any rank left)
 // repetitions. A rank missing from repetition k on is, in each repetition from k on
 // (evidenceOf is called once per such rank):
-// - hung, when its process is not known to have ended and its heartbeat shows it waiting in
-//   a collective that no rank with results completed (the hang diagnosis says where);
+// - hung, when its process is not known to have ended nor announced gone (silent) and its
+//   heartbeat shows it waiting in a collective that no rank with results completed (the hang
+//   diagnosis says where);
 // - else crashed for `reason`, saying where it was: its last heartbeat ("; last heartbeat
 //   (waiting): in step 3", its last completed and current collective as its flight), else the
 //   flight record its watchdog published ("; last seen in step 3", its entries).

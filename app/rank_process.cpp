@@ -41,6 +41,28 @@ void recordLostStore(scenario::RankResult& result, const std::string& host,
       fmt::format("lost {} in the end-of-run vote ({}): not checked", host, error);
 }
 
+// The exit status of a rank whose results no report will show: a hang where its own results
+// show one (or a crash), else a failed expectation (the run's report is incomplete).
+scenario::Outcome unreportedOutcome(const std::vector<scenario::RankResult>& own) {
+  for (const auto& result : own) {
+    if (result.hung || result.crashed) return scenario::Outcome::kHang;
+  }
+  return scenario::Outcome::kFail;
+}
+
+// What a rank whose results are lost did, for its own stderr: its last repetition's first step
+// that did not pass ("step 4 (close_all) hang: ..."), else that every step passed.
+std::string describeOwn(const std::vector<scenario::RankResult>& own) {
+  if (own.empty()) return "no repetition finished";
+  for (const auto& step : own.back().steps) {
+    if (step.status == scenario::StepStatus::kOk || step.status == scenario::StepStatus::kSkipped)
+      continue;
+    return fmt::format("step {} ({}) {}{}", step.index, toString(step.op), toString(step.status),
+                       step.error ? ": " + step.error->message : std::string());
+  }
+  return fmt::format("every step of repetition {} passed", own.size());
+}
+
 // One rank's side of the run, from its transport on.
 class RankRun {
  public:
@@ -79,6 +101,9 @@ class RankRun {
   std::shared_ptr<collective::KeyValueStore> kv_;
   bool everyoneClean_ = true;
   std::string storeLost_;  // the store's error, once a store request failed
+  // Under a launcher: ranks on hosts that went down or were cut off (no launcher of ours
+  // announces them), so that the vote and the results do not wait a deadline more for them.
+  std::optional<SilentRanks> silent_;
 };
 
 void RankRun::joinWorld() {
@@ -90,6 +115,7 @@ void RankRun::joinWorld() {
   kv_ = transport_->control->keyValueStore();
   handOff_.setStore(transport_->control->keyValueStore());  // the watcher's own connection
   if (!placement_.underLauncher()) return;
+  silent_.emplace(timeout_);
   if (placement_.rank == 0) {
     local_.announce(*kv_);
   } else {
@@ -129,7 +155,7 @@ bool RankRun::agreeOnShutdown(int repetition, bool clean) {
     // A dead rank never votes: stop waiting for it (it cannot shut down cleanly anyway).
     const auto voteOf = [repetition](int rank) { return keys::vote(repetition, rank); };
     everyoneClean_ = waitForRanks(*kv_, voteOf, placement_.worldSize, Clock::now() + timeout_,
-                                  &local_, placement_.rank);
+                                  &local_, placement_.rank, silent_ ? &*silent_ : nullptr);
     for (int rank = 0; rank < placement_.worldSize && everyoneClean_; ++rank) {
       everyoneClean_ = kv_->get(voteOf(rank), timeout_) == "1";
     }
@@ -231,7 +257,7 @@ RankProcessOutcome RankRun::finishUnderLauncher() {
             "steps",
             rank, std::chrono::duration<double>(timeout_).count());
       },
-      local_);
+      local_, silent_ ? &*silent_ : nullptr);
   try {
     kv_->set(keys::kResultsRead, "1");
   } catch (const std::exception& error) {
@@ -254,13 +280,23 @@ RankProcessOutcome RankRun::reportWithoutStore(const std::vector<scenario::RankR
   const int reporter = local_.usable() ? local_.lowestLiveRank(placement_.worldSize) : -1;
   const std::string localProblem = local_.writeResults(rankResultsDocument(own));
   if (reporter != self) {
-    fmt::print(
-        stderr, "hmc-run rank {}: lost {} ({}); {}\n", self, host, storeLost_,
-        localProblem.empty()
-            ? fmt::format("its results are in {} for rank {} to report", local_.path(), reporter)
-            : fmt::format("its results are lost: {} (rank {} reports what it has)", localProblem,
-                          reporter));
-    return {};
+    RankProcessOutcome outcome;
+    if (localProblem.empty()) {
+      fmt::print(stderr, "hmc-run rank {}: lost {} ({}); its results are in {} for rank {} to report\n",
+                 self, host, storeLost_, local_.path(), reporter);
+      return outcome;
+    }
+    // Nobody can report this rank's results: say what it did here, and exit with it.
+    outcome.unreported = unreportedOutcome(own);
+    fmt::print(stderr,
+               "hmc-run rank {}: lost {} ({}); its results are lost: {}, so no rank reports them "
+               "({}); this rank: {}\n",
+               self, host, storeLost_, localProblem,
+               reporter < 0 ? fmt::format("the evidence folder is on rank 0's host, not on {}",
+                                          hostName())
+                            : fmt::format("rank {} reports the others of this host", reporter),
+               describeOwn(own));
+    return outcome;
   }
   // Every rank of the node still alive writes its results as it finds the store gone (its own
   // deadline at most): wait for them that long.

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "hmc/scenario/rank_result.hpp"
+#include "hmc/scenario/report.hpp"
 #include "hmc/scenario/scenario.hpp"
 #include "rank_launch.hpp"
 #include "teardown.hpp"
@@ -29,6 +30,10 @@ inline constexpr int kCrashExitStatus = 17;
 // results (merged[repetition][rank]); nothing elsewhere (its results were handed on).
 struct RankProcessOutcome {
   std::optional<std::vector<std::vector<scenario::RankResult>>> merged;
+  // A rank that does not report and whose results no report will show (it lost the store and
+  // has no evidence folder shared with a reporting rank): the outcome of what it saw itself,
+  // for its exit status, so that a launcher does not read the job as passed.
+  std::optional<scenario::Outcome> unreported;
 };
 
 // Runs one rank. The caller has blocked the termination signals (signals.hpp) before any

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -24,33 +25,79 @@ bool waitForKeys(collective::KeyValueStore& kv, const std::vector<std::string>& 
   }
 }
 
-bool rankGone(collective::KeyValueStore& kv, const EvidenceFolder* folder, int rank, int self) {
+std::optional<std::string> SilentRanks::check(collective::KeyValueStore& kv, int rank, int self,
+                                              Clock::time_point now, double unixNow) {
+  const std::string key = diagnostics::heartbeatKey(rank);
+  diagnostics::Heartbeat beat;
+  try {
+    if (!kv.check({key})) return std::nullopt;
+    beat = diagnostics::Heartbeat::fromJson(
+        nlohmann::json::parse(kv.get(key, std::chrono::milliseconds(500))));
+  } catch (const nlohmann::json::exception& error) {
+    spdlog::debug("rank {}: rank {}'s heartbeat: {}", self, rank, error.what());
+    return std::nullopt;
+  }
+  // When that beat was written, on this clock: its age by the writer's system clock where the
+  // hosts' clocks agree on that much (a beat "from the future" counts from now), so that a rank
+  // silent since long before this rank first looked is known at once.
+  const auto age = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(
+      beat.writtenAtUnix > 0 ? std::max(0.0, unixNow - beat.writtenAtUnix) : 0.0));
+  auto [seen, first] = seen_.try_emplace(rank, Seen{beat.beat, now - age});
+  if (!first && seen->second.beat != beat.beat) seen->second = Seen{beat.beat, now - age};
+  if (beat.state != diagnostics::RankState::kWaiting || !beat.current) return std::nullopt;
+  const auto unchanged = now - seen->second.since;
+  const auto inStage = std::chrono::duration<double>(beat.inStageS) + unchanged;
+  if (unchanged < kSilentAfter || inStage < deadline_ + kDeadlineSlack) return std::nullopt;
+  return fmt::format(
+      "rank {}{} fell silent: no heartbeat for {:.1f} s while it waited in '{}' (step {}), "
+      "{:.1f} s past that collective's deadline (seen by rank {}): its host is down or cut off, "
+      "or the rank is stopped",
+      rank, beat.host.empty() ? std::string() : fmt::format(" (host {})", beat.host),
+      std::chrono::duration<double>(unchanged).count(), beat.current->stage, beat.current->step,
+      std::chrono::duration<double>(inStage - deadline_).count(), self);
+}
+
+namespace {
+
+void announceGone(collective::KeyValueStore& kv, int rank, int self, const std::string& why) {
+  try {
+    if (!kv.check({collective::deadRankKey(rank)})) collective::announceDeadRank(kv, rank, why);
+  } catch (const std::exception& error) {
+    spdlog::debug("rank {}: cannot announce rank {}'s end in the store: {}", self, rank,
+                  error.what());
+  }
+}
+
+}  // namespace
+
+bool rankGone(collective::KeyValueStore& kv, const EvidenceFolder* folder, int rank, int self,
+              SilentRanks* silent) {
   if (folder != nullptr && folder->known(rank) && !folder->alive(rank)) {
-    try {
-      if (!kv.check({collective::deadRankKey(rank)})) {
-        collective::announceDeadRank(
-            kv, rank,
-            fmt::format("rank {}'s process ended (seen by rank {} on its node)", rank, self));
-      }
-    } catch (const std::exception& error) {
-      spdlog::debug("rank {}: cannot announce rank {}'s end in the store: {}", self, rank,
-                    error.what());
-    }
+    announceGone(kv, rank, self,
+                 fmt::format("rank {}'s process ended (seen by rank {} on its node)", rank, self));
     return true;
   }
-  return kv.check({collective::kAnyDeadKey}) && kv.check({collective::deadRankKey(rank)});
+  if (kv.check({collective::kAnyDeadKey}) && kv.check({collective::deadRankKey(rank)})) {
+    return true;
+  }
+  if (silent == nullptr) return false;
+  const auto why = silent->check(kv, rank, self);
+  if (!why) return false;
+  spdlog::debug("rank {}: {}", self, *why);
+  announceGone(kv, rank, self, *why);
+  return true;
 }
 
 bool waitForRanks(collective::KeyValueStore& kv, const std::function<std::string(int)>& keyOf,
                   int worldSize, Clock::time_point deadline, const EvidenceFolder* folder,
-                  int self) {
+                  int self, SilentRanks* silent) {
   std::vector<std::string> keys;
   for (int rank = 0; rank < worldSize; ++rank) keys.push_back(keyOf(rank));
   for (int round = 0;; ++round) {
     if (kv.check(keys)) return true;
     if (round % 10 == 9) {  // every ~50 ms
       for (int rank = 0; rank < worldSize; ++rank) {
-        if (!kv.check({keys[rank]}) && rankGone(kv, folder, rank, self)) return false;
+        if (!kv.check({keys[rank]}) && rankGone(kv, folder, rank, self, silent)) return false;
       }
     }
     if (Clock::now() >= deadline) return false;
@@ -63,10 +110,11 @@ namespace {
 // Polls for rank `rank`'s `key` until it exists (true), the rank is gone (rankGone), or
 // `deadline` passes.
 bool waitForRankKey(collective::KeyValueStore& kv, const std::string& key, int rank,
-                    Clock::time_point deadline, const EvidenceFolder* folder, int self) {
+                    Clock::time_point deadline, const EvidenceFolder* folder, int self,
+                    SilentRanks* silent) {
   for (int round = 0;; ++round) {
     if (kv.check({key})) return true;
-    if (round % 10 == 9 && rankGone(kv, folder, rank, self)) return kv.check({key});
+    if (round % 10 == 9 && rankGone(kv, folder, rank, self, silent)) return kv.check({key});
     if (Clock::now() >= deadline) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
@@ -107,7 +155,8 @@ ResultsByRank readLocalResults(const EvidenceFolder& local, int worldSize, int s
 
 std::vector<std::vector<scenario::RankResult>> gatherResults(
     collective::KeyValueStore* kv, const RankPlacement& placement, ResultsByRank local,
-    std::chrono::milliseconds wait, const MissingWhy& missingWhy, const EvidenceFolder& folder) {
+    std::chrono::milliseconds wait, const MissingWhy& missingWhy, const EvidenceFolder& folder,
+    SilentRanks* silent) {
   const int self = placement.rank;
   std::vector<std::vector<scenario::RankResult>> byRank(placement.worldSize);
   const auto deadline = Clock::now() + wait;
@@ -130,7 +179,7 @@ std::vector<std::vector<scenario::RankResult>> gatherResults(
     }
     fromStore([&] {
       const std::string key = keys::result(rank);
-      if (!waitForRankKey(*kv, key, rank, deadline, &folder, self)) return;
+      if (!waitForRankKey(*kv, key, rank, deadline, &folder, self, silent)) return;
       const std::string text = kv->get(key, wait + kStoreReadMargin);
       try {
         byRank[rank] = parseRankResults(text);
@@ -150,6 +199,16 @@ std::vector<std::vector<scenario::RankResult>> gatherResults(
     if (const auto pid = folder.pidOf(rank)) {  // a rank of this node
       evidence.host = hostName();
       evidence.pid = *pid;
+    }
+    if (!evidence.ended) {
+      fromStore([&] {  // another rank saw it fall silent (SilentRanks)
+        const std::string key = collective::deadRankKey(rank);
+        if (!kv->check({key})) return;
+        const auto why = kv->get(key, std::chrono::milliseconds(500));
+        evidence.reason = fmt::format("no result from rank {}: {}", rank,
+                                      why);
+        evidence.silent = true;
+      });
     }
     fromStore([&] {
       const std::string key = diagnostics::heartbeatKey(rank);

@@ -8,6 +8,7 @@
 // error.
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <optional>
@@ -16,6 +17,7 @@
 
 #include "evidence_folder.hpp"
 #include "hmc/collective/key_value_store.hpp"
+#include "hmc/diagnostics/heartbeat.hpp"
 #include "hmc/scenario/rank_result.hpp"
 #include "rank_placement.hpp"
 
@@ -33,19 +35,54 @@ inline constexpr std::chrono::milliseconds kStoreReadMargin{300};
 bool waitForKeys(collective::KeyValueStore& kv, const std::vector<std::string>& keys,
                  Clock::time_point deadline);
 
+// Ranks on other hosts that fell silent: a rank whose heartbeat (its watchdog writes one at
+// least every second while the rank runs its steps) has not changed for kSilentAfter while it
+// waits in a collective whose deadline passed kDeadlineSlack ago. The silence counts from the
+// beat's writing (`written_at`, by the writer's system clock; a beat "from the future", where
+// the clocks disagree, counts from this rank's first look at it), so a rank silent since long
+// before anyone looked is known at the first look. A live rank times out of that collective by
+// itself and writes a fresh heartbeat at once; one that did not is on a host that lost power or
+// its link (or is stopped), and nobody should wait a whole deadline more for its vote, its
+// result or its goodbye. A rank in a step outside any collective is never judged silent: how
+// long such a step takes is not known. Not thread-safe: one per waiting thread.
+class SilentRanks {
+ public:
+  static constexpr std::chrono::milliseconds kSilentAfter{2500};
+  static constexpr std::chrono::milliseconds kDeadlineSlack{1000};
+
+  explicit SilentRanks(std::chrono::milliseconds deadline) : deadline_(deadline) {}
+  // Why rank `rank` is silent, as the store's dead/<rank> announcement says it ("rank 4 (host
+  // h3) fell silent: ..."), or nullopt. Reads its heartbeat from `kv`; `self` is the asking
+  // rank.
+  // `now` and `unixNow` (diagnostics::unixNow) are this rank's clocks at the call.
+  std::optional<std::string> check(collective::KeyValueStore& kv, int rank, int self,
+                                   Clock::time_point now = Clock::now(),
+                                   double unixNow = diagnostics::unixNow());
+
+ private:
+  struct Seen {
+    std::uint64_t beat = 0;
+    Clock::time_point since;  // when this rank first read that beat
+  };
+  std::chrono::milliseconds deadline_;
+  std::map<int, Seen> seen_;
+};
+
 // Whether rank `rank` is known to be gone: announced dead in the store (hmc-run's own launcher
 // does that), or its process on this node ended (the evidence folder's pid file: torchrun,
 // mpirun and srun announce nothing, and Open MPI tears the job down 1 s after a rank's death,
-// so nobody may wait for a dead rank's vote or result up to the deadline). A rank found gone
-// through the folder is announced in the store for ranks on other nodes and `hmc-run status`.
-// `self`: the asking rank, for the announcement's words.
-bool rankGone(collective::KeyValueStore& kv, const EvidenceFolder* folder, int rank, int self);
+// so nobody may wait for a dead rank's vote or result up to the deadline), or (with `silent`)
+// it fell silent (SilentRanks). A rank found gone through the folder or its silence is
+// announced in the store for the other ranks, the store host's wait for goodbyes and
+// `hmc-run status`. `self`: the asking rank, for the announcement's words.
+bool rankGone(collective::KeyValueStore& kv, const EvidenceFolder* folder, int rank, int self,
+              SilentRanks* silent = nullptr);
 
 // Polls until every rank's key exists (keyOf(rank), ranks 0..worldSize-1: true), a rank whose
 // key is missing is gone (rankGone: false), or `deadline` passes (false).
 bool waitForRanks(collective::KeyValueStore& kv, const std::function<std::string(int)>& keyOf,
                   int worldSize, Clock::time_point deadline, const EvidenceFolder* folder,
-                  int self);
+                  int self, SilentRanks* silent = nullptr);
 
 // The results the other ranks wrote to the local evidence folder: polls until every rank of
 // this node that is still alive wrote its own, or `deadline` passes. With `earlyAfter`, a rank
@@ -59,9 +96,13 @@ ResultsByRank readLocalResults(const EvidenceFolder& local, int worldSize, int s
 // `wait` for a rank's result/<rank>; null: the store is gone), then fillMissing with the rank's
 // heartbeat and published flight record from the store; a rank without any is a crashed rank
 // saying missingWhy(rank).
+// A rank announced dead in the store by another rank (it fell silent) and not seen ended
+// through `folder` is reported as such: "no result from rank R: <the announcement>", never as
+// hung. With `silent`, the wait for a rank's result ends once it falls silent.
 std::vector<std::vector<scenario::RankResult>> gatherResults(
     collective::KeyValueStore* kv, const RankPlacement& placement, ResultsByRank local,
-    std::chrono::milliseconds wait, const MissingWhy& missingWhy, const EvidenceFolder& folder);
+    std::chrono::milliseconds wait, const MissingWhy& missingWhy, const EvidenceFolder& folder,
+    SilentRanks* silent = nullptr);
 
 // `merged` with this rank's own results (as it has them now) in place, grown to as many
 // repetitions as it has (the others missing there).

@@ -111,6 +111,7 @@ class LauncherRankWorld final : public WorldDriver {
     auto outcome = runRankProcess(input.scenario, launch, options_.onInterrupted);
     WorldRun ran;
     ran.reporting = outcome.merged.has_value();
+    ran.unreported = outcome.unreported;
     if (ran.reporting) {
       for (auto& ranks : *outcome.merged) sink(std::move(ranks));
     }

@@ -14,6 +14,7 @@
 #include <optional>
 #include <string>
 
+#include "hmc/scenario/report.hpp"
 #include "hmc/scenario/scenario.hpp"
 #include "rank_launch.hpp"
 #include "result_files.hpp"
@@ -35,6 +36,9 @@ struct WorldRun {
   bool reporting = true;
   // Ctrl-C, SIGTERM or SIGHUP stopped the ranks; what they did is in the sink.
   bool interrupted = false;
+  // A rank that does not report and whose results no report will show (rank_process.hpp):
+  // the outcome it exits with.
+  std::optional<scenario::Outcome> unreported;
 };
 
 class WorldDriver {

@@ -47,6 +47,27 @@ RankResult resultOf(int rank, std::uint64_t marker = 0) {
 
 std::string why(int rank) { return "no result from rank " + std::to_string(rank); }
 
+// Rank `rank`'s heartbeat: waiting in 'close validation' (step 2) for `inStage`, beat `beat`.
+// `writtenAt`: its writer's system clock (0: unknown).
+void writeWaiting(MemoryStore& kv, int rank, std::uint64_t beat, double inStage,
+                  hmc::diagnostics::RankState state = hmc::diagnostics::RankState::kWaiting,
+                  double writtenAt = 0) {
+  hmc::diagnostics::Heartbeat heartbeat;
+  heartbeat.rank = rank;
+  heartbeat.state = state;
+  heartbeat.step = 2;
+  hmc::diagnostics::FlightEntry current;
+  current.sequence = 3;
+  current.stage = "close validation";
+  current.step = 2;
+  heartbeat.current = current;
+  heartbeat.inStageS = inStage;
+  heartbeat.beat = beat;
+  heartbeat.host = "h3";
+  heartbeat.writtenAtUnix = writtenAt;
+  kv.set(hmc::diagnostics::heartbeatKey(rank), heartbeat.toJson().dump());
+}
+
 using hmc::testing::deadPid;
 
 }  // namespace
@@ -158,6 +179,96 @@ TEST_SUITE("result gatherer") {
     REQUIRE(local.count(1) == 1);
     CHECK(local.at(1)[0].collectives == 5);
     folder.remove();
+  }
+
+  TEST_CASE("a rank whose heartbeat stops while it waits past its deadline fell silent") {
+    MemoryStore kv;
+    hmc::app::SilentRanks silent(2000ms);
+    const auto t0 = Clock::now();
+    writeWaiting(kv, 4, 10, 2.5);  // 2.5 s into a collective whose deadline is 2 s
+    CHECK_FALSE(silent.check(kv, 4, 0, t0));  // first seen: not yet
+    // Unchanged, but not long enough.
+    CHECK_FALSE(silent.check(kv, 4, 0, t0 + hmc::app::SilentRanks::kSilentAfter - 1ms));
+    const auto why = silent.check(kv, 4, 0, t0 + hmc::app::SilentRanks::kSilentAfter);
+    REQUIRE(why);
+    CHECK(*why ==
+          "rank 4 (host h3) fell silent: no heartbeat for 2.5 s while it waited in 'close "
+          "validation' (step 2), 3.0 s past that collective's deadline (seen by rank 0): its host "
+          "is down or cut off, or the rank is stopped");
+    // No heartbeat at all: nothing to judge by (a rank that never started is the join's).
+    CHECK_FALSE(silent.check(kv, 5, 0, t0 + 1h));
+  }
+
+  TEST_CASE("the silence counts from the beat's writing where the clocks agree") {
+    using hmc::diagnostics::RankState;
+    MemoryStore kv;
+    const auto t0 = Clock::now();
+    const double unix0 = 1.7e9;
+    // Written 6 s ago, 0.5 s into its collective (deadline 2 s): silent at the first look.
+    hmc::app::SilentRanks silent(2000ms);
+    writeWaiting(kv, 1, 4, 0.5, RankState::kWaiting, unix0 - 6.0);
+    const auto why = silent.check(kv, 1, 0, t0, unix0);
+    REQUIRE(why);
+    CHECK(why->find("no heartbeat for 6.0 s") != std::string::npos);
+    CHECK(why->find("4.5 s past that collective's deadline") != std::string::npos);
+    // Written 1 s ago: not yet silent (kSilentAfter), and then so 1.5 s later.
+    hmc::app::SilentRanks fresh(0ms);
+    writeWaiting(kv, 2, 4, 9.0, RankState::kWaiting, unix0 - 1.0);
+    CHECK_FALSE(fresh.check(kv, 2, 0, t0, unix0));
+    CHECK(fresh.check(kv, 2, 0, t0 + 1500ms, unix0 + 1.5));
+    // From the future (the writer's clock ahead of this one): counted from the first look.
+    hmc::app::SilentRanks ahead(0ms);
+    writeWaiting(kv, 3, 4, 9.0, RankState::kWaiting, unix0 + 30.0);
+    CHECK_FALSE(ahead.check(kv, 3, 0, t0, unix0));
+    CHECK_FALSE(ahead.check(kv, 3, 0, t0 + 2400ms, unix0 + 2.4));
+    CHECK(ahead.check(kv, 3, 0, t0 + 2500ms, unix0 + 2.5));
+  }
+
+  TEST_CASE("a rank whose heartbeat goes on, or that is not past a deadline, is not silent") {
+    using hmc::app::SilentRanks;
+    MemoryStore kv;
+    const auto t0 = Clock::now();
+    SilentRanks beating(2000ms);
+    writeWaiting(kv, 1, 1, 5.0);
+    CHECK_FALSE(beating.check(kv, 1, 0, t0));
+    writeWaiting(kv, 1, 2, 6.0);  // a new beat resets the silence
+    CHECK_FALSE(beating.check(kv, 1, 0, t0 + SilentRanks::kSilentAfter));
+    CHECK_FALSE(beating.check(kv, 1, 0, t0 + SilentRanks::kSilentAfter * 2 - 1ms));
+    CHECK(beating.check(kv, 1, 0, t0 + SilentRanks::kSilentAfter * 2));
+    // Waiting, silent, but the collective's deadline (plus the slack) is still ahead: its own
+    // timeout comes first.
+    SilentRanks patient(60000ms);
+    writeWaiting(kv, 2, 1, 0.5);
+    CHECK_FALSE(patient.check(kv, 2, 0, t0));
+    CHECK_FALSE(patient.check(kv, 2, 0, t0 + 30s));
+    CHECK(patient.check(kv, 2, 0, t0 + 61s));
+    // Running a step outside any collective: how long that takes is not known.
+    SilentRanks running(1000ms);
+    writeWaiting(kv, 3, 1, 9.0, hmc::diagnostics::RankState::kRunning);
+    CHECK_FALSE(running.check(kv, 3, 0, t0));
+    CHECK_FALSE(running.check(kv, 3, 0, t0 + 1h));
+  }
+
+  TEST_CASE("a silent rank is announced gone, and reported as such, never as hung") {
+    MemoryStore kv;
+    kv.set(hmc::app::keys::result(0), hmc::app::rankResultsDocument({resultOf(0)}));
+    writeWaiting(kv, 1, 7, 0.0);
+    hmc::app::SilentRanks silent(0ms);
+    const auto voteOf = [](int rank) { return hmc::app::keys::vote(0, rank); };
+    kv.set(voteOf(0), "1");
+    // The first look starts rank 1's silence; the wait ends once it lasted kSilentAfter (the
+    // deadline, an hour away, is not what ends it).
+    CHECK_FALSE(hmc::app::waitForRanks(kv, voteOf, 2, Clock::now() + 1h, nullptr, 0, &silent));
+    const std::string announced = kv.get(hmc::collective::deadRankKey(1), 0ms);
+    CHECK(announced.rfind("rank 1 (host h3) fell silent: no heartbeat for ", 0) == 0);
+    CHECK(kv.check({hmc::collective::kAnyDeadKey}));
+    const auto merged =
+        hmc::app::gatherResults(&kv, rankOf(0, 2), {}, 1h, why, EvidenceFolder(), &silent);
+    REQUIRE(merged.size() == 1);
+    CHECK_FALSE(merged[0][1].hung);
+    CHECK(merged[0][1].crashed);
+    REQUIRE(merged[0][1].crashReason);
+    CHECK(merged[0][1].crashReason->rfind("no result from rank 1: " + announced, 0) == 0);
   }
 
   TEST_CASE("the reporting rank's own results go in place, and grow the repetitions") {
