@@ -44,17 +44,29 @@ std::optional<std::string> SilentRanks::check(collective::KeyValueStore& kv, int
       beat.writtenAtUnix > 0 ? std::max(0.0, unixNow - beat.writtenAtUnix) : 0.0));
   auto [seen, first] = seen_.try_emplace(rank, Seen{beat.beat, now - age});
   if (!first && seen->second.beat != beat.beat) seen->second = Seen{beat.beat, now - age};
-  if (beat.state != diagnostics::RankState::kWaiting || !beat.current) return std::nullopt;
   const auto unchanged = now - seen->second.since;
-  const auto inStage = std::chrono::duration<double>(beat.inStageS) + unchanged;
-  if (unchanged < kSilentAfter || inStage < deadline_ + kDeadlineSlack) return std::nullopt;
+  const std::string host =
+      beat.host.empty() ? std::string() : fmt::format(" (host {})", beat.host);
+  const double silentS = std::chrono::duration<double>(unchanged).count();
+  if (beat.state == diagnostics::RankState::kWaiting && beat.current) {
+    const auto inStage = std::chrono::duration<double>(beat.inStageS) + unchanged;
+    if (unchanged < kSilentAfter || inStage < deadline_ + kDeadlineSlack) return std::nullopt;
+    return fmt::format(
+        "rank {}{} fell silent: no heartbeat for {:.1f} s while it waited in '{}' (step {}), "
+        "{:.1f} s past that collective's deadline (seen by rank {}): its host is down or cut "
+        "off, or the rank is stopped",
+        rank, host, silentS, beat.current->stage, beat.current->step,
+        std::chrono::duration<double>(inStage - deadline_).count(), self);
+  }
+  if (beat.state != diagnostics::RankState::kRunning &&
+      beat.state != diagnostics::RankState::kWaiting) {
+    return std::nullopt;  // starting (the join's deadline bounds it) or done
+  }
+  if (unchanged < std::max<Clock::duration>(kSilentAfter, deadline_)) return std::nullopt;
   return fmt::format(
-      "rank {}{} fell silent: no heartbeat for {:.1f} s while it waited in '{}' (step {}), "
-      "{:.1f} s past that collective's deadline (seen by rank {}): its host is down or cut off, "
-      "or the rank is stopped",
-      rank, beat.host.empty() ? std::string() : fmt::format(" (host {})", beat.host),
-      std::chrono::duration<double>(unchanged).count(), beat.current->stage, beat.current->step,
-      std::chrono::duration<double>(inStage - deadline_).count(), self);
+      "rank {}{} fell silent: no heartbeat for {:.1f} s (a collective's deadline) while it ran "
+      "step {} (seen by rank {}): its host is down or cut off, or the rank is stopped",
+      rank, host, silentS, beat.step, self);
 }
 
 namespace {

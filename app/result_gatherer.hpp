@@ -43,8 +43,10 @@ bool waitForKeys(collective::KeyValueStore& kv, const std::vector<std::string>& 
 // before anyone looked is known at the first look. A live rank times out of that collective by
 // itself and writes a fresh heartbeat at once; one that did not is on a host that lost power or
 // its link (or is stopped), and nobody should wait a whole deadline more for its vote, its
-// result or its goodbye. A rank in a step outside any collective is never judged silent: how
-// long such a step takes is not known. Not thread-safe: one per waiting thread.
+// result or its goodbye. A rank running a step outside any collective (how long that takes is
+// not known, but its watchdog writes on) is silent once its heartbeat stopped for a whole
+// collective deadline (at least kSilentAfter). A rank starting (the join deadline bounds it)
+// or done is never judged silent. Not thread-safe: one per waiting thread.
 class SilentRanks {
  public:
   static constexpr std::chrono::milliseconds kSilentAfter{2500};

@@ -224,7 +224,7 @@ TEST_SUITE("result gatherer") {
     CHECK(ahead.check(kv, 3, 0, t0 + 2500ms, unix0 + 2.5));
   }
 
-  TEST_CASE("a rank whose heartbeat goes on, or that is not past a deadline, is not silent") {
+  TEST_CASE("a rank whose heartbeat goes on, or not yet past a deadline, is not silent") {
     using hmc::app::SilentRanks;
     MemoryStore kv;
     const auto t0 = Clock::now();
@@ -242,11 +242,29 @@ TEST_SUITE("result gatherer") {
     CHECK_FALSE(patient.check(kv, 2, 0, t0));
     CHECK_FALSE(patient.check(kv, 2, 0, t0 + 30s));
     CHECK(patient.check(kv, 2, 0, t0 + 61s));
-    // Running a step outside any collective: how long that takes is not known.
-    SilentRanks running(1000ms);
+    // Running a step outside any collective: silent once its heartbeat stopped for a whole
+    // collective deadline (at least kSilentAfter).
+    SilentRanks running(4000ms);
     writeWaiting(kv, 3, 1, 9.0, hmc::diagnostics::RankState::kRunning);
     CHECK_FALSE(running.check(kv, 3, 0, t0));
-    CHECK_FALSE(running.check(kv, 3, 0, t0 + 1h));
+    CHECK_FALSE(running.check(kv, 3, 0, t0 + 3999ms));
+    const auto ran = running.check(kv, 3, 0, t0 + 4s);
+    REQUIRE(ran);
+    CHECK(*ran ==
+          "rank 3 (host h3) fell silent: no heartbeat for 4.0 s (a collective's deadline) while "
+          "it ran step 2 (seen by rank 0): its host is down or cut off, or the rank is stopped");
+    SilentRanks shortDeadline(1000ms);
+    CHECK_FALSE(shortDeadline.check(kv, 3, 0, t0));
+    CHECK_FALSE(shortDeadline.check(kv, 3, 0, t0 + 2499ms));
+    CHECK(shortDeadline.check(kv, 3, 0, t0 + 2500ms));
+    // Starting or done: never.
+    SilentRanks other(0ms);
+    writeWaiting(kv, 6, 1, 9.0, hmc::diagnostics::RankState::kDone);
+    writeWaiting(kv, 7, 1, 9.0, hmc::diagnostics::RankState::kStarting);
+    CHECK_FALSE(other.check(kv, 6, 0, t0));
+    CHECK_FALSE(other.check(kv, 6, 0, t0 + 1h));
+    CHECK_FALSE(other.check(kv, 7, 0, t0));
+    CHECK_FALSE(other.check(kv, 7, 0, t0 + 1h));
   }
 
   TEST_CASE("a silent rank is announced gone, and reported as such, never as hung") {

@@ -331,6 +331,15 @@ def check_available():
     if probe.returncode != 0:
         raise Unavailable("cannot create namespaces here (`unshare --mount --uts --net true`: "
                           "{})".format(probe.stderr.strip()))
+    # The switch and the cables: a bridge and a veth pair, tried in a network namespace of
+    # their own (gone with the command), where a kernel without those drivers says so.
+    probe = _run(["unshare", "--net", "sh", "-c",
+                  "ip link add hmcprobe0 type bridge && "
+                  "ip link add hmcprobe1 type veth peer name hmcprobe2"], check=False)
+    if probe.returncode != 0:
+        raise Unavailable("cannot make a bridge and a veth pair in a network namespace here "
+                          "(`ip link add ... type bridge|veth`: {}); the kernel needs the "
+                          "bridge and veth drivers".format(probe.stderr.strip()))
 
 
 def load(prefix):

@@ -368,11 +368,22 @@ def shell_quote(argv):
 # --- cases ------------------------------------------------------------------------------
 
 TESTS = []
+KNOWN = {}  # case name -> why it fails today (hmc's behaviour, not the test's)
 
 
 def test(fn):
     TESTS.append(fn)
     return fn
+
+
+def known_failure(why):
+    """A case that fails today because hmc is wrong there (why says how): every check still
+    runs; its failure prints XFAIL with the reason and does not fail the run, and its passing
+    (XPASS) fails the run, so that the mark goes once hmc is fixed."""
+    def mark(fn):
+        KNOWN[fn.__name__] = why
+        return fn
+    return mark
 
 
 @test
@@ -720,6 +731,9 @@ def check_partition(ctx, name, heal_at):
 
 
 @test
+@known_failure("a rank cut off from the store's host ends one store timeout (the deadline) late: "
+               "its first request to the store after the collective's deadline blocks for the "
+               "connection's read timeout")
 def partition_of_h3_mid_collective_lasting_past_every_deadline(ctx):
     check_partition(ctx, "partition-lasting", heal_at=None)
 
@@ -765,7 +779,7 @@ def main():
     if any(left.values()):
         print("# removing what an interrupted run of box '{}' left: {}".format(PREFIX, left))
         cluster_box.down(PREFIX)
-    passed = failed = 0
+    passed = failed = xfailed = 0
     down_began = None
     began_all = time.monotonic()
     box = ClusterBox(len(NODES) + 1 + len(SIDE), prefix=PREFIX)
@@ -789,15 +803,27 @@ def main():
                         traceback.print_exc()
                 for fn in selected:
                     began = time.monotonic()
+                    known = KNOWN.get(fn.__name__)
                     try:
                         fn(ctx)
-                        passed += 1
-                        print("PASS {} ({:.1f} s)".format(fn.__name__, time.monotonic() - began),
-                              flush=True)
+                        if known:
+                            failed += 1
+                            print("XPASS {} ({:.1f} s): it was known to fail ({}); remove its "
+                                  "known_failure mark".format(
+                                      fn.__name__, time.monotonic() - began, known), flush=True)
+                        else:
+                            passed += 1
+                            print("PASS {} ({:.1f} s)".format(
+                                fn.__name__, time.monotonic() - began), flush=True)
                     except Exception:  # noqa: BLE001 - report every failure and go on
-                        failed += 1
-                        print("FAIL {} ({:.1f} s)".format(fn.__name__, time.monotonic() - began),
-                              flush=True)
+                        if known:
+                            xfailed += 1
+                            print("XFAIL {} ({:.1f} s): {}".format(
+                                fn.__name__, time.monotonic() - began, known), flush=True)
+                        else:
+                            failed += 1
+                            print("FAIL {} ({:.1f} s)".format(
+                                fn.__name__, time.monotonic() - began), flush=True)
                         traceback.print_exc()
                         sys.stdout.flush()
                 for name, (args, began) in pending.items():
@@ -830,7 +856,8 @@ def main():
     if any(left.values()) or procs:
         failed += 1
         print("FAIL nothing_is_left: {} {}".format(left, procs))
-    print("{} passed, {} failed in {:.1f} s".format(passed, failed, time.monotonic() - began_all))
+    print("{} passed, {} failed, {} known failures in {:.1f} s".format(
+        passed, failed, xfailed, time.monotonic() - began_all))
     return 1 if failed else 0
 
 
