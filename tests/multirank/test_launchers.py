@@ -75,8 +75,19 @@ def scenario(name, steps, world_size=2, timeout_s=3):
     return path
 
 
+def net_namespace(pid="self"):
+    try:
+        return os.readlink(f"/proc/{pid}/ns/net")
+    except OSError:
+        return None
+
+
 def hmc_processes():
-    """Pids of live hmc-run processes started from this build (not zombies)."""
+    """Pids of live hmc-run processes started from this build (not zombies) in this process's
+    network namespace: every launch of this test runs there, while the cluster tests
+    (tests/cluster, run beside this one by CTest) start the same binary on test hosts of their
+    own namespaces, and those are not ours to count."""
+    ours = net_namespace()
     out = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -88,7 +99,7 @@ def hmc_processes():
                 argv0 = f.read().split(b"\0")[0]
         except (OSError, IndexError):
             continue
-        if state != "Z" and argv0 == HMC_RUN.encode():
+        if state != "Z" and argv0 == HMC_RUN.encode() and net_namespace(entry) == ours:
             out.append(int(entry))
     return out
 
