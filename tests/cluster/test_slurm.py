@@ -731,9 +731,6 @@ def check_partition(ctx, name, heal_at):
 
 
 @test
-@known_failure("a rank cut off from the store's host ends one store timeout (the deadline) late: "
-               "its first request to the store after the collective's deadline blocks for the "
-               "connection's read timeout")
 def partition_of_h3_mid_collective_lasting_past_every_deadline(ctx):
     check_partition(ctx, "partition-lasting", heal_at=None)
 

@@ -4,7 +4,9 @@
 // ("Connection reset by peer") escapes the thread. hmc's socket guards (lib/src/collective/
 // socket_guards.hpp) turn that reset into the "closed" c10d handles. The case reproduces the
 // abort in a child process: without the guards the child dies of SIGABRT. Also: a request to
-// a stopped server ends at the store timeout (c10d 1.13 connects without a read deadline).
+// a stopped server ends at the store timeout (c10d 1.13 connects without a read deadline), and
+// one to a server paused longer than a request's own deadline (1 s) is asked again once the
+// server's host still answers a TCP handshake, and answered after the pause.
 
 #include <doctest/doctest.h>
 #include <netinet/in.h>
@@ -154,9 +156,49 @@ int askAStoppedServer(int port, pid_t server) {
   return seconds >= 0.5 && seconds <= 10 ? 0 : 33;
 }
 
-}  // namespace
+// In a child: connects hmc's key-value client with a 20 s store timeout, stops the server's
+// process for 2.5 s (more than twice a request's own deadline, 1 s), and asks it something
+// meanwhile. 0: the answer came, after the pause, without an error (the client asked again on
+// a fresh connection once the server's host still answered a TCP handshake); 40+: not.
+int askAServerPausedPastARequestDeadline(int port, pid_t server) {
+  ::alarm(60);
+  hmc::collective::StoreTransportOptions options;
+  options.port = port;
+  options.rank = 1;
+  options.worldSize = 2;
+  options.timeout = std::chrono::seconds(20);
+  auto kv = hmc::collective::connectKeyValueStore(options);
+  kv->set("before", "1");
+  if (!kv->check({"before"})) return 40;
+  ::kill(server, SIGSTOP);
+  for (int i = 0; i < 500 && processState(server) != 'T'; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (processState(server) != 'T') return 46;
+  const auto start = std::chrono::steady_clock::now();
+  // The pause's length is the premise here, not a measurement.
+  std::thread resume([server] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+    ::kill(server, SIGCONT);
+  });
+  int code = 0;
+  try {
+    if (!kv->check({"before"})) code = 41;
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "check across the pause: %s\n", error.what());
+    code = 42;
+  }
+  resume.join();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (code == 0 && seconds < 2.0) code = 43;  // answered before the resume: not paused at all
+  if (code == 0 && !kv->check({"before"})) code = 44;  // the fresh connection works on
+  return code;
+}
 
-TEST_CASE("a request to a stopped store server fails within the store timeout") {
+// Forks a store server and a client child running `client(port, serverPid)`; asserts that the
+// client exited 0.
+void againstAServer(int (*client)(int, pid_t)) {
   int fds[2];
   DOCTEST_REQUIRE(::pipe(fds) == 0);
   const pid_t server = ::fork();
@@ -171,21 +213,32 @@ TEST_CASE("a request to a stopped store server fails within the store timeout") 
   ::close(fds[0]);
   int status = 0;
   if (gotPort) {
-    const pid_t client = ::fork();
-    DOCTEST_REQUIRE(client >= 0);
-    if (client == 0) {
+    const pid_t child = ::fork();
+    DOCTEST_REQUIRE(child >= 0);
+    if (child == 0) {
       int code = 34;
       try {
-        code = askAStoppedServer(port, server);
-      } catch (const std::exception&) {
+        code = client(port, server);
+      } catch (const std::exception& error) {
+        std::fprintf(stderr, "client: %s\n", error.what());
         code = 35;
       }
       ::_exit(code);
     }
-    ::waitpid(client, &status, 0);  // bounded by the child's alarm
+    ::waitpid(child, &status, 0);  // bounded by the child's alarm
   }
   ::kill(server, SIGKILL);
   ::waitpid(server, nullptr, 0);
   DOCTEST_REQUIRE(gotPort);
   checkExitedCleanly("client", status);
+}
+
+}  // namespace
+
+TEST_CASE("a request to a stopped store server fails within the store timeout") {
+  againstAServer(askAStoppedServer);
+}
+
+TEST_CASE("a store paused past a request's deadline is asked again, not given up") {
+  againstAServer(askAServerPausedPastARequestDeadline);
 }

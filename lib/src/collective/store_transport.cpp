@@ -1,6 +1,7 @@
 #include "hmc/collective/store_transport.hpp"
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -11,6 +12,7 @@
 #include <cerrno>
 #include <climits>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <system_error>
@@ -36,77 +38,6 @@ std::chrono::milliseconds remainingUntil(Clock::time_point deadline) {
 std::string formatSeconds(std::chrono::milliseconds duration) {
   return fmt::format("{:g} s", static_cast<double>(duration.count()) / 1000.0);
 }
-
-class StoreKeyValue final : public KeyValueStore {
- public:
-  StoreKeyValue(c10::intrusive_ptr<c10d::TCPStore> store, std::string prefix, std::string endpoint)
-      : store_(std::move(store)), prefix_(std::move(prefix)), endpoint_(std::move(endpoint)) {}
-
-  void set(const std::string& key, const Bytes& value) override {
-    call("set", [&] { store_->set(prefix_ + key, compat::toVector(value)); });
-  }
-  // Polls rather than c10d's wait(), which would leave this connection's read deadline at
-  // `timeout` for every later request (and, timed out, owing the server's late answer).
-  Bytes get(const std::string& key, std::chrono::milliseconds timeout) override {
-    const auto deadline = Clock::now() + timeout;
-    auto pause = std::chrono::milliseconds(1);
-    for (;;) {
-      bool present = false;
-      call("get", [&] { present = store_->check({prefix_ + key}); });
-      if (present) break;
-      if (Clock::now() >= deadline) {
-        throw TimeoutError(fmt::format("c10d store {} get: key '{}' was not set within {}",
-                                       endpoint_, key, formatSeconds(timeout)));
-      }
-      std::this_thread::sleep_for(std::min(pause, remainingUntil(deadline)));
-      pause = std::min(pause * 2, std::chrono::milliseconds(50));
-    }
-    Bytes out;
-    call("get", [&] {
-      out = compat::toBytes(compat::getExisting(*store_, {prefix_ + key}).front());
-    });
-    return out;
-  }
-  bool check(const std::vector<std::string>& keys) override {
-    std::vector<std::string> full;
-    for (const auto& key : keys) full.push_back(prefix_ + key);
-    bool out = false;
-    call("check", [&] { out = store_->check(full); });
-    return out;
-  }
-  bool deleteKey(const std::string& key) override {
-    bool out = false;
-    call("deleteKey", [&] { out = store_->deleteKey(prefix_ + key); });
-    return out;
-  }
-  std::int64_t add(const std::string& key, std::int64_t delta) override {
-    std::int64_t out = 0;
-    call("add", [&] { out = store_->add(prefix_ + key, delta); });
-    return out;
-  }
-
- private:
-  template <typename Fn>
-  void call(const char* what, Fn&& fn) {
-    std::lock_guard<std::mutex> lock(mutex_);  // one request in flight per connection
-    try {
-      fn();
-    } catch (const Error&) {
-      throw;
-    } catch (const std::exception& error) {
-      const std::string reason = compat::messageOf(error);
-      if (compat::isTimeout(reason)) {
-        throw TimeoutError(fmt::format("c10d store {} {}: {}", endpoint_, what, reason));
-      }
-      throw BackendError(fmt::format("c10d store {} {}: {}", endpoint_, what, reason));
-    }
-  }
-
-  std::mutex mutex_;
-  c10::intrusive_ptr<c10d::TCPStore> store_;
-  std::string prefix_;
-  std::string endpoint_;
-};
 
 }  // namespace
 
@@ -162,6 +93,61 @@ struct Fd {
     if (fd >= 0) ::close(fd);
   }
 };
+
+}  // namespace
+
+std::vector<SocketAddress> resolveAddresses(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  std::vector<SocketAddress> out;
+  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0) return out;
+  for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    SocketAddress address;
+    std::memcpy(&address.address, a->ai_addr, a->ai_addrlen);
+    address.length = a->ai_addrlen;
+    address.family = a->ai_family;
+    out.push_back(address);
+  }
+  ::freeaddrinfo(found);
+  return out;
+}
+
+std::string handshakeFails(const std::vector<SocketAddress>& addresses,
+                           std::chrono::milliseconds within) {
+  if (addresses.empty()) return {};  // not resolved: nothing to judge by (never "unreachable")
+  std::string why;
+  for (const SocketAddress& address : addresses) {
+    Fd socket{::socket(address.family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0)};
+    if (socket.fd < 0) continue;
+    int error = 0;
+    if (::connect(socket.fd, reinterpret_cast<const sockaddr*>(&address.address),
+                  address.length) != 0) {
+      error = errno;
+      if (error == EINPROGRESS) {
+        pollfd p{socket.fd, POLLOUT, 0};
+        const auto by = Clock::now() + within;
+        int ready = 0;
+        while ((ready = ::poll(&p, 1, pollMillis(by))) < 0 && errno == EINTR) {
+        }
+        error = ETIMEDOUT;
+        if (ready > 0) {
+          socklen_t size = sizeof(error);
+          ::getsockopt(socket.fd, SOL_SOCKET, SO_ERROR, &error, &size);
+        }
+      }
+    }
+    if (error == 0) return {};
+    why = error == ETIMEDOUT
+              ? fmt::format("no TCP handshake with it within {}", collective::formatSeconds(within))
+              : fmt::format("a new connection to it fails ({})", osReason(error));
+  }
+  return why;
+}
+
+namespace {
 
 const char* kCheckMaster =
     "check that MASTER_ADDR (--master-addr) is the host of rank 0 and MASTER_PORT "
@@ -659,21 +645,146 @@ std::chrono::milliseconds StoreTransport::joinTimeout() const noexcept {
 }
 const std::string& StoreTransport::host() const noexcept { return state_->options.host; }
 
+namespace {
+
+// Every request of the out-of-band view is one round trip that a store answers at once, but a
+// store whose host went down or was cut off never answers, and c10d would block for the
+// connection's whole read deadline (the collective's: a rank cut off from rank 0 ended one
+// deadline late, after its collective had already timed out). So the connection's reads give up
+// after kRequestDeadline; then a TCP handshake with the store's address tells a store that is
+// merely slow (a loaded host, a stopped process: the kernel still answers) from one that cannot
+// be reached. Slow: a fresh connection (the old one owes the late answer) and the request again,
+// until the store timeout; unreachable or refused: BackendError at once.
+class StoreKeyValue final : public KeyValueStore {
+ public:
+  static constexpr std::chrono::milliseconds kRequestDeadline{1000};
+  static constexpr std::chrono::milliseconds kHandshakeDeadline{500};
+  using Connect = std::function<c10::intrusive_ptr<c10d::TCPStore>(std::chrono::milliseconds)>;
+
+  StoreKeyValue(Connect connect, std::chrono::milliseconds timeout, std::string prefix,
+                std::string host, int port)
+      : connect_(std::move(connect)),
+        timeout_(timeout),
+        readDeadline_(std::min(timeout, kRequestDeadline)),
+        store_(connect_(readDeadline_)),
+        prefix_(std::move(prefix)),
+        endpoint_(fmt::format("{}:{}", host, port)),
+        addresses_(hmc::detail::resolveAddresses(host, port)) {}
+
+  void set(const std::string& key, const Bytes& value) override {
+    call("set", [&] { store_->set(prefix_ + key, compat::toVector(value)); });
+  }
+  // Polls rather than c10d's wait(), which would leave this connection's read deadline at
+  // `timeout` for every later request (and, timed out, owing the server's late answer).
+  Bytes get(const std::string& key, std::chrono::milliseconds timeout) override {
+    const auto deadline = Clock::now() + timeout;
+    auto pause = std::chrono::milliseconds(1);
+    for (;;) {
+      bool present = false;
+      call("get", [&] { present = store_->check({prefix_ + key}); });
+      if (present) break;
+      if (Clock::now() >= deadline) {
+        throw TimeoutError(fmt::format("c10d store {} get: key '{}' was not set within {}",
+                                       endpoint_, key, formatSeconds(timeout)));
+      }
+      std::this_thread::sleep_for(std::min(pause, remainingUntil(deadline)));
+      pause = std::min(pause * 2, std::chrono::milliseconds(50));
+    }
+    Bytes out;
+    call("get", [&] {
+      out = compat::toBytes(compat::getExisting(*store_, {prefix_ + key}).front());
+    });
+    return out;
+  }
+  bool check(const std::vector<std::string>& keys) override {
+    std::vector<std::string> full;
+    for (const auto& key : keys) full.push_back(prefix_ + key);
+    bool out = false;
+    call("check", [&] { out = store_->check(full); });
+    return out;
+  }
+  bool deleteKey(const std::string& key) override {
+    bool out = false;
+    call("deleteKey", [&] { out = store_->deleteKey(prefix_ + key); });
+    return out;
+  }
+  // Asked again after a late answer, an add may count twice: hmc adds only to counters that
+  // readers poll for a change (flight/published), where that does no harm.
+  std::int64_t add(const std::string& key, std::int64_t delta) override {
+    std::int64_t out = 0;
+    call("add", [&] { out = store_->add(prefix_ + key, delta); });
+    return out;
+  }
+
+ private:
+  template <typename Fn>
+  void call(const char* what, Fn&& fn) {
+    std::lock_guard<std::mutex> lock(mutex_);  // one request in flight per connection
+    const auto deadline = Clock::now() + timeout_;
+    for (;;) {
+      try {
+        fn();
+        return;
+      } catch (const Error&) {
+        throw;
+      } catch (const std::exception& error) {
+        const std::string reason = compat::messageOf(error);
+        if (!compat::isTimeout(reason)) {
+          throw BackendError(fmt::format("c10d store {} {}: {}", endpoint_, what, reason));
+        }
+        const std::string unreachable =
+            hmc::detail::handshakeFails(addresses_, kHandshakeDeadline);
+        if (!unreachable.empty()) {
+          throw BackendError(fmt::format(
+              "c10d store {} {}: no answer within {}, and {}: its host is down or cut off from "
+              "this one, or the store's process ended",
+              endpoint_, what, formatSeconds(readDeadline_), unreachable));
+        }
+        if (Clock::now() >= deadline) {
+          throw TimeoutError(fmt::format("c10d store {} {}: {} (no answer within {})",
+                                         endpoint_, what, reason, formatSeconds(timeout_)));
+        }
+        spdlog::debug("c10d store {} {}: no answer within {}, but its host answers: asking "
+                      "again on a fresh connection",
+                      endpoint_, what, formatSeconds(readDeadline_));
+        store_ = connect_(readDeadline_);
+      }
+    }
+  }
+
+  std::mutex mutex_;
+  Connect connect_;
+  std::chrono::milliseconds timeout_;
+  std::chrono::milliseconds readDeadline_;
+  c10::intrusive_ptr<c10d::TCPStore> store_;
+  std::string prefix_;
+  std::string endpoint_;
+  std::vector<hmc::detail::SocketAddress> addresses_;
+};
+
+}  // namespace
+
 std::shared_ptr<KeyValueStore> connectKeyValueStore(const StoreTransportOptions& options) {
   StoreTransportOptions client = options;
   client.isServer = false;
   client.validate();
   return std::make_shared<StoreKeyValue>(
-      hmc::detail::connectTcpStore(client, false, false, client.port), client.prefix + "/kv/",
-      fmt::format("{}:{}", client.host, client.port));
+      [client](std::chrono::milliseconds reads) {
+        return hmc::detail::connectTcpStore(client, false, false, client.port, reads);
+      },
+      client.timeout, client.prefix + "/kv/", client.host, client.port);
 }
 
 std::shared_ptr<KeyValueStore> StoreTransport::keyValueStore() {
   auto& s = *state_;
   StoreTransportOptions formed = s.options;
   formed.joinTimeout.reset();  // the world has formed: the server is there
-  return std::make_shared<StoreKeyValue>(hmc::detail::connectTcpStore(formed, false, false, s.port),
-                                         s.options.prefix + "/kv/", s.endpoint());
+  const int port = s.port;
+  return std::make_shared<StoreKeyValue>(
+      [formed, port](std::chrono::milliseconds reads) {
+        return hmc::detail::connectTcpStore(formed, false, false, port, reads);
+      },
+      formed.timeout, formed.prefix + "/kv/", formed.host, port);
 }
 
 std::vector<Bytes> StoreTransport::gather(std::uint64_t sequence, std::string_view stage,
