@@ -145,10 +145,18 @@ bool EvidenceFolder::known(int rank) const { return usable() && fs::exists(file(
 
 int EvidenceFolder::lowestLiveRank(int worldSize) const {
   if (!usable() || !fs::exists(path_)) return -1;
+  int lowest = rank_;
   for (int rank = 0; rank < worldSize; ++rank) {
-    if (rank == rank_ || alive(rank)) return rank;
+    if (rank == rank_ || alive(rank)) {
+      lowest = rank;
+      break;
+    }
   }
-  return rank_;
+  // The reporting rank removes the folder (one rename) as it reports. A look that raced with
+  // that removal read the lower ranks' pid files as missing, and would make this rank a second
+  // reporter (its report, without rank 0's steps, replaced rank 0's under mpirun's SIGTERM on
+  // a loaded machine): the folder gone after the look means nobody here reports.
+  return fs::exists(path_) ? lowest : -1;
 }
 
 void EvidenceFolder::remove() const {

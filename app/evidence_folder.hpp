@@ -58,7 +58,8 @@ class EvidenceFolder {
   // The pid rank `rank` wrote here, if it did (it runs on this node).
   std::optional<std::int64_t> pidOf(int rank) const;
   // Who reports: the lowest rank below `worldSize` whose process is alive (this rank when no
-  // lower one is), or -1 once the folder is gone (the reporting rank removes it when done).
+  // lower one is), or -1 once the folder is gone, also when it went during the look (the
+  // reporting rank removes it when done).
   int lowestLiveRank(int worldSize) const;
   // Removes the folder and everything in it.
   void remove() const;

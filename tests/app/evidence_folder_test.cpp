@@ -7,10 +7,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 
 #include "support/dead_pid.hpp"
 #include "support/memory_store.hpp"
@@ -115,6 +117,38 @@ TEST_SUITE("evidence folder") {
     CHECK(two.lowestLiveRank(4) == 1);
     zero.remove();
     CHECK(two.lowestLiveRank(4) == -1);
+  }
+
+  TEST_CASE("a look that races with the reporter's removal never makes another rank report") {
+    // 1,998 ended ranks, then a live rank 1998 (this process): rank 1999's look reads their pid
+    // files one by one while the reporting rank removes the folder. The answer is rank 1998
+    // (the look ended first) or nobody (the folder went), never rank 1999 itself (the pid
+    // files read as missing because the folder went in the middle of the look).
+    constexpr int kWorld = 2000;
+    int gone = 0;
+    for (int round = 0; round < 20; ++round) {
+      MemoryStore kv;
+      const EvidenceFolder zero = EvidenceFolder::create(0);
+      REQUIRE(zero.usable());
+      zero.announce(kv);
+      const EvidenceFolder last = EvidenceFolder::join(kv, kWorld - 1, 1s);
+      REQUIRE(last.usable());
+      const auto dead = deadPid();
+      for (int rank = 0; rank < kWorld - 2; ++rank) writePid(zero, rank, dead);
+      writePid(zero, kWorld - 2, getpid());
+      std::atomic<bool> go{false};
+      std::thread reporter([&] {
+        while (!go) std::this_thread::yield();
+        zero.remove();
+      });
+      go = true;
+      const int who = last.lowestLiveRank(kWorld);
+      reporter.join();
+      CHECK_MESSAGE((who == kWorld - 2 || who == -1), "round ", round, ": rank ", who,
+                    " would report");
+      if (who == -1) ++gone;
+    }
+    MESSAGE(gone, " of 20 looks saw the folder go");
   }
 
   TEST_CASE("no folder: every method does nothing and says so") {
