@@ -129,14 +129,8 @@ TerminationWatcher::TerminationWatcher(std::function<bool(int)> onSignal, unsign
     pthread_sigmask(SIG_UNBLOCK, &unblock, nullptr);
     ::alarm(hardLimitSeconds_);
     if (onSignal_(signal)) ::_exit(128 + signal);
-    // The owner's thread reports and exits by itself (within the hard limit). This thread
-    // stays, the one that takes a second signal (secondSignal), until the owner is done.
-    sigset_t stop;
-    sigemptyset(&stop);
-    sigaddset(&stop, kStopWatcher);
-    while (sigwaitinfo(&stop, nullptr) != kStopWatcher) {
-      // EINTR: secondSignal ran for a repeated SIGTERM
-    }
+    // The owner's thread reports and exits by itself (within the hard limit): later signals
+    // stay blocked, so that nothing cuts its report short (a launcher's SIGKILL still can).
   });
 }
 

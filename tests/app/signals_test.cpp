@@ -1,6 +1,6 @@
 // TerminationWatcher on real forked processes: a termination signal runs the callback and exits
-// with 128 + the signal unless the callback leaves the exit to its owner; a second signal ends
-// the process, but for a SIGTERM repeated at once; a SIGCONT to a running
+// with 128 + the signal unless the callback leaves the exit to its owner; a second signal during
+// the callback ends the process, but for a SIGTERM repeated at once; a SIGCONT to a running
 // process is Open MPI's warning (the callback runs), a SIGCONT that resumes a stopped process
 // is not.
 #include "signals.hpp"
@@ -22,8 +22,8 @@ using namespace std::chrono_literals;
 
 // A child that blocks the signals, runs a watcher whose callbacks write a letter to `fd` ('w'
 // for a warning, 't' for a termination signal), says 'r' when ready, and lives up to 20 s; it
-// exits 7 when the termination callback returned `exitByItself` false, `linger` after it.
-pid_t startChild(int fd, bool exitByItself, std::chrono::milliseconds linger = 0ms) {
+// exits 7 when the termination callback returned `exitByItself` false.
+pid_t startChild(int fd, bool exitByItself) {
   const pid_t pid = fork();
   if (pid != 0) return pid;
   hmc::app::blockTerminationSignals();
@@ -38,7 +38,6 @@ pid_t startChild(int fd, bool exitByItself, std::chrono::milliseconds linger = 0
         5, [&] { (void)!write(fd, "w", 1); });
     (void)!write(fd, "r", 1);
     for (int i = 0; i < 2000 && !leftToUs; ++i) std::this_thread::sleep_for(10ms);
-    if (leftToUs) std::this_thread::sleep_for(linger);  // the owner still reporting
   }  // the watcher's thread is joined before the exit (TSan reports a thread left unjoined)
   _exit(leftToUs ? 7 : 0);
 }
@@ -107,21 +106,55 @@ TEST_SUITE("signals") {
     CHECK(exitOf(child) == 7);
   }
 
-  TEST_CASE("a SIGTERM repeated at once is the same request: the owner still reports") {
-    // Slurm at a time limit: SIGTERM, SIGCONT, SIGTERM within milliseconds.
+  TEST_CASE("a SIGTERM repeated at once is the same request: the callback still reports") {
+    // Slurm at a time limit: SIGTERM, SIGCONT, SIGTERM within milliseconds, while the callback
+    // (the report) runs.
     Pipe p;
-    const pid_t child = startChild(p.fds[1], false, 1500ms);
+    const pid_t child = fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+      hmc::app::blockTerminationSignals();
+      hmc::app::TerminationWatcher watcher(
+          [&](int) {
+            (void)!write(p.fds[1], "t", 1);
+            std::this_thread::sleep_for(1500ms);  // reporting
+            return true;                           // exit 143
+          },
+          30);
+      (void)!write(p.fds[1], "r", 1);
+      std::this_thread::sleep_for(30s);
+      _exit(0);
+    }
     std::string seen;
     REQUIRE(waitFor(p.fds[0], seen, "r"));
     kill(child, SIGTERM);
     REQUIRE(waitFor(p.fds[0], seen, "t"));
     kill(child, SIGTERM);
-    CHECK(exitOf(child) == 7);
+    int status = 0;
+    REQUIRE(waitpid(child, &status, 0) == child);
+    CHECK_FALSE(WIFSIGNALED(status));
+    REQUIRE(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 143);
   }
 
-  TEST_CASE("a second signal of another kind ends the process at once") {
+  TEST_CASE("a second signal of another kind during the callback ends the process at once") {
+    // The callback (a report at a launcher's SIGTERM) is still running when SIGINT comes.
     Pipe p;
-    const pid_t child = startChild(p.fds[1], false, 4000ms);
+    const pid_t child = fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+      hmc::app::blockTerminationSignals();
+      hmc::app::TerminationWatcher watcher(
+          [&](int) {
+            (void)!write(p.fds[1], "t", 1);
+            std::this_thread::sleep_for(20s);  // reporting
+            return true;
+          },
+          30);
+      (void)!write(p.fds[1], "r", 1);
+      std::this_thread::sleep_for(30s);
+      _exit(0);
+    }
     std::string seen;
     REQUIRE(waitFor(p.fds[0], seen, "r"));
     kill(child, SIGTERM);

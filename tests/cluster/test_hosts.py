@@ -572,7 +572,7 @@ def torchrun_skipped_close_across_hosts_hangs_naming_rank_and_stage(box):
 # deadline is announced gone (app/result_gatherer.hpp, SilentRanks), and a rank cut off from
 # the store's host learns it within 1.5 s of its first unanswered request (the out-of-band
 # store's request deadline and TCP handshake, lib/src/collective/store_transport.cpp): those
-# cases pass. The case still marked known_failure fails for the reason its mark gives.
+# cases pass. The cases still marked known_failure fail for the reasons their marks give.
 DEADLINE_S = 4  # --timeout of the fault cases
 STALL_S = 3     # rank 0's stall that makes the others wait
 
@@ -762,14 +762,11 @@ def mpirun_partition_h3_cut_during_a_barrier_tcp(box):
 
 
 @test
+@known_failure("with the store transport a rank cut off from the store's host ends 2.5-3.7 s "
+               "after its deadline (goal: 2 s): the transport's own reconnect takes up to 2 s "
+               "before the out-of-band store's request deadline and handshake (1.5 s)")
 def torchrun_partition_h2_cut_during_close_all_store(box):
-    """The cut ranks (2, 3 on h2) end later than the goal here: 2.5 s after their deadline
-    (measured; the connected ranks and the report within 0.2 s of it). With the store
-    transport their collective itself waits on the store, and after its deadline the
-    out-of-band store's request deadline (1 s) and handshake (0.5 s) come on top. Bound: +3 s;
-    the goal (+2 s) is not met, said in docs/cluster.md."""
-    fault_case(box, "tr-partition-close", "torchrun", "close_all", "store", "cut", "h2", [2, 3],
-               goal_s=3.0)
+    fault_case(box, "tr-partition-close", "torchrun", "close_all", "store", "cut", "h2", [2, 3])
 
 
 TRANSIENT_DEADLINE_S = 10
