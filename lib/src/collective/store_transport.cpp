@@ -94,6 +94,40 @@ struct Fd {
   }
 };
 
+// The addresses getaddrinfo found, in its order.
+std::vector<SocketAddress> addressesOf(const addrinfo* found) {
+  std::vector<SocketAddress> out;
+  for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    SocketAddress address;
+    std::memcpy(&address.address, a->ai_addr, a->ai_addrlen);
+    address.length = a->ai_addrlen;
+    address.family = a->ai_family;
+    out.push_back(address);
+  }
+  return out;
+}
+
+// A non-blocking connect of `socket` (a fresh socket of address.family) to `address`, waiting
+// for the handshake until `by`: 0 once connected, else the error (ETIMEDOUT at `by`).
+int connectBy(const Fd& socket, const SocketAddress& address, Clock::time_point by) {
+  if (::connect(socket.fd, reinterpret_cast<const sockaddr*>(&address.address), address.length) ==
+      0) {
+    return 0;
+  }
+  int error = errno;
+  if (error != EINPROGRESS) return error;
+  pollfd p{socket.fd, POLLOUT, 0};
+  int ready = 0;
+  while ((ready = ::poll(&p, 1, pollMillis(by))) < 0 && errno == EINTR) {
+  }
+  error = ETIMEDOUT;
+  if (ready > 0) {
+    socklen_t size = sizeof(error);
+    ::getsockopt(socket.fd, SOL_SOCKET, SO_ERROR, &error, &size);
+  }
+  return error;
+}
+
 }  // namespace
 
 std::vector<SocketAddress> resolveAddresses(const std::string& host, int port) {
@@ -102,15 +136,8 @@ std::vector<SocketAddress> resolveAddresses(const std::string& host, int port) {
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_NUMERICSERV;
   addrinfo* found = nullptr;
-  std::vector<SocketAddress> out;
-  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0) return out;
-  for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
-    SocketAddress address;
-    std::memcpy(&address.address, a->ai_addr, a->ai_addrlen);
-    address.length = a->ai_addrlen;
-    address.family = a->ai_family;
-    out.push_back(address);
-  }
+  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0) return {};
+  std::vector<SocketAddress> out = addressesOf(found);
   ::freeaddrinfo(found);
   return out;
 }
@@ -122,23 +149,7 @@ std::string handshakeFails(const std::vector<SocketAddress>& addresses,
   for (const SocketAddress& address : addresses) {
     Fd socket{::socket(address.family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0)};
     if (socket.fd < 0) continue;
-    int error = 0;
-    if (::connect(socket.fd, reinterpret_cast<const sockaddr*>(&address.address),
-                  address.length) != 0) {
-      error = errno;
-      if (error == EINPROGRESS) {
-        pollfd p{socket.fd, POLLOUT, 0};
-        const auto by = Clock::now() + within;
-        int ready = 0;
-        while ((ready = ::poll(&p, 1, pollMillis(by))) < 0 && errno == EINTR) {
-        }
-        error = ETIMEDOUT;
-        if (ready > 0) {
-          socklen_t size = sizeof(error);
-          ::getsockopt(socket.fd, SOL_SOCKET, SO_ERROR, &error, &size);
-        }
-      }
-    }
+    const int error = connectBy(socket, address, Clock::now() + within);
     if (error == 0) return {};
     why = error == ETIMEDOUT
               ? fmt::format("no TCP handshake with it within {}", collective::formatSeconds(within))
@@ -196,48 +207,22 @@ void probeStore(const StoreTransportOptions& options, int port, Clock::time_poin
   }
   // Every address of the host, tried in order each round (as c10d does): a name may resolve
   // to an IPv6 address first that the store does not listen on.
-  struct Candidate {
-    sockaddr_storage address{};
-    socklen_t length = 0;
-    int family = 0;
-  };
-  std::vector<Candidate> candidates;
-  for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
-    Candidate candidate;
-    std::memcpy(&candidate.address, a->ai_addr, a->ai_addrlen);
-    candidate.length = a->ai_addrlen;
-    candidate.family = a->ai_family;
-    candidates.push_back(candidate);
-  }
+  const std::vector<SocketAddress> candidates = addressesOf(found);
   ::freeaddrinfo(found);
 
   std::string lastReason = "no connection yet";
   for (std::size_t attempt = 0;; ++attempt) {
-    const Candidate& candidate = candidates[attempt % candidates.size()];
+    const SocketAddress& candidate = candidates[attempt % candidates.size()];
     Fd socket{::socket(candidate.family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0)};
     const auto address = &candidate.address;
     const auto length = candidate.length;
     // One address may swallow the connection (a firewall): give it at most 2 s of the deadline
     // when there are others to try.
-    const auto connectBy = candidates.size() > 1
-                               ? std::min(deadline, Clock::now() + std::chrono::seconds(2))
-                               : deadline;
-    int error = socket.fd < 0 ? errno : 0;  // e.g. IPv6 disabled: try the next address
-    if (error == 0 &&
-        ::connect(socket.fd, reinterpret_cast<const sockaddr*>(address), length) != 0) {
-      error = errno;
-      if (error == EINPROGRESS) {
-        pollfd p{socket.fd, POLLOUT, 0};
-        int ready = 0;
-        while ((ready = ::poll(&p, 1, pollMillis(connectBy))) < 0 && errno == EINTR) {
-        }
-        error = ETIMEDOUT;
-        if (ready > 0) {
-          socklen_t size = sizeof(error);
-          ::getsockopt(socket.fd, SOL_SOCKET, SO_ERROR, &error, &size);
-        }
-      }
-    }
+    const auto connectUntil = candidates.size() > 1
+                                  ? std::min(deadline, Clock::now() + std::chrono::seconds(2))
+                                  : deadline;
+    // No socket (e.g. IPv6 disabled): try the next address.
+    int error = socket.fd < 0 ? errno : connectBy(socket, candidate, connectUntil);
     if (error == 0) {
       const std::string request = c10d_compat::storeProbeRequest();
       if (request.empty()) return;
