@@ -567,8 +567,23 @@ std::string StoreTransportState::exchangeKey(std::uint64_t sequence, int rank) c
 
 namespace {
 
+// How long a TCP handshake with the store's host may take before a fresh connection is given
+// up as unreachable (the out-of-band view's kHandshakeDeadline).
+constexpr std::chrono::milliseconds kFreshHandshake{500};
+
 c10::intrusive_ptr<c10d::TCPStore> freshConnection(const StoreTransportState& s,
                                                    std::string_view context) {
+  // A host cut off or powered off never completes a handshake, and c10d's connect would retry
+  // for its whole 2 s: after a timed-out exchange that cost a cut-off rank 2 s past its
+  // deadline. Its kernel answers within milliseconds when it is up, however loaded.
+  const std::string unreachable =
+      handshakeFails(resolveAddresses(s.options.host, s.port), kFreshHandshake);
+  if (!unreachable.empty()) {
+    throw RankFailure(fmt::format(
+        "{}: the c10d store server at {} is gone: {} (its host is down or cut off from this "
+        "one, or the store's process ended)",
+        context, s.endpoint(), unreachable));
+  }
   try {
     StoreTransportOptions quick = s.options;
     quick.timeout = std::min(s.options.timeout, std::chrono::milliseconds(2000));
