@@ -114,6 +114,7 @@ void RankRun::joinWorld() {
   transport_.emplace(formWorld());
   kv_ = transport_->control->keyValueStore();
   handOff_.setStore(transport_->control->keyValueStore());  // the watcher's own connection
+  handOff_.setClosedPeers(transport_->collective->closedPeers());
   if (!placement_.underLauncher()) return;
   silent_.emplace(timeout_);
   if (placement_.rank == 0) {

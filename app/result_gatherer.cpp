@@ -168,7 +168,7 @@ ResultsByRank readLocalResults(const EvidenceFolder& local, int worldSize, int s
 std::vector<std::vector<scenario::RankResult>> gatherResults(
     collective::KeyValueStore* kv, const RankPlacement& placement, ResultsByRank local,
     std::chrono::milliseconds wait, const MissingWhy& missingWhy, const EvidenceFolder& folder,
-    SilentRanks* silent) {
+    SilentRanks* silent, const collective::Collective::ClosedPeers& closedPeers) {
   const int self = placement.rank;
   std::vector<std::vector<scenario::RankResult>> byRank(placement.worldSize);
   const auto deadline = Clock::now() + wait;
@@ -200,6 +200,14 @@ std::vector<std::vector<scenario::RankResult>> gatherResults(
       }
     });
   }
+  std::vector<int> closed;
+  bool someMissing = false;
+  for (const auto& results : byRank) someMissing = someMissing || results.empty();
+  if (closedPeers && someMissing) {
+    closed = closedPeers();
+    spdlog::debug("rank {}: closed connections of ranks {}", self,
+                  collective::formatRankList(closed));
+  }
   // Where a rank without results was: its heartbeat (every rank writes one at least every
   // second), else the flight record its watchdog published at a deadline.
   std::optional<std::map<int, diagnostics::PublishedFlight>> published;
@@ -208,6 +216,13 @@ std::vector<std::vector<scenario::RankResult>> gatherResults(
     evidence.reason = missingWhy(rank);
     evidence.leakReason = "no result from this rank: not checked";
     evidence.ended = folder.known(rank) && !folder.alive(rank);
+    if (!evidence.ended && std::find(closed.begin(), closed.end(), rank) != closed.end()) {
+      evidence.ended = true;
+      evidence.reason = fmt::format(
+          "no result from rank {}: its connection with rank {} had closed: its process ended "
+          "(killed, crashed, or stopped by the same teardown; did its node fail?)",
+          rank, self);
+    }
     if (const auto pid = folder.pidOf(rank)) {  // a rank of this node
       evidence.host = hostName();
       evidence.pid = *pid;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "evidence_folder.hpp"
+#include "hmc/collective/collective.hpp"
 #include "hmc/collective/key_value_store.hpp"
 #include "hmc/diagnostics/heartbeat.hpp"
 #include "hmc/scenario/rank_result.hpp"
@@ -101,10 +102,13 @@ ResultsByRank readLocalResults(const EvidenceFolder& local, int worldSize, int s
 // A rank announced dead in the store by another rank (it fell silent) and not seen ended
 // through `folder` is reported as such: "no result from rank R: <the announcement>", never as
 // hung. With `silent`, the wait for a rank's result ends once it falls silent.
+// `closedPeers` (Collective::closedPeers, may be null), asked once after the waits: a rank of
+// another host whose connection with this rank closed and that left no result ended (killed,
+// crashed, or stopped by the same teardown): crashed, never hung.
 std::vector<std::vector<scenario::RankResult>> gatherResults(
     collective::KeyValueStore* kv, const RankPlacement& placement, ResultsByRank local,
     std::chrono::milliseconds wait, const MissingWhy& missingWhy, const EvidenceFolder& folder,
-    SilentRanks* silent = nullptr);
+    SilentRanks* silent = nullptr, const collective::Collective::ClosedPeers& closedPeers = {});
 
 // `merged` with this rank's own results (as it has them now) in place, grown to as many
 // repetitions as it has (the others missing there).

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <future>
 #include <thread>
 
@@ -53,6 +54,11 @@ void TerminationHandOff::setStore(std::shared_ptr<collective::KeyValueStore> kv)
   kv_ = std::move(kv);
 }
 
+void TerminationHandOff::setClosedPeers(collective::Collective::ClosedPeers closedPeers) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  closedPeers_ = std::move(closedPeers);
+}
+
 void TerminationHandOff::setFolder(EvidenceFolder folder) {
   std::lock_guard<std::mutex> lock(mutex_);
   folder_ = std::move(folder);
@@ -76,10 +82,12 @@ bool TerminationHandOff::handOn(int signal, bool early) {
   const auto& results = snap.results;
   std::shared_ptr<collective::KeyValueStore> kv;
   EvidenceFolder folder;
+  collective::Collective::ClosedPeers closedPeers;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     kv = kv_;
     folder = folder_;
+    closedPeers = closedPeers_;
   }
   // Who reports, decided before this rank's file exists: a reporting rank that finds every
   // file it waits for removes the folder and exits.
@@ -130,7 +138,7 @@ bool TerminationHandOff::handOn(int signal, bool early) {
     }
     return true;
   }
-  report(signal, early, results, std::move(kv), folder, std::move(storeProblem));
+  report(signal, early, results, std::move(kv), folder, std::move(storeProblem), closedPeers);
   return true;
 }
 
@@ -141,7 +149,8 @@ bool TerminationHandOff::handOn(int signal, bool early) {
 void TerminationHandOff::report(int signal, bool early,
                                 const std::vector<scenario::RankResult>& results,
                                 std::shared_ptr<collective::KeyValueStore> kv,
-                                const EvidenceFolder& folder, std::string storeProblem) {
+                                const EvidenceFolder& folder, std::string storeProblem,
+                                const collective::Collective::ClosedPeers& closedPeers) {
   const RankPlacement placement = launch_.placement;
   const InterruptWaits waits = interruptWaits(placement.launcher, early);
   const auto began = Clock::now();
@@ -165,10 +174,10 @@ void TerminationHandOff::report(int signal, bool early,
     auto promise = std::make_shared<std::promise<Merged>>();
     auto future = promise->get_future();
     const auto storeWait = waits.store;
-    std::thread([promise, kv, placement, found, storeWait, missingWhy, folder] {
+    std::thread([promise, kv, placement, found, storeWait, missingWhy, folder, closedPeers] {
       try {
-        promise->set_value(
-            gatherResults(kv.get(), placement, found, storeWait, missingWhy, folder));
+        promise->set_value(gatherResults(kv.get(), placement, found, storeWait, missingWhy,
+                                         folder, nullptr, closedPeers));
       } catch (...) {
         promise->set_exception(std::current_exception());
       }
@@ -194,8 +203,8 @@ void TerminationHandOff::report(int signal, bool early,
                        "store could not be read when rank {} was stopped ({})",
                        rank, self, storeProblem);
     };
-    merged =
-        gatherResults(nullptr, placement, found, std::chrono::milliseconds(0), unknown, folder);
+    merged = gatherResults(nullptr, placement, found, std::chrono::milliseconds(0), unknown,
+                           folder, nullptr, closedPeers);
   }
   const auto storeDone = Clock::now();
   if (early) {

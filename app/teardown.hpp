@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "evidence_folder.hpp"
+#include "hmc/collective/collective.hpp"
 #include "hmc/collective/key_value_store.hpp"
 #include "hmc/scenario/rank_result.hpp"
 #include "hmc/scenario/scenario.hpp"
@@ -93,6 +94,10 @@ class TerminationHandOff {
 
   // The store connection and the evidence folder, once the rank has them (any thread).
   void setStore(std::shared_ptr<collective::KeyValueStore> kv);
+  // Which peers' connections with this rank are closed (Collective::closedPeers; null where
+  // the transport cannot tell): a rank of another host that left no result and whose
+  // connection closed before the signal ended (a node lost), it is not waiting.
+  void setClosedPeers(collective::Collective::ClosedPeers closedPeers);
   void setFolder(EvidenceFolder folder);
   // The main thread claims the hand-off of the end of the run; false when a signal's hand-off
   // claimed it first (which then reports and exits the process).
@@ -108,7 +113,7 @@ class TerminationHandOff {
   bool handOn(int signal, bool early);
   void report(int signal, bool early, const std::vector<scenario::RankResult>& results,
               std::shared_ptr<collective::KeyValueStore> kv, const EvidenceFolder& folder,
-              std::string storeProblem);
+              std::string storeProblem, const collective::Collective::ClosedPeers& closedPeers);
 
   const scenario::Scenario& scenario_;
   const RankLaunch launch_;
@@ -116,6 +121,7 @@ class TerminationHandOff {
   InterruptedReport onInterrupted_;
   std::mutex mutex_;
   std::shared_ptr<collective::KeyValueStore> kv_;  // its own connection
+  collective::Collective::ClosedPeers closedPeers_;
   EvidenceFolder folder_;
   std::atomic<Claimant> claimant_{Claimant::kNobody};
   std::optional<std::chrono::steady_clock::time_point> earlyReportAt_;  // the signal's thread

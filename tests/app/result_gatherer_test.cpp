@@ -127,6 +127,45 @@ TEST_SUITE("result gatherer") {
     CHECK(merged[0][3].crashReason == "no result from rank 3");
   }
 
+  TEST_CASE("a rank whose connection closed and that left no result ended: crashed, not hung") {
+    // Ranks 1 and 2 both last beat 'waiting' in the same collective; rank 2's process ended
+    // (its connection with rank 0 closed), rank 1 still waits.
+    MemoryStore kv;
+    for (int rank : {1, 2}) {
+      hmc::diagnostics::Heartbeat beat;
+      beat.rank = rank;
+      beat.state = hmc::diagnostics::RankState::kWaiting;
+      beat.step = 3;
+      hmc::diagnostics::FlightEntry current;
+      current.sequence = 4;
+      current.stage = "barrier";
+      current.step = 3;
+      beat.current = current;
+      kv.set(hmc::diagnostics::heartbeatKey(rank), beat.toJson().dump());
+    }
+    int asked = 0;
+    const auto closedPeers = [&asked] {
+      ++asked;
+      return std::vector<int>{2};
+    };
+    const auto merged = hmc::app::gatherResults(&kv, rankOf(0, 3), {{0, {resultOf(0)}}}, 0ms, why,
+                                                EvidenceFolder(), nullptr, closedPeers);
+    CHECK(asked == 1);
+    CHECK(merged[0][1].hung);
+    CHECK_FALSE(merged[0][2].hung);
+    CHECK(merged[0][2].crashed);
+    CHECK(merged[0][2].crashReason ==
+          "no result from rank 2: its connection with rank 0 had closed: its process ended "
+          "(killed, crashed, or stopped by the same teardown; did its node fail?); last "
+          "heartbeat (waiting): in step 3");
+    // Nobody missing: not asked.
+    kv.set(hmc::app::keys::result(1), hmc::app::rankResultsDocument({resultOf(1)}));
+    kv.set(hmc::app::keys::result(2), hmc::app::rankResultsDocument({resultOf(2)}));
+    hmc::app::gatherResults(&kv, rankOf(0, 3), {{0, {resultOf(0)}}}, 0ms, why, EvidenceFolder(),
+                            nullptr, closedPeers);
+    CHECK(asked == 1);
+  }
+
   TEST_CASE("a store that fails is given up at its first error") {
     MemoryStore kv;
     kv.fail();

@@ -259,6 +259,18 @@ TEST_SUITE("process transports") {
     }
   }
 
+  TEST_CASE("tcp: closedPeers names a peer whose process ended, from outside any collective") {
+    for (int world : kWorlds) {
+      CAPTURE(world);
+      auto run = runRanks("tcp", world, "closed-peers", kShortDeadline);
+      CHECK(run.ranks[world - 1].exitCode == 7);
+      for (int rank = 0; rank < world - 1; ++rank) {
+        CAPTURE(rank);
+        CHECK_MESSAGE(run.ranks[rank].kind == "ok", describe(run.ranks[rank]));
+      }
+    }
+  }
+
   TEST_CASE("a rank that joins after the collective deadline but within the join deadline works") {
     // The last rank starts its transport only once every other rank waits in its construction
     // for it, and 2 collective deadlines later; then every rank's first exchanges must work.

@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -264,6 +265,45 @@ void run(const Args& args) {
       c.exchange("again", "y");
     }
     throw std::logic_error("peer check failed: the exchange after a timeout did not throw");
+  } else if (args.scenario == "closed-peers") {
+    // The last rank exits once the others probed (nobody closed yet); they then wait, outside
+    // any collective, for the probe to name it, and only it.
+    c.barrier("warmup");
+    const auto probe = c.closedPeers();
+    expect(probe != nullptr, "the transport has a closed-peers probe");
+    if (c.rank() == last) {
+      expect(hmc::testing::gateAwait([&] {
+               for (int rank = 0; rank < last; ++rank) {
+                 if (!hmc::testing::gateFileExists("probed." + std::to_string(rank))) return false;
+               }
+               return true;
+             }),
+             "every other rank probed");
+      std::fflush(stdout);
+      ::_exit(7);
+    }
+    expect(probe().empty(), "no closed peer while every rank lives");
+    expect(hmc::testing::gateMark("probed." + std::to_string(c.rank())), "probed mark written");
+    expect(hmc::testing::gateAwaitExitOf(last), "the last rank exited");
+    // The others stay until every rank has looked (a rank that leaves closes its connections).
+    const auto seen = [&](const std::vector<int>& closed) {
+      return std::find(closed.begin(), closed.end(), last) != closed.end();
+    };
+    expect(hmc::testing::gateAwait([&] { return seen(probe()); }),
+           "the probe names the exited rank");
+    expect(probe() == std::vector<int>{last}, "the probe names only the exited rank");
+    expect(hmc::testing::gateMark("saw." + std::to_string(c.rank())), "saw mark written");
+    expect(hmc::testing::gateAwait([&] {
+             for (int rank = 0; rank < last; ++rank) {
+               if (!hmc::testing::gateFileExists("saw." + std::to_string(rank))) return false;
+             }
+             return true;
+           }),
+           "every other rank saw it");
+    if (c.rank() != 0) {  // rank 0's store would wait for the exited rank's goodbye
+      collective.reset();
+      expect(probe().empty(), "a probe outliving its transport answers nothing");
+    }
   } else if (args.scenario == "server-gone") {
     c.barrier("warmup");
     // Rank 0 (the store's host) exits once every other rank has finished reading the warmup;

@@ -101,6 +101,14 @@ class Collective {
   // Not owned; nullptr to detach. Must outlive its attachment.
   void setObserver(CollectiveObserver* observer) noexcept { observer_ = observer; }
 
+  // The ranks whose end of their connection with this rank is closed, as this host's kernel
+  // sees it now: the peer's process ended (killed, crashed, exited), its host's kernel closed
+  // the socket, or it left the world. A function callable from any thread, also once the
+  // transport is gone (it then returns nothing); null where the transport has no connection
+  // per peer (threads, store, gloo).
+  using ClosedPeers = std::function<std::vector<int>()>;
+  virtual ClosedPeers closedPeers() const { return nullptr; }
+
  protected:
   Collective(int rank, int worldSize, std::chrono::milliseconds timeout);
 

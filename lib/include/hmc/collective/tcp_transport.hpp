@@ -91,6 +91,8 @@ class TcpTransport final : public Collective {
   std::shared_ptr<KeyValueStore> keyValueStore();
   // Whether an earlier failure left the connections unusable.
   bool broken() const noexcept;
+  // Polls every peer's socket for its closed end (POLLRDHUP), without reading from it.
+  ClosedPeers closedPeers() const override;
 
  protected:
   std::vector<Bytes> gather(std::uint64_t sequence, std::string_view stage, const Bytes& envelope,
