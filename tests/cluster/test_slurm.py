@@ -668,10 +668,11 @@ BACKGROUND = {"a_job_past_its_time_limit_keeps_the_evidence":
               (start_time_limit_job, finish_time_limit_job)}
 
 
-def check_partition(ctx, name, heal_at):
+def check_partition(ctx, name, heal_at, slack_s=SLACK_S):
     """h3's cable cut in the middle of a churn of collectives (deadline 4 s), plugged in again
     `heal_at` s after the cut, or (None) once every rank has ended or deadline + slack + 1 s
-    passed. Either way before Slurm's SlurmdTimeout would declare h3 dead."""
+    passed. Either way before Slurm's SlurmdTimeout would declare h3 dead. Every rank must end
+    within the deadline + `slack_s` after the cut."""
     deadline = 4
     path = ctx.scenario(name, [
         {"op": "repeat", "count": 1000000, "label": "churn", "steps": [
@@ -697,7 +698,7 @@ def check_partition(ctx, name, heal_at):
         host.link_down()
         down = True
         if heal_at is None:
-            watch.wait(range(WORLD), deadline + SLACK_S + 1)
+            watch.wait(range(WORLD), deadline + slack_s + 1)
         else:
             while time.monotonic() < cut + heal_at:
                 time.sleep(0.02)
@@ -721,9 +722,9 @@ def check_partition(ctx, name, heal_at):
                                        run.report and run.report["outcome"]), flush=True)
     ctx.slurm.wait_idle(NODES, bound=60)
     assert_job_gone(ctx, job, name)
-    late = {r: a for r, a in after.items() if a is None or a > deadline + SLACK_S}
+    late = {r: a for r, a in after.items() if a is None or a > deadline + slack_s}
     assert not late, "ranks ended later than deadline {} s + {} s after the cut: {}\n{}".format(
-        deadline, SLACK_S, late, run)
+        deadline, slack_s, late, run)
     assert run.returncode != 0, run
     assert run.report is not None, "no report:\n{}".format(run)
     assert_all_ranks(run)
@@ -732,7 +733,13 @@ def check_partition(ctx, name, heal_at):
 
 @test
 def partition_of_h3_mid_collective_lasting_past_every_deadline(ctx):
-    check_partition(ctx, "partition-lasting", heal_at=None)
+    """Every rank, connected or cut off, ends 1.4-1.7 s after the deadline here idle, and
+    2.0-2.3 s after it beside two busy loops (measured; the goal is +2 s). The connected ranks
+    can only call ranks 4-5 silent once they wait 1 s past the deadline (a live rank writes its
+    heartbeat at least once a second), the cut ranks lose the store after its 1 s request
+    deadline and 0.5 s handshake; on a loaded machine the report and the exits come a few tenths
+    later. Bound: +3 s, said in docs/cluster.md; the goal is met idle, not under load."""
+    check_partition(ctx, "partition-lasting", heal_at=None, slack_s=3.0)
 
 
 # --- the run --------------------------------------------------------------------------------
