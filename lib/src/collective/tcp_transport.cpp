@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <climits>
 #include <cstring>
+#include <mutex>
 #include <optional>
 #include <system_error>
 #include <utility>
@@ -179,12 +180,22 @@ struct TcpPeer {
   bool done = false;
 };
 
+// The peers' sockets for closedPeers(), shared with the probes it hands out: the transport
+// marks them gone (under the mutex) before it closes the sockets, so a probe never polls a
+// descriptor number that a later file may reuse.
+struct PeerSockets {
+  std::mutex mutex;
+  bool gone = false;
+  std::vector<std::pair<int, int>> rankAndFd;
+};
+
 struct TcpTransportState {
   std::shared_ptr<collective::StoreTransport> control;  // destroyed last
   collective::TcpTransportOptions options;
   std::string host;
   int port = 0;
   std::vector<TcpPeer> peers;  // every other rank, in rank order
+  std::shared_ptr<PeerSockets> watched = std::make_shared<PeerSockets>();
   std::optional<std::string> broken;
   std::string frame;
   std::vector<pollfd> polls;
@@ -368,9 +379,33 @@ TcpTransport::TcpTransport(const TcpTransportOptions& options,
     peerSlot(peer).socket = std::move(socket);
     --waiting;
   }
+  for (const TcpPeer& peer : s.peers) {
+    s.watched->rankAndFd.emplace_back(peer.rank, peer.socket.get());
+  }
 }
 
-TcpTransport::~TcpTransport() = default;
+TcpTransport::~TcpTransport() {
+  std::lock_guard<std::mutex> lock(state_->watched->mutex);
+  state_->watched->gone = true;
+}
+
+Collective::ClosedPeers TcpTransport::closedPeers() const {
+  return [sockets = state_->watched] {
+    std::lock_guard<std::mutex> lock(sockets->mutex);
+    std::vector<int> closed;
+    if (sockets->gone) return closed;
+    std::vector<pollfd> polls;
+    for (const auto& [rank, fd] : sockets->rankAndFd) polls.push_back({fd, POLLRDHUP, 0});
+    int ready = 0;
+    while ((ready = ::poll(polls.data(), polls.size(), 0)) < 0 && errno == EINTR) {
+    }
+    for (std::size_t i = 0; ready > 0 && i < polls.size(); ++i) {
+      if (polls[i].revents & (POLLRDHUP | POLLHUP | POLLERR))
+        closed.push_back(sockets->rankAndFd[i].first);
+    }
+    return closed;
+  };
+}
 
 const std::string& TcpTransport::host() const noexcept { return state_->host; }
 int TcpTransport::port() const noexcept { return state_->port; }
