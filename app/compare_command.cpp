@@ -127,6 +127,15 @@ void printTable(const Comparison& result, const CompareOptions& options,
   if (!result.onlyCurrent.empty()) {
     fmt::print("# only in the current file (not compared): {}\n", joinNames(result.onlyCurrent));
   }
+  for (const auto& text : result.newLeaks) {
+    fmt::print("# leak across cycles, new in the current file (regression): {}\n", text);
+  }
+  for (const auto& text : result.keptLeaks) {
+    fmt::print("# leak across cycles, in both files: {}\n", text);
+  }
+  for (const auto& text : result.goneLeaks) {
+    fmt::print("# leak across cycles, gone (only in the baseline): {}\n", text);
+  }
 }
 
 }  // namespace
@@ -198,7 +207,9 @@ int runCompare(const CompareOptions& options) {
     if (m.verdict == Verdict::kUndecided) undecided.push_back(m.name);
   }
   // A regression found is a result; metrics that cannot be decided make the gate unusable.
-  const int code = !regressions.empty() ? kExitRegression : !undecided.empty() ? kExitBadInput : 0;
+  const int code = !regressions.empty() || !result.newLeaks.empty() ? kExitRegression
+                   : !undecided.empty()                              ? kExitBadInput
+                                                                     : 0;
 
   if (options.json) {
     json out{{"format", "hmc-compare/1"},
@@ -217,6 +228,8 @@ int runCompare(const CompareOptions& options) {
               result.geometricMeanRatio ? json(*result.geometricMeanRatio) : json()},
              {"regressions", regressions},
              {"undecided", undecided},
+             {"leak_trends",
+              {{"new", result.newLeaks}, {"both", result.keptLeaks}, {"gone", result.goneLeaks}}},
              {"exit_code", code}};
     for (const auto& m : result.metrics) out["metrics"].push_back(toJson(m));
     fmt::print("{}\n", out.dump(2));
@@ -237,6 +250,12 @@ int runCompare(const CompareOptions& options) {
                "--benchmark_repetitions; or leave these metrics out with --metric.\n",
                joinNames(undecided), hmc::compare::minimumSamplesPerSide(thresholds.alpha),
                thresholds.alpha, hmc::compare::minimumSamplesPerSide(thresholds.alpha));
+  }
+  if (!result.newLeaks.empty()) {
+    fmt::print(options.json ? stderr : stdout, "# FAILED: {} across cycles new in {}\n",
+               result.newLeaks.size() == 1 ? "1 leak"
+                                           : fmt::format("{} leaks", result.newLeaks.size()),
+               options.currentPath);
   }
   if (code == 0) {
     fmt::print(options.json ? stderr : stdout,
