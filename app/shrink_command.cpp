@@ -1,0 +1,356 @@
+#include "shrink_command.hpp"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cli.hpp"
+#include "hmc/error.hpp"
+#include "hmc/scenario/output_file.hpp"
+#include "hmc/scenario/report.hpp"
+#include "hmc/scenario/runner.hpp"
+#include "hmc/scenario/scenario.hpp"
+#include "hmc/scenario/shrinker.hpp"
+#include "hmc/text.hpp"
+#include "run_plan.hpp"
+#include "signals.hpp"
+#include "world_driver.hpp"
+
+namespace hmc::app {
+namespace {
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+constexpr int kExitFailed = 1;
+constexpr int kExitInterrupted = 130;
+
+std::string grouped(std::size_t n) {
+  std::string digits = std::to_string(n);
+  for (int i = static_cast<int>(digits.size()) - 3; i > 0; i -= 3) {
+    digits.insert(static_cast<std::size_t>(i), ",");
+  }
+  return digits;
+}
+
+std::string sizeText(const json& scenario) {
+  const auto size = scenario::scenarioSize(scenario);
+  return fmt::format("{} step{} x {} rank{}", grouped(size.steps), size.steps == 1 ? "" : "s",
+                     size.ranks, size.ranks == 1 ? "" : "s");
+}
+
+// A scenario file as the examples are written: keys in the format's order, one per line, one
+// step a line.
+std::string formatOrdered(const json& scenario) {
+  static const char* kOrder[] = {"format", "name",     "description", "world_size",
+                                 "device", "dtype",    "timeout_s",   "reference_differs",
+                                 "steps"};
+  nlohmann::ordered_json out;
+  for (const char* key : kOrder) {
+    if (scenario.contains(key)) out[key] = scenario[key];
+  }
+  for (const auto& [key, value] : scenario.items()) {
+    if (!out.contains(key)) out[key] = value;
+  }
+  std::string text = "{\n";
+  bool first = true;
+  for (const auto& [key, value] : out.items()) {
+    if (!first) text += ",\n";
+    first = false;
+    if (key == "steps" && value.is_array()) {
+      text += "  \"steps\": [\n";
+      for (std::size_t i = 0; i < value.size(); ++i) {
+        text += "    " + value[i].dump() + (i + 1 < value.size() ? ",\n" : "\n");
+      }
+      text += "  ]";
+    } else {
+      text += fmt::format("  {}: {}", json(key).dump(), value.dump());
+    }
+  }
+  return text + "\n}\n";
+}
+
+struct Trial {
+  scenario::ScenarioReport report;
+  bool interrupted = false;
+};
+
+// Runs scenario documents on one world: every run a fresh world of the candidate's size.
+class TrialRunner {
+ public:
+  TrialRunner(const ShrinkOptions& options, const std::string& executable)
+      : options_(options), executable_(executable) {
+    run_.transport = options.transport;
+    run_.logLevel = options.logLevel;
+  }
+
+  // 0, or the exit code of a usage error it printed.
+  int plan() {
+    if (const int code = planRun(run_, &plan_); code != 0) return code;
+    if (plan_.launch) {
+      usageError(fmt::format(
+          "shrink: started by {} as one rank of a job; shrink starts its own ranks for every "
+          "trial: run it as a plain command (hmc-run shrink IN.json -o OUT.json)",
+          plan_.launch->launcher));
+      return kExitUsage;
+    }
+    return 0;
+  }
+
+  std::string transport() const { return std::string(collective::toString(plan_.transport)); }
+
+  // Runs `document` with collective deadlines of `timeoutS`. Throws ScenarioError when it does
+  // not parse.
+  Trial run(const json& document, double timeoutS) {
+    json candidate = document;
+    candidate["timeout_s"] = timeoutS;
+    const std::string text = candidate.dump();
+    const scenario::Scenario parsed = scenario::parseScenarioText(text, options_.input);
+    WorldOptions world = worldOptions(plan_, run_, executable_);
+    const auto driver = makeWorldDriver(std::move(world));
+    scenario::ReportBuilder builder(parsed, 0);
+    bool any = false;
+    const WorldRun ran = driver->run({parsed, options_.input, text},
+                                     [&builder, &any](std::vector<scenario::RankResult> ranks) {
+                                       builder.add(std::move(ranks));
+                                       any = true;
+                                     });
+    Trial trial;
+    trial.interrupted = ran.interrupted || pendingSignal() != 0;
+    if (!any) {
+      trial.interrupted = true;
+      return trial;
+    }
+    scenario::RunInfo info;
+    info.transport = transport();
+    trial.report = std::move(builder).build(info);
+    return trial;
+  }
+
+ private:
+  const ShrinkOptions& options_;
+  const std::string& executable_;
+  RunOptions run_;
+  RunPlan plan_;
+};
+
+// "# shrink: trial 57, trying 1,203 steps x 16 ranks, best 310 steps x 16 ranks, 12 s" on a
+// terminal; nothing in a pipe.
+class ShrinkProgress {
+ public:
+  explicit ShrinkProgress(bool enabled) : enabled_(enabled) {}
+  void show(std::size_t trial, const json& trying, const json& best, double seconds) {
+    if (!enabled_) return;
+    fmt::print(stderr, "\r\033[K# shrink: trial {}, trying {}, best {}, {:.0f} s", trial,
+               sizeText(trying), sizeText(best), seconds);
+    std::fflush(stderr);
+  }
+  void clear() {
+    if (!enabled_) return;
+    fmt::print(stderr, "\r\033[K");
+    std::fflush(stderr);
+  }
+
+ private:
+  bool enabled_;
+};
+
+void say(const std::string& line) {
+  fmt::print("{}\n", line);
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int runShrink(const ShrinkOptions& options, const std::string& executable) {
+  namespace fs = std::filesystem;
+  if (!options.signatureOnly && options.output.empty()) {
+    usageError("shrink: no output file: pass -o OUT.json (or --signature to print the failure "
+               "signature only)");
+    return kExitUsage;
+  }
+  std::error_code ec;
+  if (!options.output.empty() && fs::equivalent(options.input, options.output, ec)) {
+    usageError(fmt::format("shrink: the output {} is the input file; write the shrunk scenario "
+                           "to another file, e.g. -o minimal.json",
+                           printable(options.output)));
+    return kExitUsage;
+  }
+  if (!options.output.empty()) {
+    if (const std::string why = scenario::checkOutputPath(options.output); !why.empty()) {
+      usageError("shrink: " + why);
+      return kExitUsage;
+    }
+  }
+  json document;
+  scenario::Scenario original;
+  try {
+    const std::string text = scenario::readScenarioFile(options.input);
+    original = scenario::parseScenarioText(text, options.input);
+    document = json::parse(text);
+  } catch (const ScenarioError& error) {
+    usageError(fmt::format("shrink: {}; fix the file (hmc-run validate {}) and run shrink again",
+                           error.what(), printable(options.input)));
+    return kExitUsage;
+  }
+  const double ownTimeout = original.timeoutS;
+
+  TrialRunner runner(options, executable);
+  if (const int code = runner.plan(); code != 0) return code;
+  scenario::limitTorchThreads(1);
+  SignalScope signals;
+  unblockTerminationSignals();
+  const auto start = Clock::now();
+  auto elapsed = [&start] { return std::chrono::duration<double>(Clock::now() - start).count(); };
+
+  // The failure to keep: a run with the scenario's own deadline.
+  const Trial reference = runner.run(document, ownTimeout);
+  if (reference.interrupted) {
+    fmt::print(stderr, "hmc-run: shrink: interrupted by signal {} ({}) during the first run; "
+                       "nothing written\n",
+               pendingSignal(), strsignal(pendingSignal()));
+    return kExitInterrupted;
+  }
+  const scenario::FailureSignature signature = scenario::failureSignature(reference.report);
+  if (!signature.fails()) {
+    usageError(fmt::format(
+        "shrink: {} does not fail: every step met its expectation on every rank and nothing "
+        "leaked ({}, {} transport, outcome {}); shrink needs a scenario that fails. Run it with "
+        "'hmc-run {}' to see its results; a step whose expect already names the failure (e.g. "
+        "expect \"hang\") does not count as failing",
+        printable(options.input), sizeText(document), runner.transport(),
+        scenario::toString(reference.report.outcome), printable(options.input)));
+    return kExitUsage;
+  }
+  say(fmt::format("# failure: {}", signature.describe()));
+  if (reference.report.hang && !reference.report.hang->diagnosis.empty()) {
+    say(fmt::format("# hang: {}", reference.report.hang->diagnosis));
+  }
+  if (options.signatureOnly) {
+    say(fmt::format("# signature: {}", signature.toJson().dump()));
+    return 0;
+  }
+
+  // Trials with a short deadline, unless the failure needs the scenario's own.
+  double trialTimeout = std::min(options.trialTimeoutS, ownTimeout);
+  if (trialTimeout < ownTimeout) {
+    const Trial quick = runner.run(document, trialTimeout);
+    if (!quick.interrupted &&
+        !scenario::failureSignature(quick.report).sameAs(signature, options.same)) {
+      say(fmt::format("# with a {:g} s deadline it fails differently ({}); trials use the "
+                      "scenario's own {:g} s",
+                      trialTimeout, scenario::failureSignature(quick.report).describe(),
+                      ownTimeout));
+      trialTimeout = ownTimeout;
+    }
+  }
+  say(fmt::format("# shrinking {} on {} ranks: trials with a {:g} s deadline, at most {:g} s "
+                  "(--max-seconds), matching at --same {}",
+                  sizeText(document), runner.transport(), trialTimeout, options.maxSeconds,
+                  enumName(options.same)));
+
+  ShrinkProgress progress(isatty(STDERR_FILENO) != 0);
+  bool interrupted = false;
+  bool outOfTime = false;
+  std::size_t trials = 0;
+  const json* best = &document;
+  scenario::Shrinker shrinker(
+      document,
+      [&](const json& candidate) {
+        ++trials;
+        progress.show(trials, candidate, *best, elapsed());
+        const Trial trial = runner.run(candidate, trialTimeout);
+        if (trial.interrupted) {
+          interrupted = true;
+          return false;
+        }
+        return scenario::failureSignature(trial.report).sameAs(signature, options.same);
+      },
+      [&] {
+        if (pendingSignal() != 0) interrupted = true;
+        if (elapsed() > options.maxSeconds) outOfTime = true;
+        return interrupted || outOfTime;
+      });
+  best = &shrinker.best();
+  shrinker.run();
+  progress.clear();
+  json result = shrinker.best();
+  const double shrinkSeconds = elapsed();
+
+  auto write = [&](const json& scenario) -> bool {
+    try {
+      scenario::writeOutputFile(options.output, formatOrdered(scenario));
+      return true;
+    } catch (const Error& error) {
+      usageError(fmt::format("shrink: {}", error.what()));
+      return false;
+    }
+  };
+  const std::string from = sizeText(document);
+  if (interrupted) {
+    if (!write(result)) return kExitUsage;
+    fmt::print(stderr,
+               "hmc-run: shrink: interrupted by signal {} ({}) after {} trials ({:.0f} s): wrote "
+               "the best so far, {} (from {}), to {}; it failed the same way with the {:g} s "
+               "trial deadline and was not confirmed with the scenario's own\n",
+               pendingSignal(), strsignal(pendingSignal()), trials, shrinkSeconds,
+               sizeText(result), from, printable(options.output), trialTimeout);
+    return kExitInterrupted;
+  }
+
+  // Confirm once with the scenario's own deadline before writing.
+  const Trial confirm = runner.run(result, ownTimeout);
+  const scenario::FailureSignature got = scenario::failureSignature(confirm.report);
+  if (confirm.interrupted || !got.sameAs(signature, options.same)) {
+    fmt::print(stderr,
+               "hmc-run: shrink: the shrunk scenario ({}) did not fail the same way with the "
+               "scenario's own {:g} s deadline (it gave: {}); nothing written. Trials ran with a "
+               "{:g} s deadline: rerun with a larger one, e.g. --trial-timeout {:g}\n",
+               sizeText(result), ownTimeout, confirm.interrupted ? "interrupted" : got.describe(),
+               trialTimeout, std::min(ownTimeout, trialTimeout * 4));
+    return confirm.interrupted ? kExitInterrupted : kExitFailed;
+  }
+  std::string description = fmt::format("Shrunk by hmc-run shrink from {} ({}); fails: {}",
+                                        fs::path(options.input).filename().string(), from,
+                                        signature.describe());
+  if (options.asTest) {
+    result = scenario::asTest(result, confirm.report.ranks);
+    result["description"] = description + ". Every step expects what it did (--as-test)";
+    const Trial green = runner.run(result, ownTimeout);
+    if (green.interrupted || green.report.outcome != scenario::Outcome::kPass) {
+      fmt::print(stderr,
+                 "hmc-run: shrink: the --as-test file of the shrunk scenario did not pass when "
+                 "run again (outcome {}): the failure is not deterministic enough for a test; "
+                 "nothing written. Run without --as-test to keep the failing file\n",
+                 green.interrupted ? "interrupted" : scenario::toString(green.report.outcome));
+      return kExitFailed;
+    }
+    if (signature.kind == scenario::FailureKind::kLeak) {
+      say("# note: a leak is not an expectation of hmc-scenario/1: the --as-test file passes "
+          "whether or not it leaks; check the report's leaks section in CI");
+    }
+  } else {
+    result["description"] = description;
+  }
+  if (!write(result)) return kExitUsage;
+  if (outOfTime) {
+    say(fmt::format("# stopped at --max-seconds {:g}: wrote the best so far; a longer run may "
+                    "shrink it further",
+                    options.maxSeconds));
+  }
+  if (confirm.report.hang && !confirm.report.hang->diagnosis.empty()) {
+    say(fmt::format("# hang: {}", confirm.report.hang->diagnosis));
+  }
+  say(fmt::format("shrunk {} to {} in {} trials ({:.0f} s); same failure: {}; wrote {}", from,
+                  sizeText(result), grouped(trials), elapsed(), signature.describe(),
+                  printable(options.output)));
+  return 0;
+}
+
+}  // namespace hmc::app
