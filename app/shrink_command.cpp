@@ -3,21 +3,26 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cli.hpp"
 #include "hmc/error.hpp"
 #include "hmc/scenario/output_file.hpp"
+#include "hmc/scenario/failure_signature.hpp"
 #include "hmc/scenario/report.hpp"
 #include "hmc/scenario/runner.hpp"
 #include "hmc/scenario/scenario.hpp"
 #include "hmc/scenario/shrinker.hpp"
+#include "hmc/scenario/thread_driver.hpp"
 #include "hmc/text.hpp"
 #include "run_plan.hpp"
 #include "signals.hpp"
@@ -47,26 +52,55 @@ std::string sizeText(const json& scenario) {
 
 // A scenario file as the examples are written: keys in the format's order, one per line, one
 // step a line.
+// A step with `op` first, then what it acts on, its fields, and the fields every step may carry
+// last (nested steps likewise).
+nlohmann::ordered_json orderedStep(const json& step) {
+  if (!step.is_object()) return step;
+  static const std::vector<std::string> kFirst = {"op", "module", "modules", "kind"};
+  static const std::vector<std::string> kLast = {"ranks", "repeat", "expect", "expect_error",
+                                                 "label", "count", "steps"};
+  nlohmann::ordered_json out;
+  for (const auto& key : kFirst) {
+    if (step.contains(key)) out[key] = step[key];
+  }
+  for (const auto& [key, value] : step.items()) {
+    if (std::find(kFirst.begin(), kFirst.end(), key) == kFirst.end() &&
+        std::find(kLast.begin(), kLast.end(), key) == kLast.end()) {
+      out[key] = value;
+    }
+  }
+  for (const auto& key : kLast) {
+    if (!step.contains(key)) continue;
+    if (key == "steps" && step[key].is_array()) {
+      nlohmann::ordered_json nested = nlohmann::ordered_json::array();
+      for (const auto& s : step[key]) nested.push_back(orderedStep(s));
+      out[key] = std::move(nested);
+    } else {
+      out[key] = step[key];
+    }
+  }
+  return out;
+}
+
 std::string formatOrdered(const json& scenario) {
   static const char* kOrder[] = {"format", "name",     "description", "world_size",
                                  "device", "dtype",    "timeout_s",   "reference_differs",
                                  "steps"};
-  nlohmann::ordered_json out;
-  for (const char* key : kOrder) {
-    if (scenario.contains(key)) out[key] = scenario[key];
-  }
+  std::vector<std::string> keys(std::begin(kOrder), std::end(kOrder));
   for (const auto& [key, value] : scenario.items()) {
-    if (!out.contains(key)) out[key] = value;
+    if (std::find(keys.begin(), keys.end(), key) == keys.end()) keys.push_back(key);
   }
   std::string text = "{\n";
   bool first = true;
-  for (const auto& [key, value] : out.items()) {
+  for (const auto& key : keys) {
+    if (!scenario.contains(key)) continue;
     if (!first) text += ",\n";
     first = false;
+    const json& value = scenario[key];
     if (key == "steps" && value.is_array()) {
       text += "  \"steps\": [\n";
       for (std::size_t i = 0; i < value.size(); ++i) {
-        text += "    " + value[i].dump() + (i + 1 < value.size() ? ",\n" : "\n");
+        text += "    " + orderedStep(value[i]).dump() + (i + 1 < value.size() ? ",\n" : "\n");
       }
       text += "  ]";
     } else {
@@ -112,32 +146,65 @@ class TrialRunner {
     candidate["timeout_s"] = timeoutS;
     const std::string text = candidate.dump();
     const scenario::Scenario parsed = scenario::parseScenarioText(text, options_.input);
-    WorldOptions world = worldOptions(plan_, run_, executable_);
-    const auto driver = makeWorldDriver(std::move(world));
     scenario::ReportBuilder builder(parsed, 0);
     bool any = false;
-    const WorldRun ran = driver->run({parsed, options_.input, text},
-                                     [&builder, &any](std::vector<scenario::RankResult> ranks) {
-                                       builder.add(std::move(ranks));
-                                       any = true;
-                                     });
-    Trial trial;
-    trial.interrupted = ran.interrupted || pendingSignal() != 0;
-    if (!any) {
-      trial.interrupted = true;
-      return trial;
+    bool interrupted = false;
+    if (plan_.transport == collective::Transport::kThreads) {
+      // runOnThreads directly rather than a driver per trial: one signal watcher for the whole
+      // shrink instead of a thread started and joined for each of hundreds of trials.
+      scenario::ThreadRunOptions threads;
+      threads.interrupt = &interrupt_;
+      if (!interrupt_.interrupted()) {
+        builder.add(scenario::runOnThreads(parsed, threads));
+        any = true;
+      }
+      interrupted = interrupt_.interrupted();
+    } else {
+      WorldOptions world = worldOptions(plan_, run_, executable_);
+      const auto driver = makeWorldDriver(std::move(world));
+      const WorldRun ran = driver->run({parsed, options_.input, text},
+                                       [&builder, &any](std::vector<scenario::RankResult> ranks) {
+                                         builder.add(std::move(ranks));
+                                         any = true;
+                                       });
+      interrupted = ran.interrupted;
     }
+    Trial trial;
+    trial.interrupted = interrupted || !any || pendingSignal() != 0;
+    if (!any) return trial;
     scenario::RunInfo info;
     info.transport = transport();
     trial.report = std::move(builder).build(info);
     return trial;
   }
 
+  // Ctrl-C, SIGTERM or SIGHUP stop the thread ranks of the trial in progress.
+  void watchSignals() {
+    watcher_ = std::thread([this] {
+      while (!done_.load()) {
+        if (const int signal = pendingSignal(); signal != 0) {
+          interrupt_.interrupt(fmt::format("interrupted by signal {} ({})", signal, strsignal(signal)));
+          return;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    });
+  }
+  ~TrialRunner() {
+    done_ = true;
+    if (watcher_.joinable()) watcher_.join();
+  }
+  TrialRunner(const TrialRunner&) = delete;
+  TrialRunner& operator=(const TrialRunner&) = delete;
+
  private:
   const ShrinkOptions& options_;
   const std::string& executable_;
   RunOptions run_;
   RunPlan plan_;
+  scenario::ThreadInterrupt interrupt_;
+  std::atomic<bool> done_{false};
+  std::thread watcher_;
 };
 
 // "# shrink: trial 57, trying 1,203 steps x 16 ranks, best 310 steps x 16 ranks, 12 s" on a
@@ -200,12 +267,14 @@ int runShrink(const ShrinkOptions& options, const std::string& executable) {
     return kExitUsage;
   }
   const double ownTimeout = original.timeoutS;
+  const auto same = parseEnum<scenario::SameLevel>(options.same);
 
   TrialRunner runner(options, executable);
   if (const int code = runner.plan(); code != 0) return code;
   scenario::limitTorchThreads(1);
   SignalScope signals;
   unblockTerminationSignals();
+  runner.watchSignals();
   const auto start = Clock::now();
   auto elapsed = [&start] { return std::chrono::duration<double>(Clock::now() - start).count(); };
 
@@ -229,9 +298,6 @@ int runShrink(const ShrinkOptions& options, const std::string& executable) {
     return kExitUsage;
   }
   say(fmt::format("# failure: {}", signature.describe()));
-  if (reference.report.hang && !reference.report.hang->diagnosis.empty()) {
-    say(fmt::format("# hang: {}", reference.report.hang->diagnosis));
-  }
   if (options.signatureOnly) {
     say(fmt::format("# signature: {}", signature.toJson().dump()));
     return 0;
@@ -242,7 +308,7 @@ int runShrink(const ShrinkOptions& options, const std::string& executable) {
   if (trialTimeout < ownTimeout) {
     const Trial quick = runner.run(document, trialTimeout);
     if (!quick.interrupted &&
-        !scenario::failureSignature(quick.report).sameAs(signature, options.same)) {
+        !scenario::failureSignature(quick.report).sameAs(signature, same)) {
       say(fmt::format("# with a {:g} s deadline it fails differently ({}); trials use the "
                       "scenario's own {:g} s",
                       trialTimeout, scenario::failureSignature(quick.report).describe(),
@@ -250,10 +316,10 @@ int runShrink(const ShrinkOptions& options, const std::string& executable) {
       trialTimeout = ownTimeout;
     }
   }
-  say(fmt::format("# shrinking {} on {} ranks: trials with a {:g} s deadline, at most {:g} s "
+  say(fmt::format("# shrinking {}: trials on {} with a {:g} s deadline, at most {:g} s "
                   "(--max-seconds), matching at --same {}",
                   sizeText(document), runner.transport(), trialTimeout, options.maxSeconds,
-                  enumName(options.same)));
+                  options.same));
 
   ShrinkProgress progress(isatty(STDERR_FILENO) != 0);
   bool interrupted = false;
@@ -270,7 +336,7 @@ int runShrink(const ShrinkOptions& options, const std::string& executable) {
           interrupted = true;
           return false;
         }
-        return scenario::failureSignature(trial.report).sameAs(signature, options.same);
+        return scenario::failureSignature(trial.report).sameAs(signature, same);
       },
       [&] {
         if (pendingSignal() != 0) interrupted = true;
@@ -307,7 +373,7 @@ int runShrink(const ShrinkOptions& options, const std::string& executable) {
   // Confirm once with the scenario's own deadline before writing.
   const Trial confirm = runner.run(result, ownTimeout);
   const scenario::FailureSignature got = scenario::failureSignature(confirm.report);
-  if (confirm.interrupted || !got.sameAs(signature, options.same)) {
+  if (confirm.interrupted || !got.sameAs(signature, same)) {
     fmt::print(stderr,
                "hmc-run: shrink: the shrunk scenario ({}) did not fail the same way with the "
                "scenario's own {:g} s deadline (it gave: {}); nothing written. Trials ran with a "
@@ -348,7 +414,7 @@ int runShrink(const ShrinkOptions& options, const std::string& executable) {
     say(fmt::format("# hang: {}", confirm.report.hang->diagnosis));
   }
   say(fmt::format("shrunk {} to {} in {} trials ({:.0f} s); same failure: {}; wrote {}", from,
-                  sizeText(result), grouped(trials), elapsed(), signature.describe(),
+                  sizeText(result), grouped(trials), elapsed(), signature.summary(),
                   printable(options.output)));
   return 0;
 }

@@ -16,14 +16,13 @@
 #include <string>
 
 #include "hmc/collective/transport.hpp"
-#include "hmc/scenario/failure_signature.hpp"
 
 namespace hmc::app {
 
 struct ShrinkOptions {
   std::string input;
   std::string output;
-  scenario::SameLevel same = scenario::SameLevel::kAll;
+  std::string same = "all";  // a SameLevel name (failure_signature.hpp), checked by the parser
   double trialTimeoutS = 0.25;
   collective::Transport transport = collective::Transport::kThreads;
   double maxSeconds = 300;

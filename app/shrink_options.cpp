@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 
 #include "hmc/enum_names.hpp"
+#include "hmc/scenario/failure_signature.hpp"
 #include "shrink_command.hpp"
 
 namespace hmc::app {
@@ -18,14 +19,14 @@ CLI::App* addShrinkCommand(CLI::App& app, ShrinkOptions& options) {
   shrink->add_option("-o,--output", options.output,
                      "Where to write the smallest scenario found (not the input file)");
   shrink
-      ->add_option_function<std::string>(
-          "--same",
-          [&options](const std::string& name) { options.same = parseEnum<scenario::SameLevel>(name); },
+      ->add_option(
+          "--same", options.same,
           "How much of the failure must stay the same: outcome (the kind only: hang, collective "
           "mismatch, manifest mismatch, error, unmet, crash, leak), stage (and the op and "
           "collective stage), text (and the masked error text), all (and which statuses the "
-          "ranks show; the default)")
-      ->check(CLI::IsMember(enumNames<scenario::SameLevel>()));
+          "ranks show)")
+      ->check(CLI::IsMember(enumNames<scenario::SameLevel>()))
+      ->capture_default_str();
   shrink
       ->add_option("--trial-timeout", options.trialTimeoutS,
                    "The collective deadline of each trial in seconds (a trial that hangs costs "

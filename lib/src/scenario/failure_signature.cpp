@@ -47,7 +47,8 @@ void addStagesOf(const std::string& message, std::set<std::string>* stages) {
 }  // namespace
 
 std::string maskText(std::string_view text) {
-  static const std::regex kQuoted(R"('[^'\s]+'|"[^"\s]+")");
+  // A stage name stays even without spaces ("'recycle' #5"): it is where the failure shows.
+  static const std::regex kQuoted(R"('[^'\s]+'(?! #)|"[^"\s]+")");
   static const std::regex kNumber(R"([0-9]+(\.[0-9]+)?(e[-+]?[0-9]+)?)");
   static const std::regex kList(R"(N(\s*(,|-|\.\.)\s*N)+)");
   static const std::regex kGaveUp(R"( \(rank N gave up waiting first\))");
@@ -65,6 +66,15 @@ bool FailureSignature::sameAs(const FailureSignature& other, SameLevel level) co
   if (level >= SameLevel::kText && text != other.text) return false;
   if (level >= SameLevel::kAll && ranks != other.ranks) return false;
   return true;
+}
+
+std::string FailureSignature::summary() const {
+  if (!fails()) return "no failure";
+  std::string out(enumName(kind));
+  if (!stage.empty()) out += fmt::format(" in '{}'", stage);
+  if (!op.empty()) out += fmt::format(" at {}", op);
+  if (!ranks.empty()) out += fmt::format("; ranks: {}", ranks);
+  return out;
 }
 
 std::string FailureSignature::describe() const {

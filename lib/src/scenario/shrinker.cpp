@@ -57,6 +57,7 @@ void forEachStep(json& steps, const Visit& visit) {
   }
 }
 
+// A step's `ranks` naming every rank of the world is the same as none: it goes.
 json filterRanks(const json& steps, const std::map<int, int>& renumber) {
   json out = json::array();
   for (const auto& original : steps) {
@@ -69,7 +70,11 @@ json filterRanks(const json& steps, const std::map<int, int>& renumber) {
         if (it != renumber.end()) ranks.push_back(it->second);
       }
       if (ranks.empty()) continue;
-      step["ranks"] = std::move(ranks);
+      if (ranks.size() == renumber.size()) {
+        step.erase("ranks");
+      } else {
+        step["ranks"] = std::move(ranks);
+      }
     }
     if (isRepeatOp(step)) {
       step["steps"] = filterRanks(step["steps"], renumber);

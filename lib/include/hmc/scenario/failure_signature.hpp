@@ -72,6 +72,8 @@ struct FailureSignature {
   bool sameAs(const FailureSignature& other, SameLevel level) const;
   // "hang in 'close validation' at close_all; ranks: hang, skipped; text: timeout: ..."
   std::string describe() const;
+  // describe() without the text: "hang in 'close validation' at close_all; ranks: hang, skipped"
+  std::string summary() const;
   nlohmann::json toJson() const;
 };
 
@@ -81,8 +83,8 @@ FailureSignature failureSignature(const ScenarioReport& report);
 
 // An error message with what changes from run to run and from world to world masked: numbers
 // (integers, decimals) become N, lists and ranges of them ("[0, 1, 5]", "0-14") one N, and a
-// quoted token without spaces ('a', "module_17") 'X'. Quoted text with spaces (a stage such as
-// 'close validation') stays.
+// quoted token without spaces ('a', "module_17") 'X'. A stage ("'recycle' #5", or quoted text
+// with spaces such as 'close validation') stays.
 std::string maskText(std::string_view text);
 
 }  // namespace hmc::scenario

@@ -73,7 +73,7 @@ class Shrinker {
 
 // `scenario` with only the ranks in `kept` (ascending, distinct, in the world): world_size
 // becomes kept.size() and every `ranks` list is renumbered; a step whose ranks all go, goes
-// (and a repeat op left without steps).
+// (and a repeat op left without steps); a list left naming every rank goes (the same as none).
 nlohmann::json keepRanks(const nlohmann::json& scenario, const std::vector<int>& kept);
 
 // `scenario` with every top-level step's expectation set to what it did in `ranks` (the
