@@ -3,21 +3,21 @@
 figures in docs/shrink.md). Standard library only.
 
 usage: shrink_seeds.py KIND STEPS RANKS OUT.json
-  KIND: skipped-close, divergent-signature, different-stages, crash, close-error-retry
+  KIND: skipped-close, divergent-signature, different-stages, crash, close-error-retry, leak
   STEPS: about how many top-level steps (the noise around the seeded failure)
   RANKS: world size (>= 2)
 
 The noise is what long runs do: modules created, run (forward binds or recycles), dropped, and
 now and then a barrier or a clean close_all on every rank, with labels. One rank (the middle
-one) does the one thing that fails, about two thirds of the way in (a skipped close: at the end,
-where it hangs); every `expect` is the
-default "ok", so the scenario fails (exit 1) or hangs (exit 3) under hmc-run.
+one) does the one thing that fails, about two thirds of the way in (a skipped close and a leak:
+at the end). Every `expect` is the default "ok", so the scenario fails (exit 1) or hangs (exit 3)
+under hmc-run; except the leak, which passes its expectations and leaves its resources held.
 """
 import json
 import sys
 
 KINDS = ("skipped-close", "divergent-signature", "different-stages", "crash",
-         "close-error-retry")
+         "close-error-retry", "leak")
 
 
 def noise(count, start):
@@ -64,13 +64,25 @@ def seeded(kind, world):
                 {"op": "fault", "kind": "close_error", "count": 1, "ranks": [odd]},
                 {"op": "close_all", "label": "fails on one rank"},
                 {"op": "close_all", "label": "retry"}]
+    if kind == "leak":
+        # The ranks bind two modules in opposite orders; the errors that follow are expected,
+        # so every step passes, but the shutdown cannot close anything: manifests differ.
+        error = "binding order or specifications differ"
+        return [{"op": "create", "module": "victim", "features": 64},
+                {"op": "create", "module": "late", "features": 32},
+                {"op": "forward", "module": "victim", "ranks": others},
+                {"op": "forward", "module": "late", "ranks": [odd]},
+                {"op": "forward", "module": "late", "ranks": others, "expect_error": error},
+                {"op": "forward", "module": "victim", "ranks": [odd], "expect_error": error},
+                {"op": "close_all", "expect_error": "manifests differ"}]
     raise ValueError(f"unknown kind {kind!r} (expected one of {', '.join(KINDS)})")
 
 
 def scenario(kind, steps, world, timeout_s=3):
     # A skipped close shows as a hang when the rank that skipped it has nothing more to run
     # with the others (the end of a job); with steps after it, it is a collective mismatch.
-    share = steps if kind == "skipped-close" else steps * 2 // 3
+    # A leak likewise shows only at the end (later binds would fail unexpectedly).
+    share = steps if kind in ("skipped-close", "leak") else steps * 2 // 3
     before = noise(share, 0)
     after = noise(steps - len(before), 100000)
     return {

@@ -4,11 +4,12 @@
 usage: test_shrink.py HMC_RUN [REPO_ROOT]
 
 Seeded failures buried in noise (shrink_seeds.py: a skipped close, a divergent signature on one
-rank, ranks in different stages, a crash, a close error retried; hundreds of steps on 16 ranks)
+rank, ranks in different stages, a crash, a close error retried, a leak at shutdown; hundreds of
+steps on 16 ranks)
 shrink to their known minimal forms; the output validates and fails the same way (the
 signature printed by --signature is the same before and after, and across runs); --as-test
 gives a file that passes and fails once the failure is gone; a scenario that does not fail is
-refused with exit 2; SIGINT writes the best so far (exit 130). Prints one line per check and a
+refused with exit 2; --max-seconds and SIGINT write the best so far (exit 0 and 130). Prints one line per check and a
 closing "N passed, N failed, N skipped"; exits 1 on any failure.
 """
 import json
@@ -146,6 +147,14 @@ def close_error_retried():
     seeded("close-error-retry", ["create", "forward", "fault", "close_all"], 1, "error")
 
 
+def leak_at_shutdown():
+    # Every expectation met (hmc-run passes it), but the shutdown leaves resources held: the two
+    # ranks bound different modules as #0. Four steps are the whole of it.
+    doc = seeded("leak", ["create", "create", "forward", "forward"], 2, "leak")
+    check(doc["steps"][0]["features"] != doc["steps"][1]["features"],
+          f"the two modules must keep different sizes: {doc['steps']}")
+
+
 # ---- the rest of the contract ----------------------------------------------------------------
 
 def signature_is_stable_across_runs():
@@ -196,6 +205,17 @@ def usage_errors():
           output(proc))
 
 
+def max_seconds_writes_the_best_so_far():
+    path = write_seed("skipped-close", steps=300, world=16)
+    before = signature_of(path)
+    out = os.path.join(WORK, "bounded.json")
+    proc = hmc("shrink", path, "-o", out, "--max-seconds", "3")
+    check(proc.returncode == 0, output(proc))
+    check("# stopped at --max-seconds 3: wrote the best so far" in proc.stdout, output(proc))
+    check(hmc("validate", out).returncode == 0, "the best so far does not validate")
+    check(signature_of(out) == before, "the best so far fails differently")
+
+
 def sigint_writes_the_best_so_far():
     path = write_seed("skipped-close", steps=1500, world=16)
     out = os.path.join(WORK, "interrupted.json")
@@ -222,9 +242,9 @@ def main():
         return 2
     for function in (passing_scenario_is_refused, usage_errors,
                      skipped_close_among_hundreds_of_steps, divergent_signature_on_one_rank,
-                     ranks_in_different_stages, crash, close_error_retried,
+                     ranks_in_different_stages, crash, close_error_retried, leak_at_shutdown,
                      signature_is_stable_across_runs, as_test_passes_while_the_bug_stays,
-                     sigint_writes_the_best_so_far):
+                     max_seconds_writes_the_best_so_far, sigint_writes_the_best_so_far):
         test(function)
     print(f"{RESULTS['passed']} passed, {RESULTS['failed']} failed, "
           f"{RESULTS['skipped']} skipped")

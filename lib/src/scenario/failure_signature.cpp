@@ -108,12 +108,16 @@ FailureSignature failureSignature(const ScenarioReport& report) {
     if (anyCrash) {
       signature.kind = FailureKind::kCrash;
       for (const auto& rank : ranks) pattern.insert(rank.crashed ? "crashed" : "live");
-    } else if (report.leaked) {
+    } else if (std::any_of(ranks.begin(), ranks.end(), [](const RankResult& r) {
+                 return r.leaks.checked && r.leaks.leaked();
+               })) {
+      // Only a shutdown that ran and left something is a leak: after an (expected) hang the
+      // shutdown is skipped and what is held says nothing.
       signature.kind = FailureKind::kLeak;
       signature.stage = "shutdown";
       std::set<std::string> texts;
       for (const auto& rank : ranks) {
-        pattern.insert(rank.leaks.leaked() ? "leaked" : "clean");
+        pattern.insert(!rank.leaks.checked ? "unchecked" : rank.leaks.leaked() ? "leaked" : "clean");
         if (rank.leaks.shutdownError) texts.insert(maskText(*rank.leaks.shutdownError));
       }
       signature.text = joined(texts, " | ");

@@ -77,8 +77,9 @@ struct FailureSignature {
   nlohmann::json toJson() const;
 };
 
-// The signature of a report's failure; kind kNone when the run passed without a leak. An
-// invalid report (no rank ran) is kError with the parse message.
+// The signature of a report's failure; kind kNone when the run passed without a leak (a rank
+// whose automatic shutdown ran and left resources held). An invalid report (no rank ran) is
+// kError with the parse message.
 FailureSignature failureSignature(const ScenarioReport& report);
 
 // An error message with what changes from run to run and from world to world masked: numbers
