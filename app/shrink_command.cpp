@@ -359,28 +359,30 @@ int runShrink(const ShrinkOptions& options, const std::string& executable) {
     }
   };
   const std::string from = sizeText(document);
-  if (interrupted) {
+  auto interruptedAfter = [&](const char* when) {
     if (!write(result)) return kExitUsage;
     fmt::print(stderr,
-               "hmc-run: shrink: interrupted by signal {} ({}) after {} trials ({:.0f} s): wrote "
-               "the best so far, {} (from {}), to {}; it failed the same way with the {:g} s "
+               "hmc-run: shrink: interrupted by signal {} ({}) {} after {} trials ({:.0f} s): "
+               "wrote the best so far, {} (from {}), to {}; it failed the same way with the {:g} s "
                "trial deadline and was not confirmed with the scenario's own\n",
-               pendingSignal(), strsignal(pendingSignal()), trials, shrinkSeconds,
+               pendingSignal(), strsignal(pendingSignal()), when, trials, shrinkSeconds,
                sizeText(result), from, printable(options.output), trialTimeout);
     return kExitInterrupted;
-  }
+  };
+  if (interrupted) return interruptedAfter("while shrinking");
 
   // Confirm once with the scenario's own deadline before writing.
   const Trial confirm = runner.run(result, ownTimeout);
   const scenario::FailureSignature got = scenario::failureSignature(confirm.report);
-  if (confirm.interrupted || !got.sameAs(signature, same)) {
+  if (confirm.interrupted) return interruptedAfter("while confirming");
+  if (!got.sameAs(signature, same)) {
     fmt::print(stderr,
                "hmc-run: shrink: the shrunk scenario ({}) did not fail the same way with the "
                "scenario's own {:g} s deadline (it gave: {}); nothing written. Trials ran with a "
                "{:g} s deadline: rerun with a larger one, e.g. --trial-timeout {:g}\n",
-               sizeText(result), ownTimeout, confirm.interrupted ? "interrupted" : got.describe(),
-               trialTimeout, std::min(ownTimeout, trialTimeout * 4));
-    return confirm.interrupted ? kExitInterrupted : kExitFailed;
+               sizeText(result), ownTimeout, got.describe(), trialTimeout,
+               std::min(ownTimeout, trialTimeout * 4));
+    return kExitFailed;
   }
   std::string description = fmt::format("Shrunk by hmc-run shrink from {} ({}); fails: {}",
                                         fs::path(options.input).filename().string(), from,
