@@ -16,8 +16,8 @@
 
 #include "cli.hpp"
 #include "hmc/error.hpp"
-#include "hmc/scenario/output_file.hpp"
 #include "hmc/scenario/failure_signature.hpp"
+#include "hmc/scenario/output_file.hpp"
 #include "hmc/scenario/report.hpp"
 #include "hmc/scenario/runner.hpp"
 #include "hmc/scenario/scenario.hpp"
@@ -50,15 +50,13 @@ std::string sizeText(const json& scenario) {
                      size.ranks, size.ranks == 1 ? "" : "s");
 }
 
-// A scenario file as the examples are written: keys in the format's order, one per line, one
-// step a line.
 // A step with `op` first, then what it acts on, its fields, and the fields every step may carry
 // last (nested steps likewise).
 nlohmann::ordered_json orderedStep(const json& step) {
   if (!step.is_object()) return step;
   static const std::vector<std::string> kFirst = {"op", "module", "modules", "kind"};
   static const std::vector<std::string> kLast = {"ranks", "repeat", "expect", "expect_error",
-                                                 "label", "count", "steps"};
+                                                 "label", "count",  "steps"};
   nlohmann::ordered_json out;
   for (const auto& key : kFirst) {
     if (step.contains(key)) out[key] = step[key];
@@ -82,10 +80,11 @@ nlohmann::ordered_json orderedStep(const json& step) {
   return out;
 }
 
+// A scenario file as the examples are written: keys in the format's order, one per line, one
+// step a line.
 std::string formatOrdered(const json& scenario) {
-  static const char* kOrder[] = {"format", "name",     "description", "world_size",
-                                 "device", "dtype",    "timeout_s",   "reference_differs",
-                                 "steps"};
+  static const char* kOrder[] = {"format", "name",      "description",       "world_size", "device",
+                                 "dtype",  "timeout_s", "reference_differs", "steps"};
   std::vector<std::string> keys(std::begin(kOrder), std::end(kOrder));
   for (const auto& [key, value] : scenario.items()) {
     if (std::find(keys.begin(), keys.end(), key) == keys.end()) keys.push_back(key);
@@ -183,7 +182,8 @@ class TrialRunner {
     watcher_ = std::thread([this] {
       while (!done_.load()) {
         if (const int signal = pendingSignal(); signal != 0) {
-          interrupt_.interrupt(fmt::format("interrupted by signal {} ({})", signal, strsignal(signal)));
+          interrupt_.interrupt(
+              fmt::format("interrupted by signal {} ({})", signal, strsignal(signal)));
           return;
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -238,15 +238,17 @@ void say(const std::string& line) {
 int runShrink(const ShrinkOptions& options, const std::string& executable) {
   namespace fs = std::filesystem;
   if (!options.signatureOnly && options.output.empty()) {
-    usageError("shrink: no output file: pass -o OUT.json (or --signature to print the failure "
-               "signature only)");
+    usageError(
+        "shrink: no output file: pass -o OUT.json (or --signature to print the failure "
+        "signature only)");
     return kExitUsage;
   }
   std::error_code ec;
   if (!options.output.empty() && fs::equivalent(options.input, options.output, ec)) {
-    usageError(fmt::format("shrink: the output {} is the input file; write the shrunk scenario "
-                           "to another file, e.g. -o minimal.json",
-                           printable(options.output)));
+    usageError(
+        fmt::format("shrink: the output {} is the input file; write the shrunk scenario "
+                    "to another file, e.g. -o minimal.json",
+                    printable(options.output)));
     return kExitUsage;
   }
   if (!options.output.empty()) {
@@ -281,8 +283,9 @@ int runShrink(const ShrinkOptions& options, const std::string& executable) {
   // The failure to keep: a run with the scenario's own deadline.
   const Trial reference = runner.run(document, ownTimeout);
   if (reference.interrupted) {
-    fmt::print(stderr, "hmc-run: shrink: interrupted by signal {} ({}) during the first run; "
-                       "nothing written\n",
+    fmt::print(stderr,
+               "hmc-run: shrink: interrupted by signal {} ({}) during the first run; "
+               "nothing written\n",
                pendingSignal(), strsignal(pendingSignal()));
     return kExitInterrupted;
   }
@@ -307,19 +310,18 @@ int runShrink(const ShrinkOptions& options, const std::string& executable) {
   double trialTimeout = std::min(options.trialTimeoutS, ownTimeout);
   if (trialTimeout < ownTimeout) {
     const Trial quick = runner.run(document, trialTimeout);
-    if (!quick.interrupted &&
-        !scenario::failureSignature(quick.report).sameAs(signature, same)) {
-      say(fmt::format("# with a {:g} s deadline it fails differently ({}); trials use the "
-                      "scenario's own {:g} s",
-                      trialTimeout, scenario::failureSignature(quick.report).describe(),
-                      ownTimeout));
+    if (!quick.interrupted && !scenario::failureSignature(quick.report).sameAs(signature, same)) {
+      say(fmt::format(
+          "# with a {:g} s deadline it fails differently ({}); trials use the "
+          "scenario's own {:g} s",
+          trialTimeout, scenario::failureSignature(quick.report).describe(), ownTimeout));
       trialTimeout = ownTimeout;
     }
   }
-  say(fmt::format("# shrinking {}: trials on {} with a {:g} s deadline, at most {:g} s "
-                  "(--max-seconds), matching at --same {}",
-                  sizeText(document), runner.transport(), trialTimeout, options.maxSeconds,
-                  options.same));
+  say(fmt::format(
+      "# shrinking {}: trials on {} with a {:g} s deadline, at most {:g} s "
+      "(--max-seconds), matching at --same {}",
+      sizeText(document), runner.transport(), trialTimeout, options.maxSeconds, options.same));
 
   ShrinkProgress progress(isatty(STDERR_FILENO) != 0);
   bool interrupted = false;
@@ -384,9 +386,9 @@ int runShrink(const ShrinkOptions& options, const std::string& executable) {
                std::min(ownTimeout, trialTimeout * 4));
     return kExitFailed;
   }
-  std::string description = fmt::format("Shrunk by hmc-run shrink from {} ({}); fails: {}",
-                                        fs::path(options.input).filename().string(), from,
-                                        signature.describe());
+  std::string description =
+      fmt::format("Shrunk by hmc-run shrink from {} ({}); fails: {}",
+                  fs::path(options.input).filename().string(), from, signature.describe());
   if (options.asTest) {
     result = scenario::asTest(result, confirm.report.ranks);
     result["description"] = description + ". Every step expects what it did (--as-test)";
@@ -408,7 +410,8 @@ int runShrink(const ShrinkOptions& options, const std::string& executable) {
   }
   if (!write(result)) return kExitUsage;
   if (outOfTime) {
-    say(fmt::format("# stopped at --max-seconds {:g}: wrote the best so far; a longer run may "
+    say(
+        fmt::format("# stopped at --max-seconds {:g}: wrote the best so far; a longer run may "
                     "shrink it further",
                     options.maxSeconds));
   }

@@ -53,8 +53,9 @@ CLI::App* addShrinkCommand(CLI::App& app, ShrinkOptions& options) {
   shrink->add_flag("--signature", options.signatureOnly,
                    "Only run the scenario once and print its failure signature (no -o needed)");
   shrink
-      ->add_option("--log-level", options.logLevel,
-                   "Library log level on stderr during trials: trace, debug, info, warn, error, off")
+      ->add_option(
+          "--log-level", options.logLevel,
+          "Library log level on stderr during trials: trace, debug, info, warn, error, off")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}))
       ->capture_default_str();
   shrink->footer(

@@ -54,13 +54,14 @@ ScenarioReport skippedClose(int world, int skipper) {
 }
 
 json scenarioWith(int world, json steps) {
-  return {{"format", "hmc-scenario/1"}, {"name", "t"}, {"world_size", world},
-          {"timeout_s", 2},             {"steps", std::move(steps)}};
+  return {{"format", "hmc-scenario/1"},
+          {"name", "t"},
+          {"world_size", world},
+          {"timeout_s", 2},
+          {"steps", std::move(steps)}};
 }
 
-json createStep(const std::string& module) {
-  return {{"op", "create"}, {"module", module}};
-}
+json createStep(const std::string& module) { return {{"op", "create"}, {"module", module}}; }
 
 }  // namespace
 
@@ -82,8 +83,8 @@ TEST_SUITE("shrink") {
     CHECK(big.stage == "close validation");
     CHECK(big.ranks == "hang, skipped");
     CHECK(big.sameAs(small, SameLevel::kAll));
-    CHECK(big.describe().rfind("hang in 'close validation' at close_all; ranks: hang, skipped", 0) ==
-          0);
+    CHECK(big.describe().rfind("hang in 'close validation' at close_all; ranks: hang, skipped",
+                               0) == 0);
   }
 
   TEST_CASE("the levels of --same compare less and less") {
@@ -146,7 +147,8 @@ TEST_SUITE("shrink") {
     CHECK(failureSignature(report).kind == FailureKind::kUnmet);
   }
 
-  TEST_CASE("a run that passes without a leak has no failure; one whose shutdown leaves resources does") {
+  TEST_CASE(
+      "a run that passes without a leak has no failure; one whose shutdown leaves resources does") {
     ScenarioReport report;
     RankResult rank;
     rank.steps.push_back(stepResult(0, Op::kCreate, StepStatus::kOk, true));
@@ -215,7 +217,9 @@ TEST_SUITE("shrink") {
   TEST_CASE("the shrinker finds the two needed steps and two ranks, and simplifies the rest") {
     json steps = json::array();
     for (int i = 0; i < 200; ++i) {
-      steps.push_back({{"op", "create"}, {"module", "noise" + std::to_string(i)}, {"features", 64},
+      steps.push_back({{"op", "create"},
+                       {"module", "noise" + std::to_string(i)},
+                       {"features", 64},
                        {"label", "noise"}});
     }
     steps[60] = {{"op", "create"}, {"module", "victim"}, {"features", 64}};
@@ -254,9 +258,12 @@ TEST_SUITE("shrink") {
     json scenario = scenarioWith(
         2, json::array({{{"op", "repeat"},
                          {"count", 50},
-                         {"steps", json::array({createStep("a"), {{"op", "drop"}, {"module", "a"}},
+                         {"steps", json::array({createStep("a"),
+                                                {{"op", "drop"}, {"module", "a"}},
                                                 {{"op", "barrier"}, {"repeat", 9}}})}}}));
-    auto fails = [](const json& candidate) { return candidate.dump().find("barrier") != std::string::npos; };
+    auto fails = [](const json& candidate) {
+      return candidate.dump().find("barrier") != std::string::npos;
+    };
     Shrinker shrinker(scenario, fails);
     const json best = shrinker.run();
     REQUIRE(best["steps"].size() == 1);
@@ -268,8 +275,9 @@ TEST_SUITE("shrink") {
     json steps = json::array();
     for (int i = 0; i < 100; ++i) steps.push_back({{"op", "barrier"}});
     int calls = 0;
-    Shrinker shrinker(scenarioWith(2, steps), [&](const json&) { return ++calls > 0; },
-                      [&] { return calls >= 3; });
+    Shrinker shrinker(
+        scenarioWith(2, steps), [&](const json&) { return ++calls > 0; },
+        [&] { return calls >= 3; });
     const json best = shrinker.run();
     CHECK(shrinker.stopped());
     CHECK(calls == 3);
@@ -285,10 +293,11 @@ TEST_SUITE("shrink") {
                            StepError{hmc::ErrorKind::kTimeout, "'close validation' #1 timed out"})};
     RankResult r1;
     r1.rank = 1;
-    r1.steps = {stepResult(0, Op::kCreate, StepStatus::kOk, true),
-                stepResult(1, Op::kCloseAll, StepStatus::kError, false,
-                           StepError{hmc::ErrorKind::kRuntimeError,
-                                     "close failed on ranks [1]: injected workspace close failure"})};
+    r1.steps = {
+        stepResult(0, Op::kCreate, StepStatus::kOk, true),
+        stepResult(1, Op::kCloseAll, StepStatus::kError, false,
+                   StepError{hmc::ErrorKind::kRuntimeError,
+                             "close failed on ranks [1]: injected workspace close failure"})};
     const json test = asTest(scenario, {r0, r1});
     REQUIRE(test["steps"].size() == 3);
     CHECK(test["steps"][0]["expect"] == "ok");

@@ -88,8 +88,7 @@ std::string FailureSignature::describe() const {
 }
 
 nlohmann::json FailureSignature::toJson() const {
-  return {{"kind", enumName(kind)}, {"op", op},     {"stage", stage},
-          {"ranks", ranks},         {"text", text}};
+  return {{"kind", enumName(kind)}, {"op", op}, {"stage", stage}, {"ranks", ranks}, {"text", text}};
 }
 
 FailureSignature failureSignature(const ScenarioReport& report) {
@@ -117,7 +116,9 @@ FailureSignature failureSignature(const ScenarioReport& report) {
       signature.stage = "shutdown";
       std::set<std::string> texts;
       for (const auto& rank : ranks) {
-        pattern.insert(!rank.leaks.checked ? "unchecked" : rank.leaks.leaked() ? "leaked" : "clean");
+        pattern.insert(!rank.leaks.checked   ? "unchecked"
+                       : rank.leaks.leaked() ? "leaked"
+                                             : "clean");
         if (rank.leaks.shutdownError) texts.insert(maskText(*rank.leaks.shutdownError));
       }
       signature.text = joined(texts, " | ");
@@ -151,17 +152,15 @@ FailureSignature failureSignature(const ScenarioReport& report) {
       rankFailure = rankFailure || step->error->kind == ErrorKind::kRankFailure;
       collectiveMismatch =
           collectiveMismatch || step->error->kind == ErrorKind::kCollectiveMismatch;
-      texts.insert(fmt::format("{}: {}", toString(step->error->kind),
-                               maskText(step->error->message)));
+      texts.insert(
+          fmt::format("{}: {}", toString(step->error->kind), maskText(step->error->message)));
       addStagesOf(step->error->message, &stages);
     } else {
-      texts.insert(fmt::format("{} where an error or a hang was expected",
-                               toString(step->status)));
+      texts.insert(fmt::format("{} where an error or a hang was expected", toString(step->status)));
     }
   }
-  const auto mismatch =
-      std::find_if(report.mismatches.begin(), report.mismatches.end(),
-                   [&](const MismatchReport& m) { return m.step == *index; });
+  const auto mismatch = std::find_if(report.mismatches.begin(), report.mismatches.end(),
+                                     [&](const MismatchReport& m) { return m.step == *index; });
   if (anyCrash && rankFailure) {
     signature.kind = FailureKind::kCrash;
   } else if (hang) {

@@ -271,7 +271,8 @@ bool Shrinker::shrinkNumber(const Pointer& pointer, double floor) {
   if (attempt(with(floor))) return true;
   bool changed = false;
   for (int i = 0; i < 20 && !stopped_; ++i) {
-    const double half = integer ? static_cast<double>(static_cast<std::int64_t>(value / 2)) : value / 2;
+    const double half =
+        integer ? static_cast<double>(static_cast<std::int64_t>(value / 2)) : value / 2;
     if (half <= floor || half >= value || !attempt(with(half))) break;
     value = half;
     changed = true;
