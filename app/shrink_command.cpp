@@ -388,7 +388,7 @@ int runShrink(const ShrinkOptions& options, const std::string& executable) {
   }
   std::string description =
       fmt::format("Shrunk by hmc-run shrink from {} ({}); fails: {}",
-                  fs::path(options.input).filename().string(), from, signature.describe());
+                  fs::path(options.input).filename().string(), from, got.describe());
   if (options.asTest) {
     result = scenario::asTest(result, confirm.report.ranks);
     result["description"] = description + ". Every step expects what it did (--as-test)";
@@ -419,7 +419,7 @@ int runShrink(const ShrinkOptions& options, const std::string& executable) {
     say(fmt::format("# hang: {}", confirm.report.hang->diagnosis));
   }
   say(fmt::format("shrunk {} to {} in {} trials ({:.0f} s); same failure: {}; wrote {}", from,
-                  sizeText(result), grouped(trials), elapsed(), signature.summary(),
+                  sizeText(result), grouped(trials), elapsed(), got.summary(),
                   printable(options.output)));
   return 0;
 }

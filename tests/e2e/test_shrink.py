@@ -155,6 +155,28 @@ def leak_at_shutdown():
           f"the two modules must keep different sizes: {doc['steps']}")
 
 
+def failure_inside_repeat_blocks():
+    # The report names only top-level steps: the failure shows as the repeat op. Counts go to 1,
+    # the noise inside the blocks goes, and the block that runs once is unwrapped.
+    doc = {"format": "hmc-scenario/1", "name": "in-repeats", "world_size": 8, "device": "cpu",
+           "timeout_s": 1, "steps": [
+               {"op": "repeat", "count": 200, "label": "churn", "steps": [
+                   {"op": "create", "module": "x"}, {"op": "forward", "module": "x"},
+                   {"op": "drop", "module": "x"}]},
+               {"op": "barrier", "repeat": 50},
+               {"op": "repeat", "count": 30, "steps": [
+                   {"op": "create", "module": "y"}, {"op": "forward", "module": "y"},
+                   {"op": "barrier"},
+                   {"op": "fault", "kind": "close_error", "count": 1, "ranks": [5]},
+                   {"op": "close_all"}, {"op": "drop", "module": "y"}]}]}
+    path = os.path.join(WORK, "in-repeats.json")
+    with open(path, "w") as f:
+        json.dump(doc, f)
+    out, small, proc = shrink(path)
+    check(ops(small) == ["create", "forward", "fault", "close_all"] and small["world_size"] == 1,
+          f"expected the block's four steps on one rank\n{json.dumps(small)}\n{output(proc)}")
+
+
 # ---- the rest of the contract ----------------------------------------------------------------
 
 def signature_is_stable_across_runs():
@@ -243,6 +265,7 @@ def main():
     for function in (passing_scenario_is_refused, usage_errors,
                      skipped_close_among_hundreds_of_steps, divergent_signature_on_one_rank,
                      ranks_in_different_stages, crash, close_error_retried, leak_at_shutdown,
+                     failure_inside_repeat_blocks,
                      signature_is_stable_across_runs, as_test_passes_while_the_bug_stays,
                      max_seconds_writes_the_best_so_far, sigint_writes_the_best_so_far):
         test(function)

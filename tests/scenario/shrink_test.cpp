@@ -96,6 +96,11 @@ TEST_SUITE("shrink") {
     b.text = "timeout: something else";
     CHECK_FALSE(a.sameAs(b, SameLevel::kText));
     CHECK(a.sameAs(b, SameLevel::kStage));
+    b.op = "repeat";  // a failure inside a repeat op: its nested op is not known
+    CHECK(a.sameAs(b, SameLevel::kStage));
+    b.op = "close";
+    CHECK_FALSE(a.sameAs(b, SameLevel::kStage));
+    b.op = a.op;
     b.stage = "recycle";
     CHECK_FALSE(a.sameAs(b, SameLevel::kStage));
     CHECK(a.sameAs(b, SameLevel::kOutcome));

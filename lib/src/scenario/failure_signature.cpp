@@ -62,7 +62,10 @@ std::string maskText(std::string_view text) {
 
 bool FailureSignature::sameAs(const FailureSignature& other, SameLevel level) const {
   if (kind != other.kind) return false;
-  if (level >= SameLevel::kStage && (op != other.op || stage != other.stage)) return false;
+  // A failure inside a repeat op shows as the repeat (the report has top-level steps only):
+  // its op is unknown, so it matches any op, and a repeat that runs once can be unwrapped.
+  const bool sameOp = op == other.op || op == "repeat" || other.op == "repeat";
+  if (level >= SameLevel::kStage && (!sameOp || stage != other.stage)) return false;
   if (level >= SameLevel::kText && text != other.text) return false;
   if (level >= SameLevel::kAll && ranks != other.ranks) return false;
   return true;

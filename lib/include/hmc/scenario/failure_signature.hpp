@@ -68,7 +68,8 @@ struct FailureSignature {
   std::string text;   // masked messages, distinct and sorted, joined with " | "
 
   bool fails() const noexcept { return kind != FailureKind::kNone; }
-  // Whether `other` is the same failure at `level`.
+  // Whether `other` is the same failure at `level`. An op "repeat" (a failure inside a repeat
+  // op, whose nested op the report does not say) matches any op.
   bool sameAs(const FailureSignature& other, SameLevel level) const;
   // "hang in 'close validation' at close_all; ranks: hang, skipped; text: timeout: ..."
   std::string describe() const;
