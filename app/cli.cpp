@@ -216,6 +216,8 @@ CommandLine::CommandLine()
       "  hmc-run status --master-port 29500                where each rank of a running job is\n"
       "  hmc-run validate scenarios/*.json                 check files without running them\n"
       "  hmc-run list scenarios/                           names and descriptions\n"
+      "  hmc-run shrink big-failing.json -o minimal.json   the smallest scenario that fails the\n"
+      "                                                    same way (docs/shrink.md)\n"
       "\n"
       "Exit codes: 0 every expectation met, 1 an expectation failed, 2 bad input or usage,\n"
       "3 an unexpected hang, 130 interrupted. Formats: docs/scenario-format.md (hmc-scenario/1,\n"
@@ -244,6 +246,8 @@ CommandLine::CommandLine()
   listCommand->add_option("directory", listDirectory, "A directory of scenario files")->required();
 
   compareCommand = addCompareCommand(app, compare);  // app/compare_command.*
+
+  shrinkCommand = addShrinkCommand(app, shrink);  // app/shrink_command.hpp
 }
 
 std::optional<int> CommandLine::parse(int argc, char** argv) {
@@ -264,7 +268,7 @@ std::optional<int> CommandLine::parse(int argc, char** argv) {
 }
 
 bool CommandLine::needsTorch() const {
-  if (*rankCommand) return true;
+  if (*rankCommand || *shrinkCommand) return true;
   if (*compareCommand || *validateCommand || *listCommand) return false;
   return *statusCommand || !run.paths.empty();
 }

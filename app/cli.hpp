@@ -14,6 +14,7 @@
 #include "compare_command.hpp"
 #include "hmc/collective/transport.hpp"
 #include "rank_launch.hpp"
+#include "shrink_command.hpp"
 #include "status_command.hpp"
 
 namespace hmc::app {
@@ -50,7 +51,7 @@ struct CommandLine {
   // Parses argv. Returns the exit code when parsing ended the command (--help and --version
   // printed, or a usage error printed to stderr), else nullopt.
   std::optional<int> parse(int argc, char** argv);
-  // Whether the parsed command needs LibTorch: a scenario run, `_rank` or `status`.
+  // Whether the parsed command needs LibTorch: a scenario run, `_rank`, `status` or `shrink`.
   bool needsTorch() const;
   // Runs a parsed command that needs no LibTorch (validate, list, compare, or no command at
   // all: the "no scenario given" usage error) and returns its exit code. Only when
@@ -62,6 +63,7 @@ struct CommandLine {
   RankLaunch rankLaunch;
   StatusOptions status;
   CompareOptions compare;
+  ShrinkOptions shrink;
   std::vector<std::string> validateFiles;
   std::optional<int> validateWorldSize;
   std::string listDirectory;
@@ -71,6 +73,7 @@ struct CommandLine {
   CLI::App* statusCommand = nullptr;
   CLI::App* listCommand = nullptr;
   CLI::App* compareCommand = nullptr;
+  CLI::App* shrinkCommand = nullptr;
 };
 
 // The `hmc` logger on stderr at `level` (trace ... off).

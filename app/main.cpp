@@ -447,6 +447,15 @@ int main(int argc, char** argv) {
     hmc::app::setUpLogging(cli.rankLaunch.logLevel);
     return runRankCommand(cli.rankLaunch);
   }
+  if (*cli.shrinkCommand) {
+    hmc::app::setUpLogging(cli.shrink.logLevel);
+    try {
+      return hmc::app::runShrink(cli.shrink, selfExecutable(argv[0]));
+    } catch (const std::exception& error) {
+      fmt::print(stderr, "hmc-run: shrink: internal error: {}\n", withLimitHint(error.what()));
+      return 1;
+    }
+  }
   const RunOptions& options = cli.run;
   hmc::app::setUpLogging(options.logLevel);
   if (*cli.statusCommand) {
