@@ -50,6 +50,7 @@
 #include "run_plan.hpp"
 #include "signals.hpp"
 #include "status_command.hpp"
+#include "terminal_line.hpp"
 #include "world_driver.hpp"
 
 namespace fs = std::filesystem;
@@ -95,7 +96,7 @@ std::string isoNow() {
 class Progress {
  public:
   using Clock = std::chrono::steady_clock;
-  explicit Progress(bool enabled) : enabled_(enabled) {}
+  explicit Progress(bool enabled) : line_(enabled) {}
   // A scenario of `repetitions` cycles begins.
   void begin(std::size_t repetitions) {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -105,16 +106,15 @@ class Progress {
     shown_ = {};
   }
   void step(const std::string& name, const hmc::scenario::StepResult& step, std::size_t total) {
-    if (!enabled_) return;
+    if (!line_.enabled()) return;
     std::lock_guard<std::mutex> lock(mutex_);
     if (repetitions_ > 1) return;  // the cycles say more
-    fmt::print(stderr, "\r\033[K# {}: step {}/{} {} ", name, step.index + 1, total,
-               hmc::scenario::toString(step.op));
-    std::fflush(stderr);
+    line_.show(fmt::format("# {}: step {}/{} {} ", name, step.index + 1, total,
+                           hmc::scenario::toString(step.op)));
   }
   // One more cycle ended; shown at most five times a second, and at the last.
   void cycle(const std::string& name) {
-    if (!enabled_) return;
+    if (!line_.enabled()) return;
     std::lock_guard<std::mutex> lock(mutex_);
     ++done_;
     if (repetitions_ <= 1) return;
@@ -124,18 +124,16 @@ class Progress {
     const double elapsed = std::chrono::duration<double>(now - began_).count();
     const double left = elapsed / static_cast<double>(done_) *
                         static_cast<double>(repetitions_ - done_);
-    fmt::print(stderr, "\r\033[K# {}: cycle {} of {}, {:.1f} s elapsed, about {:.0f} s left ",
-               name, done_, repetitions_, elapsed, left);
-    std::fflush(stderr);
+    line_.show(fmt::format("# {}: cycle {} of {}, {:.1f} s elapsed, about {:.0f} s left ", name,
+                           done_, repetitions_, elapsed, left));
   }
   void clear() {
-    if (!enabled_) return;
-    fmt::print(stderr, "\r\033[K");
-    std::fflush(stderr);
+    std::lock_guard<std::mutex> lock(mutex_);
+    line_.clear();
   }
 
  private:
-  bool enabled_;
+  hmc::app::TerminalLine line_;
   std::mutex mutex_;
   std::size_t repetitions_ = 1;
   std::size_t done_ = 0;

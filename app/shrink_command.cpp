@@ -26,6 +26,7 @@
 #include "hmc/text.hpp"
 #include "run_plan.hpp"
 #include "signals.hpp"
+#include "terminal_line.hpp"
 #include "world_driver.hpp"
 
 namespace hmc::app {
@@ -211,21 +212,16 @@ class TrialRunner {
 // terminal; nothing in a pipe.
 class ShrinkProgress {
  public:
-  explicit ShrinkProgress(bool enabled) : enabled_(enabled) {}
+  explicit ShrinkProgress(bool enabled) : line_(enabled) {}
   void show(std::size_t trial, const json& trying, const json& best, double seconds) {
-    if (!enabled_) return;
-    fmt::print(stderr, "\r\033[K# shrink: trial {}, trying {}, best {}, {:.0f} s", trial,
-               sizeText(trying), sizeText(best), seconds);
-    std::fflush(stderr);
+    if (!line_.enabled()) return;
+    line_.show(fmt::format("# shrink: trial {}, trying {}, best {}, {:.0f} s", trial,
+                           sizeText(trying), sizeText(best), seconds));
   }
-  void clear() {
-    if (!enabled_) return;
-    fmt::print(stderr, "\r\033[K");
-    std::fflush(stderr);
-  }
+  void clear() { line_.clear(); }
 
  private:
-  bool enabled_;
+  TerminalLine line_;
 };
 
 void say(const std::string& line) {
