@@ -201,10 +201,20 @@ struct Axis {
   }
   std::vector<double> ticks(int count) const {
     if (!log) return linearTicks(low, high, count);
-    std::vector<double> out;
+    std::vector<double> decades;
     for (double decade = std::pow(10.0, std::floor(std::log10(low))); decade <= high * 1.0001;
          decade *= 10) {
-      if (decade >= low * 0.9999) out.push_back(decade);
+      decades.push_back(decade);
+    }
+    // Decades alone where the axis spans several; 1-2-5 within each where it spans few.
+    const bool fine = decades.size() <= 3;
+    std::vector<double> out;
+    for (const double decade : decades) {
+      for (const double factor : {1.0, 2.0, 5.0}) {
+        if (factor != 1.0 && !fine) continue;
+        const double tick = decade * factor;
+        if (tick >= low * 0.9999 && tick <= high * 1.0001) out.push_back(tick);
+      }
     }
     if (out.size() < 2) return linearTicks(low, high, count);
     return out;
@@ -220,13 +230,12 @@ std::vector<double> thinned(const std::vector<double>& values, std::size_t limit
   return out;
 }
 
+// By nearest rank, as the report's `timings` are, so that the page and the table agree.
 double quantile(std::vector<double> values, double q) {
   if (values.empty()) return 0;
   std::sort(values.begin(), values.end());
-  const double position = q * static_cast<double>(values.size() - 1);
-  const auto below = static_cast<std::size_t>(std::floor(position));
-  const auto above = std::min(below + 1, values.size() - 1);
-  return values[below] + (values[above] - values[below]) * (position - static_cast<double>(below));
+  const auto rank = static_cast<std::size_t>(std::ceil(q * static_cast<double>(values.size())));
+  return values[std::min(std::max<std::size_t>(rank, 1), values.size()) - 1];
 }
 
 // A deterministic jitter in [-1, 1] for the i-th dot.
@@ -349,7 +358,8 @@ std::string rangesOf(std::vector<long long> ranks) {
 }
 
 // What a reader needs first: the hang (who waits where, who is missing), crashes, mismatches.
-void summaryCallouts(std::string& out, const json& report, const HangFacts& facts) {
+void summaryCallouts(std::string& out, const json& report, const HangFacts& facts,
+                     const std::string& id) {
   const std::string outcome = outcomeOf(report);
   if (outcome == "invalid") {
     const json& error = objectOf(child(report, "error"));
@@ -428,6 +438,32 @@ void summaryCallouts(std::string& out, const json& report, const HangFacts& fact
     }
     out += "</div>\n";
   }
+  // Leaks: what a run left behind, and what grew over its cycles (details further down).
+  const json& leakSection = objectOf(child(report, "leaks"));
+  if (flag(leakSection, "leaked")) {
+    std::vector<long long> leaking;
+    for (const auto& rank : objectOf(arrayOf(leakSection, "ranks"))) {
+      if (flag(rank, "leaked")) leaking.push_back(integerOf(rank, "rank").value_or(-1));
+    }
+    out += fmt::format("<div class=\"callout leak\"><strong class=\"head\">Resources left "
+                       "behind</strong>rank{} {} still held groups or workspaces at the end "
+                       "(<a href=\"#{}-leaks\">leaks</a>).</div>\n",
+                       leaking.size() == 1 ? "" : "s", esc(rangesOf(leaking)), id);
+  }
+  if (const json* trends = child(report, "leak_trends")) {
+    if (const json* texts = arrayOf(*trends, "leaks"); texts && !texts->empty()) {
+      out += fmt::format("<div class=\"callout leak\" id=\"{}-leak-summary\"><strong "
+                         "class=\"head\">Leak: {} series grow{} over the cycles</strong>",
+                         id, texts->size(), texts->size() == 1 ? "s" : "");
+      std::size_t shown = 0;
+      for (const auto& text : *texts) {
+        if (shown++ >= 8) break;
+        out += "<div>" + esc(text.is_string() ? text.get<std::string>() : text.dump()) + "</div>";
+      }
+      if (texts->size() > 8) out += fmt::format("<div class=\"note\">{} more</div>", texts->size() - 8);
+      out += fmt::format("<a href=\"#{}-leak-trends\">the trend plots</a></div>\n", id);
+    }
+  }
   if (outcome == "pass" && child(report, "hang") == nullptr && crashes.empty()) {
     out += "<div class=\"callout pass\"><strong class=\"head\">Every step on every rank met its "
            "expectation</strong></div>\n";
@@ -446,6 +482,8 @@ void timelineLegend(std::string& out) {
   }
   out += "<span><span class=\"sw\" style=\"background:repeating-linear-gradient(45deg,#fff,#fff "
          "3px,#999 3px,#999 5px)\"></span>no result (the rank process died)</span>";
+  out += "<span><span class=\"sw\" style=\"background:#D55E00;width:5px;border:1px solid "
+         "#000\"></span>where a rank crashed</span>";
   out += "<span><span class=\"sw\" style=\"border:3px solid #000\"></span>unexpected "
          "(did not meet the step's expect)</span>";
   out += "<span><span class=\"sw\" style=\"border:2px dashed #8E3B74;background:#fff\"></span>the "
@@ -615,6 +653,23 @@ void timeline(std::string& out, const json& report, const HangFacts& facts, cons
                                px(x + cellW / 2), px(y + cellH / 2 + fontSize / 2 - 1), fontSize);
           }
         }
+      }
+    }
+    // Where a rank that crashed stopped: after the last step it ran.
+    if (flag(rank, "crashed") && steps != nullptr && !steps->empty()) {
+      long long last = -1;
+      for (const auto& step : *steps) {
+        const std::string status = textOf(step, "status");
+        if (status != "skipped" && status != "not_run") last = integerOf(step, "index").value_or(last);
+      }
+      const long long column = last - static_cast<long long>(firstStep);
+      if (column >= 0 && column < static_cast<long long>(shownSteps)) {
+        const double x = labelW + cellW * static_cast<double>(column + 1);
+        out += fmt::format("<rect class=\"crash-mark\" x=\"{}\" y=\"{}\" width=\"5\" "
+                           "height=\"{}\" fill=\"#D55E00\" stroke=\"#000\" stroke-width=\"0.8\">"
+                           "<title>rank {} crashed here: {}</title></rect>",
+                           px(x - 2.5), px(y - 2), px(cellH + 4), r,
+                           esc(textOf(rank, "crash_reason", "crashed")));
       }
     }
     // What the hang diagnosis says of this rank, or its crash, at the right.
@@ -951,9 +1006,12 @@ void trendPlot(std::string& out, const json& series, long long cycles, long long
                          formatValue(*ciHigh, unit));
   }
   if (const auto threshold = numberOf(series, "threshold_per_cycle")) {
-    facts += fmt::format("; a leak above {} per cycle", formatValue(*threshold, unit));
+    facts += fmt::format("{}a leak above {} per cycle", facts.empty() ? "" : "; ",
+                         formatValue(*threshold, unit));
   }
-  if (step > 1) facts += fmt::format("; {} of {} values drawn", points.size(), all.size());
+  if (step > 1) {
+    facts += fmt::format("{}{} of {} values drawn", facts.empty() ? "" : "; ", points.size(), all.size());
+  }
   if (!facts.empty()) out += "<div class=\"note\">" + esc(facts) + "</div>";
   out += "</div>\n";
 }
@@ -1027,16 +1085,6 @@ void leaks(std::string& out, const json& report, const std::string& id) {
     out += fmt::format("<p class=\"sub\">{} cycles, the first {} a warm-up (grey); a line fitted to "
                        "the rest, the band between the slopes of its {:g}% confidence interval.</p>\n",
                        cycles, warmup, confidence * 100);
-    if (const json* leakTexts = arrayOf(*trends, "leaks"); leakTexts && !leakTexts->empty()) {
-      out += "<div class=\"callout leak\"><strong class=\"head\">Growing over the cycles</strong>";
-      std::size_t shown = 0;
-      for (const auto& text : *leakTexts) {
-        if (shown++ >= 16) break;
-        out += "<div>" + esc(text.is_string() ? text.get<std::string>() : text.dump()) + "</div>";
-      }
-      if (leakTexts->size() > 16) out += fmt::format("<div class=\"note\">{} more</div>", leakTexts->size() - 16);
-      out += "</div>\n";
-    }
     std::vector<const json*> series;
     if (const json* all = arrayOf(*trends, "series")) {
       for (const auto& s : *all) series.push_back(&s);
@@ -1140,7 +1188,7 @@ void reportSection(std::string& out, const json& report, const std::string& id, 
   if (!textOf(env, "started_at").empty()) sub += " \u00b7 " + textOf(env, "started_at");
   if (flag(report, "interrupted")) sub += " \u00b7 INTERRUPTED";
   if (!sub.empty()) out += "<p class=\"sub\">" + esc(sub) + "</p>\n";
-  summaryCallouts(out, report, facts);
+  summaryCallouts(out, report, facts, id);
   if (outcome != "invalid") {
     out += "<h3 id=\"" + id + "-steps\">Steps per rank</h3>\n";
     timeline(out, report, facts, id);
