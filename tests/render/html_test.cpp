@@ -169,6 +169,22 @@ TEST_CASE("leak trends are drawn leaks first with the fitted line and the band")
   CHECK(page.find("open descriptors grow 0.10 per cycle (99% CI 0.08-0.12) over 200 cycles: leak") !=
         std::string::npos);
   CHECK(page.find("warm-up") != std::string::npos);
+  // Read first: the leak, above the timeline, linking to the plots.
+  const auto summary = page.find("id=\"r0-leak-summary\"");
+  REQUIRE(summary != std::string::npos);
+  CHECK(summary < page.find("r0-timeline"));
+  CHECK(page.find("Leak: 1 series grows over the cycles") != std::string::npos);
+}
+
+TEST_CASE("a rank that crashed after some steps is marked where it stopped") {
+  json report = hangReport();
+  report["ranks"][1]["crashed"] = true;
+  report["ranks"][1]["crash_reason"] = "fault crash at step 1";
+  report["ranks"][1]["steps"][2]["status"] = "not_run";
+  report["ranks"][1]["steps"][3]["status"] = "not_run";
+  const std::string page = renderHtmlReport(report);
+  CHECK(count(page, "class=\"crash-mark\"") == 1);
+  CHECK(page.find("rank 1 crashed here: fault crash at step 1") != std::string::npos);
 }
 
 TEST_CASE("a crashed rank without steps is drawn as no result, with its reason") {

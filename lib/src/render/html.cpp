@@ -822,10 +822,12 @@ void timingDistributions(std::string& out, const json& report, const std::string
       }
       const double q1 = quantile(row.values, 0.25), q2 = quantile(row.values, 0.5),
                    q3 = quantile(row.values, 0.75), p95 = quantile(row.values, 0.95);
-      out += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"{}\" "
-                         "fill-opacity=\"0.15\" stroke=\"{}\"/>",
-                         px(axis(q1)), px(mid - 18), px(std::max(1.0, axis(q3) - axis(q1))), px(36),
-                         colours[i % 2], colours[i % 2]);
+      if (row.values.size() >= 5) {  // a box of fewer values says nothing the dots do not
+        out += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"{}\" "
+                           "fill-opacity=\"0.15\" stroke=\"{}\"/>",
+                           px(axis(q1)), px(mid - 18), px(std::max(1.0, axis(q3) - axis(q1))),
+                           px(36), colours[i % 2], colours[i % 2]);
+      }
       const auto dots = thinned(row.values, kMaxDots);
       for (std::size_t d = 0; d < dots.size(); ++d) {
         out += fmt::format("<circle cx=\"{}\" cy=\"{}\" r=\"2.6\" fill=\"{}\" fill-opacity=\"0.7\"/>",
@@ -1244,7 +1246,7 @@ void comparePlot(std::string& out, const json& metric) {
   const double pad = std::max((high - low) * 0.1, std::fabs(high) * 0.02 + 1e-12);
   low = std::max(0.0, low - pad);
   high += pad;
-  const double width = 430, height = 130, left = 82, right = 14, rowH = 38, top = 8;
+  const double width = 430, height = 108, left = 82, right = 14, rowH = 38, top = 8;
   const Axis x{low, high, left, width - right, false};
   out += "<div class=\"plot metric v-" + esc(verdict) + "\"><h4><span class=\"mono\">" + esc(name) +
          "</span>";
