@@ -245,6 +245,21 @@ TEST_CASE("a huge run's page is bounded and says what was left out") {
   CHECK(page.size() < 8u * 1024 * 1024);
 }
 
+TEST_CASE("a hang diagnosis that names every rank of a big world is cut, saying so") {
+  json report = hangReport();
+  std::string diagnosis = "rank 0 waits in 'close validation' #1 (step 2)";
+  for (int r = 1; r < 4096; ++r) {
+    diagnosis += "; rank " + std::to_string(r) +
+                 " never arrived: last completed 'recycle' #0 (step 1), finished its steps";
+  }
+  report["hang"]["diagnosis"] = diagnosis;
+  const std::string page = renderHtmlReport(report);
+  CHECK(page.find("more characters in the JSON report") != std::string::npos);
+  CHECK(page.find("rank 4095 never arrived") == std::string::npos);
+  CHECK(page.find("Missing: ranks 1-4095</strong>") != std::string::npos);
+  CHECK(page.size() < 8u * 1024 * 1024);
+}
+
 TEST_CASE("renderers refuse a document of another format") {
   CHECK_THROWS_AS(renderHtmlReport(json{{"format", "hmc-compare/1"}}), hmc::ValueError);
   CHECK_THROWS_AS(renderHtmlCompare(json{{"format", "hmc-report/1"}}), hmc::ValueError);

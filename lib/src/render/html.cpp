@@ -55,6 +55,16 @@ namespace {
 
 std::string esc(std::string_view text) { return escapeHtml(text); }
 
+// At most `limit` bytes of `text` (whole UTF-8 characters), saying how much was cut: texts from
+// a report grow with the world (a hang diagnosis names every rank), the page must not.
+std::string clip(const std::string& text, std::size_t limit) {
+  if (text.size() <= limit) return text;
+  std::size_t cut = limit;
+  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
+  return text.substr(0, cut) + fmt::format("\u2026 ({} more characters in the JSON report)",
+                                           text.size() - cut);
+}
+
 const json& emptyObject() {
   static const json empty = json::object();
   return empty;
@@ -399,14 +409,15 @@ void summaryCallouts(std::string& out, const json& report, const HangFacts& fact
       out += "<strong>Missing: rank" + std::string(missing.size() > 1 ? "s " : " ") +
              esc(rangesOf(missing)) + "</strong> (never arrived). ";
     }
-    out += "<br><span class=\"mono\">" + esc(textOf(*hang, "diagnosis")) + "</span></div>\n";
+    out += "<br><span class=\"mono\">" + esc(clip(textOf(*hang, "diagnosis"), 600)) +
+           "</span></div>\n";
   }
   std::vector<std::string> crashes;
   if (const json* ranks = arrayOf(report, "ranks")) {
     for (const auto& rank : *ranks) {
       if (!flag(rank, "crashed")) continue;
       crashes.push_back(fmt::format("rank {}: {}", integerOf(rank, "rank").value_or(-1),
-                                    textOf(rank, "crash_reason", "crashed")));
+                                    clip(textOf(rank, "crash_reason", "crashed"), 400)));
     }
   }
   if (!crashes.empty()) {
@@ -431,7 +442,7 @@ void summaryCallouts(std::string& out, const json& report, const HangFacts& fact
       if (++shown > 16) break;
       out += fmt::format("<div class=\"mono\">rank {} step {}: {}</div>",
                          integerOf(m, "rank").value_or(-1), integerOf(m, "step").value_or(-1),
-                         esc(textOf(m, "message")));
+                         esc(clip(textOf(m, "message"), 400)));
     }
     if (mismatches->size() > 16) {
       out += fmt::format("<div class=\"note\">{} more in the JSON report</div>", mismatches->size() - 16);
@@ -611,7 +622,7 @@ void timeline(std::string& out, const json& report, const HangFacts& facts, cons
                          "stroke=\"#57606a\"><title>{}</title></rect>",
                          px(labelW), px(y + 1), px(gridW), px(cellH - 2), id,
                          esc(fmt::format("rank {}: no result ({})", r,
-                                         textOf(rank, "crash_reason", "no steps reported"))));
+                                         clip(textOf(rank, "crash_reason", "no steps reported"), 400))));
     } else {
       for (std::size_t s = 0; s < shownSteps && firstStep + s < steps->size(); ++s) {
         const json& step = (*steps)[firstStep + s];
@@ -626,7 +637,7 @@ void timeline(std::string& out, const json& report, const HangFacts& facts, cons
           tip += " in " + formatSeconds(*seconds);
         }
         if (const json* error = child(step, "error")) {
-          tip += "\n" + textOf(*error, "kind") + ": " + textOf(*error, "message");
+          tip += "\n" + textOf(*error, "kind") + ": " + clip(textOf(*error, "message"), 400);
         }
         if (!textOf(step, "label").empty()) tip += "\nlabel: " + textOf(step, "label");
         const double inset = expected ? 1 : 2.5;
@@ -669,7 +680,7 @@ void timeline(std::string& out, const json& report, const HangFacts& facts, cons
                            "height=\"{}\" fill=\"#D55E00\" stroke=\"#000\" stroke-width=\"0.8\">"
                            "<title>rank {} crashed here: {}</title></rect>",
                            px(x - 2.5), px(y - 2), px(cellH + 4), r,
-                           esc(textOf(rank, "crash_reason", "crashed")));
+                           esc(clip(textOf(rank, "crash_reason", "crashed"), 400)));
       }
     }
     // What the hang diagnosis says of this rank, or its crash, at the right.
@@ -677,7 +688,7 @@ void timeline(std::string& out, const json& report, const HangFacts& facts, cons
     if (facts.byRank.count(r)) {
       note = facts.byRank.at(r);
     } else if (flag(rank, "crashed")) {
-      note = "crashed: " + textOf(rank, "crash_reason");
+      note = "crashed: " + clip(textOf(rank, "crash_reason"), 400);
     }
     if (!note.empty() && cellH >= 11) {
       const double noteFont = std::min(fontSize, 12.0);
@@ -1070,7 +1081,7 @@ void leaks(std::string& out, const json& report, const std::string& id) {
                            flag(*rank, "runtime_live") ? "yes" : "no",
                            esc(formatValue(numberOf(*rank, "bytes_held").value_or(0), "bytes")),
                            integerOf(*rank, "workspaces_held").value_or(0),
-                           flag(*rank, "leaked") ? "<strong>leaked</strong>" : "no", esc(note));
+                           flag(*rank, "leaked") ? "<strong>leaked</strong>" : "no", esc(clip(note, 400)));
       }
       out += "</table>\n";
       if (ranks->size() > kMaxTableRanks) {
@@ -1134,7 +1145,7 @@ void environment(std::string& out, const json& report, const std::string& id) {
   if (const json* command = arrayOf(env, "command")) {
     std::string line;
     for (const auto& word : *command) line += (line.empty() ? "" : " ") + (word.is_string() ? word.get<std::string>() : word.dump());
-    out += "<tr><th>command</th><td><code>" + esc(line) + "</code></td></tr>";
+    out += "<tr><th>command</th><td><code>" + esc(clip(line, 2000)) + "</code></td></tr>";
   }
   out += "</table>\n";
   if (ranks == nullptr || ranks->empty()) return;
@@ -1318,7 +1329,7 @@ std::string renderHtmlReport(const json& document) {
     out += "</h1>\n";
     if (flag(document, "interrupted")) out += "<p class=\"sub\">INTERRUPTED: the run was stopped; the scenarios below are those that ran.</p>\n";
     out += "<nav class=\"toc\"><table><tr><th>#</th><th>scenario</th><th>outcome</th><th>ranks</th>"
-           "</tr>";
+           "<th>first thing to read</th></tr>";
     for (std::size_t i = 0; i < count; ++i) {
       const json& report = (*reports)[i];
       out += fmt::format("<tr><td class=\"num\">{}</td><td>{}</td><td>", i + 1,
@@ -1326,7 +1337,28 @@ std::string renderHtmlReport(const json& document) {
                              ? fmt::format("<a href=\"#r{}\">{}</a>", i, esc(textOf(report, "scenario", "(did not parse)")))
                              : esc(textOf(report, "scenario", "(did not parse)")));
       badge(out, outcomeOf(report));
-      out += fmt::format("</td><td class=\"num\">{}</td></tr>", esc(textOf(report, "world_size", "\u2013")));
+      // The line a reader needs from each scenario: why it could not run, its hang, a crash.
+      std::string first;
+      if (const json* error = child(report, "error")) {
+        first = textOf(*error, "message");
+      } else if (const json* hang = child(report, "hang"); hang != nullptr && hang->is_object()) {
+        first = textOf(*hang, "diagnosis");
+      } else {
+        for (const auto& rank : objectOf(arrayOf(report, "ranks"))) {
+          if (flag(rank, "crashed")) {
+            first = fmt::format("rank {} crashed: {}", integerOf(rank, "rank").value_or(-1),
+                                textOf(rank, "crash_reason"));
+            break;
+          }
+        }
+      }
+      if (first.size() > 160) {
+        std::size_t cut = 160;
+        while (cut > 0 && (static_cast<unsigned char>(first[cut]) & 0xC0) == 0x80) --cut;
+        first = first.substr(0, cut) + "\u2026";
+      }
+      out += fmt::format("</td><td class=\"num\">{}</td><td class=\"note\">{}</td></tr>",
+                         esc(textOf(report, "world_size", "\u2013")), esc(first));
     }
     out += "</table></nav>\n";
     for (std::size_t i = 0; i < count && i < kMaxReportSections; ++i) {
@@ -1366,7 +1398,7 @@ std::string renderHtmlCompare(const json& document) {
                      esc(textOf(baseline, "kind", "?")), numberOf(document, "alpha").value_or(0.05),
                      numberOf(document, "max_regression").value_or(0.1) * 100);
   out += "<div class=\"callout " + esc(verdict.word) + "\" id=\"verdict\"><strong class=\"head\">" +
-         esc(verdict.word) + "</strong>" + esc(verdict.line);
+         esc(verdict.word) + "</strong>" + esc(clip(verdict.line, 2000));
   if (const auto ratio = numberOf(document, "geometric_mean_ratio")) {
     out += fmt::format("<br>Geometric mean of candidate/baseline medians: {:.4f} ({:+.1f}%).",
                        *ratio, (*ratio - 1) * 100);
