@@ -88,31 +88,35 @@ json toJson(const MetricComparison& m, const SampleSet& baseline, const SampleSe
     const auto it = set.series.find(m.name);
     return it == set.series.end() ? json::array() : json(it->second.values);
   };
-  json out{{"name", m.name},
-           {"unit", m.unit},
-           {"baseline",
-            {{"samples", m.baselineCount}, {"median", m.baselineMedian}, {"values", valuesOf(baseline)}}},
-           {"current",
-            {{"samples", m.currentCount}, {"median", m.currentMedian}, {"values", valuesOf(current)}}},
-           {"change", m.change ? json(*m.change) : json()},
-           {"p_value", m.pValue ? json(*m.pValue) : json()},
-           {"exact", m.exact},
-           {"verdict", std::string(hmc::compare::toString(m.verdict))},
-           {"regression", m.regression}};
+  json out{
+      {"name", m.name},
+      {"unit", m.unit},
+      {"baseline",
+       {{"samples", m.baselineCount},
+        {"median", m.baselineMedian},
+        {"values", valuesOf(baseline)}}},
+      {"current",
+       {{"samples", m.currentCount}, {"median", m.currentMedian}, {"values", valuesOf(current)}}},
+      {"change", m.change ? json(*m.change) : json()},
+      {"p_value", m.pValue ? json(*m.pValue) : json()},
+      {"exact", m.exact},
+      {"verdict", std::string(hmc::compare::toString(m.verdict))},
+      {"regression", m.regression}};
   if (!m.note.empty()) out["note"] = m.note;
   return out;
 }
 
 void printTable(std::FILE* to, const Comparison& result, const CompareOptions& options,
                 const hmc::compare::Thresholds& thresholds) {
-  fmt::print(
-      to, "# hmc-run compare: baseline {}, current {}; two-sided Mann-Whitney U, alpha {:g}, "
-      "max regression {:g}%\n",
-      options.baselinePath, options.currentPath, thresholds.alpha, thresholds.maxRegression * 100);
+  fmt::print(to,
+             "# hmc-run compare: baseline {}, current {}; two-sided Mann-Whitney U, alpha {:g}, "
+             "max regression {:g}%\n",
+             options.baselinePath, options.currentPath, thresholds.alpha,
+             thresholds.maxRegression * 100);
   std::size_t width = 6;
   for (const auto& m : result.metrics) width = std::max(width, m.name.size());
-  fmt::print(to, "# {:<{}}  {:>8}  {:>12}  {:>12}  {:>8}  {:>7}  {}\n", "metric", width - 2, "samples",
-             "baseline", "current", "change", "p", "verdict");
+  fmt::print(to, "# {:<{}}  {:>8}  {:>12}  {:>12}  {:>8}  {:>7}  {}\n", "metric", width - 2,
+             "samples", "baseline", "current", "change", "p", "verdict");
   for (const auto& m : result.metrics) {
     const std::string change = m.change ? fmt::format("{:+.1f}%", *m.change * 100) : "n/a";
     const std::string p = m.pValue ? fmt::format("{:.4f}", *m.pValue) : "n/a";
@@ -127,15 +131,16 @@ void printTable(std::FILE* to, const Comparison& result, const CompareOptions& o
     if (!m.note.empty()) fmt::print(to, "# {}: {}\n", m.name, m.note);
   }
   if (result.geometricMeanRatio) {
-    fmt::print(to, "# geometric mean of current/baseline medians: {:.4f} ({:+.1f}%) over {} metrics\n",
-               *result.geometricMeanRatio, (*result.geometricMeanRatio - 1) * 100,
-               result.metrics.size());
+    fmt::print(
+        to, "# geometric mean of current/baseline medians: {:.4f} ({:+.1f}%) over {} metrics\n",
+        *result.geometricMeanRatio, (*result.geometricMeanRatio - 1) * 100, result.metrics.size());
   }
   if (!result.onlyBaseline.empty()) {
     fmt::print(to, "# only in the baseline (not compared): {}\n", joinNames(result.onlyBaseline));
   }
   if (!result.onlyCurrent.empty()) {
-    fmt::print(to, "# only in the current file (not compared): {}\n", joinNames(result.onlyCurrent));
+    fmt::print(to, "# only in the current file (not compared): {}\n",
+               joinNames(result.onlyCurrent));
   }
 }
 
@@ -276,8 +281,7 @@ int runCompare(const CompareOptions& options) {
   std::fflush(text);
 
   if (!regressions.empty()) {
-    fmt::print(table ? text : stderr,
-               "# FAILED: {} slower by more than {:g}% with p < {:g}: {}\n",
+    fmt::print(table ? text : stderr, "# FAILED: {} slower by more than {:g}% with p < {:g}: {}\n",
                regressions.size() == 1 ? "1 metric" : fmt::format("{} metrics", regressions.size()),
                thresholds.maxRegression * 100, thresholds.alpha, joinNames(regressions));
   }

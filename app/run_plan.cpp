@@ -83,9 +83,9 @@ int planRun(const RunOptions& options, RunPlan* plan, const collective::EnvLooku
       }
     }
     std::vector<std::string> onStdout;
-    for (const auto& [path, flag] : {std::pair{&options.reportPath, "--report -"},
-                                     std::pair{&options.tracePath, "--trace -"},
-                                     std::pair{&options.htmlPath, "--html -"}}) {
+    for (const auto& [path, flag] :
+         {std::pair{&options.reportPath, "--report -"}, std::pair{&options.tracePath, "--trace -"},
+          std::pair{&options.htmlPath, "--html -"}}) {
       if (*path && **path == "-") onStdout.emplace_back(flag);
     }
     if (onStdout.size() > 1) {

@@ -60,7 +60,8 @@ std::string formatValue(double value, std::string_view unit) {
   if (unit == "s" || unit.empty()) return formatSeconds(value);
   if (unit == "bytes") {
     const double magnitude = std::fabs(value);
-    if (magnitude >= 1024.0 * 1024 * 1024) return fmt::format("{:.3g} GiB", value / (1024.0 * 1024 * 1024));
+    if (magnitude >= 1024.0 * 1024 * 1024)
+      return fmt::format("{:.3g} GiB", value / (1024.0 * 1024 * 1024));
     if (magnitude >= 1024.0 * 1024) return fmt::format("{:.3g} MiB", value / (1024.0 * 1024));
     if (magnitude >= 1024.0) return fmt::format("{:.3g} KiB", value / 1024.0);
     return fmt::format("{:g} B", value);
@@ -91,7 +92,8 @@ CompareVerdict compareVerdict(const json& document) {
   const double maxRegression = numberOf(document, "max_regression").value_or(0.10);
   const json* regressions = child(document, "regressions");
   const json* undecided = child(document, "undecided");
-  const std::size_t slower = regressions != nullptr && regressions->is_array() ? regressions->size() : 0;
+  const std::size_t slower =
+      regressions != nullptr && regressions->is_array() ? regressions->size() : 0;
   const std::size_t open = undecided != nullptr && undecided->is_array() ? undecided->size() : 0;
   const json* metrics = child(document, "metrics");
   const std::size_t compared = metrics != nullptr && metrics->is_array() ? metrics->size() : 0;

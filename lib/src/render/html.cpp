@@ -31,12 +31,23 @@ std::string escapeHtml(std::string_view raw) {
     const std::string safe = hmc::printable(raw.substr(start, end - start));
     for (const char c : safe) {
       switch (c) {
-        case '&': out += "&amp;"; break;
-        case '<': out += "&lt;"; break;
-        case '>': out += "&gt;"; break;
-        case '"': out += "&quot;"; break;
-        case '\'': out += "&#39;"; break;
-        default: out += c;
+        case '&':
+          out += "&amp;";
+          break;
+        case '<':
+          out += "&lt;";
+          break;
+        case '>':
+          out += "&gt;";
+          break;
+        case '"':
+          out += "&quot;";
+          break;
+        case '\'':
+          out += "&#39;";
+          break;
+        default:
+          out += c;
       }
     }
   };
@@ -61,8 +72,8 @@ std::string clip(const std::string& text, std::size_t limit) {
   if (text.size() <= limit) return text;
   std::size_t cut = limit;
   while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
-  return text.substr(0, cut) + fmt::format("\u2026 ({} more characters in the JSON report)",
-                                           text.size() - cut);
+  return text.substr(0, cut) +
+         fmt::format("\u2026 ({} more characters in the JSON report)", text.size() - cut);
 }
 
 const json& emptyObject() {
@@ -162,8 +173,9 @@ constexpr const char* kErrorProbe =
 
 void pageStart(std::string& out, const std::string& title) {
   out += "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n";
-  out += "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; "
-         "style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:\">\n";
+  out +=
+      "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; "
+      "style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:\">\n";
   out += "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n";
   out += "<title>" + esc(title) + "</title>\n<style>" + kStyle + "</style>\n";
   out += kErrorProbe;
@@ -171,8 +183,9 @@ void pageStart(std::string& out, const std::string& title) {
 }
 
 void pageEnd(std::string& out) {
-  out += "<p class=\"note\">Drawn by hmc-run from its JSON document: one file, nothing fetched "
-         "when viewed.</p>\n</main>\n</body>\n</html>\n";
+  out +=
+      "<p class=\"note\">Drawn by hmc-run from its JSON document: one file, nothing fetched "
+      "when viewed.</p>\n</main>\n</body>\n</html>\n";
 }
 
 // ---- axes ---------------------------------------------------------------------------------
@@ -264,8 +277,8 @@ enum class Role { kNone, kWaiting, kMissing, kCrashed };
 struct HangFacts {
   std::map<long long, std::string> byRank;  // the diagnosis's words about each rank
   std::map<long long, Role> roles;
-  std::set<long long> hangSteps;           // top-level steps where a rank hung
-  std::string stage;                       // "'close validation' #1", when known
+  std::set<long long> hangSteps;  // top-level steps where a rank hung
+  std::string stage;              // "'close validation' #1", when known
 };
 
 // The integers of "[1, 3]" starting at `from` (the text after "ranks ").
@@ -307,8 +320,8 @@ HangFacts hangFacts(const json& report) {
       facts.roles[rank] = Role::kWaiting;
       if (facts.stage.empty()) {
         const std::size_t stageEnd = words.find(" (step");
-        facts.stage = words.substr(9, stageEnd == std::string::npos ? std::string::npos
-                                                                    : stageEnd - 9);
+        facts.stage =
+            words.substr(9, stageEnd == std::string::npos ? std::string::npos : stageEnd - 9);
         const std::size_t comma = facts.stage.find(',');
         if (comma != std::string::npos) facts.stage.resize(comma);
       }
@@ -373,9 +386,10 @@ void summaryCallouts(std::string& out, const json& report, const HangFacts& fact
   const std::string outcome = outcomeOf(report);
   if (outcome == "invalid") {
     const json& error = objectOf(child(report, "error"));
-    out += "<div class=\"callout invalid\" id=\"invalid\"><strong class=\"head\">The scenario "
-           "could not run</strong><code>" +
-           esc(textOf(error, "file")) + "</code>";
+    out +=
+        "<div class=\"callout invalid\" id=\"invalid\"><strong class=\"head\">The scenario "
+        "could not run</strong><code>" +
+        esc(textOf(error, "file")) + "</code>";
     const std::string path = textOf(error, "path");
     if (!path.empty()) out += " at <code>" + esc(path) + "</code>";
     out += ": " + esc(textOf(error, "message")) + "</div>\n";
@@ -404,7 +418,9 @@ void summaryCallouts(std::string& out, const json& report, const HangFacts& fact
       out += fmt::format(", step{} {}", steps.size() > 1 ? "s" : "", esc(rangesOf(steps)));
     }
     out += "</strong>";
-    if (!waiting.empty()) out += "Waiting: rank" + std::string(waiting.size() > 1 ? "s " : " ") + esc(rangesOf(waiting)) + ". ";
+    if (!waiting.empty())
+      out += "Waiting: rank" + std::string(waiting.size() > 1 ? "s " : " ") +
+             esc(rangesOf(waiting)) + ". ";
     if (!missing.empty()) {
       out += "<strong>Missing: rank" + std::string(missing.size() > 1 ? "s " : " ") +
              esc(rangesOf(missing)) + "</strong> (never arrived). ";
@@ -421,9 +437,10 @@ void summaryCallouts(std::string& out, const json& report, const HangFacts& fact
     }
   }
   if (!crashes.empty()) {
-    out += fmt::format("<div class=\"callout crash\" id=\"crash\"><strong class=\"head\">{} "
-                       "rank{} crashed</strong>",
-                       crashes.size(), crashes.size() > 1 ? "s" : "");
+    out += fmt::format(
+        "<div class=\"callout crash\" id=\"crash\"><strong class=\"head\">{} "
+        "rank{} crashed</strong>",
+        crashes.size(), crashes.size() > 1 ? "s" : "");
     for (std::size_t i = 0; i < crashes.size() && i < kMaxTableRanks; ++i) {
       out += "<div class=\"mono\">" + esc(crashes[i]) + "</div>";
     }
@@ -434,9 +451,10 @@ void summaryCallouts(std::string& out, const json& report, const HangFacts& fact
     out += "</div>\n";
   }
   if (const json* mismatches = arrayOf(report, "mismatches"); mismatches && !mismatches->empty()) {
-    out += fmt::format("<div class=\"callout fail\" id=\"mismatches\"><strong class=\"head\">{} "
-                       "collective mismatch{}</strong>",
-                       mismatches->size(), mismatches->size() > 1 ? "es" : "");
+    out += fmt::format(
+        "<div class=\"callout fail\" id=\"mismatches\"><strong class=\"head\">{} "
+        "collective mismatch{}</strong>",
+        mismatches->size(), mismatches->size() > 1 ? "es" : "");
     std::size_t shown = 0;
     for (const auto& m : *mismatches) {
       if (++shown > 16) break;
@@ -445,7 +463,8 @@ void summaryCallouts(std::string& out, const json& report, const HangFacts& fact
                          esc(clip(textOf(m, "message"), 400)));
     }
     if (mismatches->size() > 16) {
-      out += fmt::format("<div class=\"note\">{} more in the JSON report</div>", mismatches->size() - 16);
+      out += fmt::format("<div class=\"note\">{} more in the JSON report</div>",
+                         mismatches->size() - 16);
     }
     out += "</div>\n";
   }
@@ -456,51 +475,62 @@ void summaryCallouts(std::string& out, const json& report, const HangFacts& fact
     for (const auto& rank : objectOf(arrayOf(leakSection, "ranks"))) {
       if (flag(rank, "leaked")) leaking.push_back(integerOf(rank, "rank").value_or(-1));
     }
-    out += fmt::format("<div class=\"callout leak\"><strong class=\"head\">Resources left "
-                       "behind</strong>rank{} {} still held groups or workspaces at the end "
-                       "(<a href=\"#{}-leaks\">leaks</a>).</div>\n",
-                       leaking.size() == 1 ? "" : "s", esc(rangesOf(leaking)), id);
+    out += fmt::format(
+        "<div class=\"callout leak\"><strong class=\"head\">Resources left "
+        "behind</strong>rank{} {} still held groups or workspaces at the end "
+        "(<a href=\"#{}-leaks\">leaks</a>).</div>\n",
+        leaking.size() == 1 ? "" : "s", esc(rangesOf(leaking)), id);
   }
   if (const json* trends = child(report, "leak_trends")) {
     if (const json* texts = arrayOf(*trends, "leaks"); texts && !texts->empty()) {
-      out += fmt::format("<div class=\"callout leak\" id=\"{}-leak-summary\"><strong "
-                         "class=\"head\">Leak: {} series grow{} over the cycles</strong>",
-                         id, texts->size(), texts->size() == 1 ? "s" : "");
+      out += fmt::format(
+          "<div class=\"callout leak\" id=\"{}-leak-summary\"><strong "
+          "class=\"head\">Leak: {} series grow{} over the cycles</strong>",
+          id, texts->size(), texts->size() == 1 ? "s" : "");
       std::size_t shown = 0;
       for (const auto& text : *texts) {
         if (shown++ >= 8) break;
         out += "<div>" + esc(text.is_string() ? text.get<std::string>() : text.dump()) + "</div>";
       }
-      if (texts->size() > 8) out += fmt::format("<div class=\"note\">{} more</div>", texts->size() - 8);
+      if (texts->size() > 8)
+        out += fmt::format("<div class=\"note\">{} more</div>", texts->size() - 8);
       out += fmt::format("<a href=\"#{}-leak-trends\">the trend plots</a></div>\n", id);
     }
   }
   if (outcome == "pass" && child(report, "hang") == nullptr && crashes.empty()) {
-    out += "<div class=\"callout pass\"><strong class=\"head\">Every step on every rank met its "
-           "expectation</strong></div>\n";
+    out +=
+        "<div class=\"callout pass\"><strong class=\"head\">Every step on every rank met its "
+        "expectation</strong></div>\n";
   } else if (outcome == "fail" && crashes.empty()) {
-    out += "<div class=\"callout fail\"><strong class=\"head\">A step did not meet its "
-           "expectation</strong>The steps outlined in black in the timeline below are the "
-           "unexpected ones.</div>\n";
+    out +=
+        "<div class=\"callout fail\"><strong class=\"head\">A step did not meet its "
+        "expectation</strong>The steps outlined in black in the timeline below are the "
+        "unexpected ones.</div>\n";
   }
 }
 
 void timelineLegend(std::string& out) {
   out += "<div class=\"legend\">";
   for (const auto& style : kStatusStyles) {
-    out += fmt::format("<span><span class=\"sw\" style=\"background:{};color:{}\">{}</span>{}</span>",
-                       style.fill, style.ink, style.mark, style.legend);
+    out +=
+        fmt::format("<span><span class=\"sw\" style=\"background:{};color:{}\">{}</span>{}</span>",
+                    style.fill, style.ink, style.mark, style.legend);
   }
-  out += "<span><span class=\"sw\" style=\"background:repeating-linear-gradient(45deg,#fff,#fff "
-         "3px,#999 3px,#999 5px)\"></span>no result (the rank process died)</span>";
-  out += "<span><span class=\"sw\" style=\"background:#D55E00;width:5px;border:1px solid "
-         "#000\"></span>where a rank crashed</span>";
-  out += "<span><span class=\"sw\" style=\"border:3px solid #000\"></span>unexpected "
-         "(did not meet the step's expect)</span>";
-  out += "<span><span class=\"sw\" style=\"border:2px dashed #8E3B74;background:#fff\"></span>the "
-         "hung step</span>";
-  out += "<span><span class=\"sw\" style=\"border:2px dashed #000;background:#fff;color:#000\">?"
-         "</span>missing rank (never arrived)</span></div>\n";
+  out +=
+      "<span><span class=\"sw\" style=\"background:repeating-linear-gradient(45deg,#fff,#fff "
+      "3px,#999 3px,#999 5px)\"></span>no result (the rank process died)</span>";
+  out +=
+      "<span><span class=\"sw\" style=\"background:#D55E00;width:5px;border:1px solid "
+      "#000\"></span>where a rank crashed</span>";
+  out +=
+      "<span><span class=\"sw\" style=\"border:3px solid #000\"></span>unexpected "
+      "(did not meet the step's expect)</span>";
+  out +=
+      "<span><span class=\"sw\" style=\"border:2px dashed #8E3B74;background:#fff\"></span>the "
+      "hung step</span>";
+  out +=
+      "<span><span class=\"sw\" style=\"border:2px dashed #000;background:#fff;color:#000\">?"
+      "</span>missing rank (never arrived)</span></div>\n";
 }
 
 // One column per step, one row per rank, each cell coloured by the step's status.
@@ -545,7 +575,8 @@ void timeline(std::string& out, const json& report, const HangFacts& facts, cons
     for (const auto index : shownRanks) {
       for (const auto& step : objectOf(arrayOf((*ranks)[index], "steps"))) {
         if (!flag(step, "expected") || textOf(step, "status") == "hang") {
-          const auto at = static_cast<std::size_t>(std::max<long long>(0, integerOf(step, "index").value_or(0)));
+          const auto at = static_cast<std::size_t>(
+              std::max<long long>(0, integerOf(step, "index").value_or(0)));
           if (!found || at < firstProblem) firstProblem = at;
           found = true;
           break;
@@ -584,21 +615,24 @@ void timeline(std::string& out, const json& report, const HangFacts& facts, cons
     const std::size_t index = firstStep + s;
     const double x = labelW + cellW * static_cast<double>(s) + cellW / 2;
     if (index % every == 0 || wide) {
-      out += fmt::format("<text x=\"{}\" y=\"{}\" font-size=\"12\" text-anchor=\"middle\" "
-                         "fill=\"#57606a\">{}</text>",
-                         px(x), px(wide ? 18 : topH - 8), index);
+      out += fmt::format(
+          "<text x=\"{}\" y=\"{}\" font-size=\"12\" text-anchor=\"middle\" "
+          "fill=\"#57606a\">{}</text>",
+          px(x), px(wide ? 18 : topH - 8), index);
     }
     if (wide) {
       const json& step = *outline[index];
       std::string name = textOf(step, "op");
       const std::string module = textOf(step, "module");
-      out += fmt::format("<text x=\"{}\" y=\"{}\" font-size=\"12\" text-anchor=\"middle\" "
-                         "font-weight=\"600\">{}</text>",
-                         px(x), px(34), esc(name));
+      out += fmt::format(
+          "<text x=\"{}\" y=\"{}\" font-size=\"12\" text-anchor=\"middle\" "
+          "font-weight=\"600\">{}</text>",
+          px(x), px(34), esc(name));
       if (!module.empty()) {
-        out += fmt::format("<text x=\"{}\" y=\"{}\" font-size=\"11\" text-anchor=\"middle\" "
-                           "fill=\"#57606a\">{}</text>",
-                           px(x), px(48), esc(module.size() > 14 ? module.substr(0, 13) + "\u2026" : module));
+        out += fmt::format(
+            "<text x=\"{}\" y=\"{}\" font-size=\"11\" text-anchor=\"middle\" "
+            "fill=\"#57606a\">{}</text>",
+            px(x), px(48), esc(module.size() > 14 ? module.substr(0, 13) + "\u2026" : module));
       }
     }
   }
@@ -612,17 +646,19 @@ void timeline(std::string& out, const json& report, const HangFacts& facts, cons
     const auto role = facts.roles.count(r) ? facts.roles.at(r) : Role::kNone;
     std::string label = fmt::format("rank {}", r);
     const std::string host = textOf(rank, "host");
-    if (!host.empty() && cellH >= 18) label += " \u00b7 " + (host.size() > 14 ? host.substr(0, 13) + "\u2026" : host);
+    if (!host.empty() && cellH >= 18)
+      label += " \u00b7 " + (host.size() > 14 ? host.substr(0, 13) + "\u2026" : host);
     out += fmt::format("<text x=\"4\" y=\"{}\" font-size=\"{}\" font-weight=\"{}\">{}</text>",
                        px(y + cellH / 2 + fontSize / 2 - 2), fontSize,
                        role == Role::kNone ? "400" : "700", esc(label));
     const json* steps = arrayOf(rank, "steps");
     if (steps == nullptr || steps->empty()) {
-      out += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"url(#{}-dead)\" "
-                         "stroke=\"#57606a\"><title>{}</title></rect>",
-                         px(labelW), px(y + 1), px(gridW), px(cellH - 2), id,
-                         esc(fmt::format("rank {}: no result ({})", r,
-                                         clip(textOf(rank, "crash_reason", "no steps reported"), 400))));
+      out += fmt::format(
+          "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"url(#{}-dead)\" "
+          "stroke=\"#57606a\"><title>{}</title></rect>",
+          px(labelW), px(y + 1), px(gridW), px(cellH - 2), id,
+          esc(fmt::format("rank {}: no result ({})", r,
+                          clip(textOf(rank, "crash_reason", "no steps reported"), 400))));
     } else {
       for (std::size_t s = 0; s < shownSteps && firstStep + s < steps->size(); ++s) {
         const json& step = (*steps)[firstStep + s];
@@ -630,7 +666,8 @@ void timeline(std::string& out, const json& report, const HangFacts& facts, cons
         const StatusStyle& style = styleOf(status);
         const double x = labelW + cellW * static_cast<double>(s);
         const bool expected = flag(step, "expected");
-        std::string tip = fmt::format("rank {} \u00b7 step {} {}", r, firstStep + s, textOf(step, "op"));
+        std::string tip =
+            fmt::format("rank {} \u00b7 step {} {}", r, firstStep + s, textOf(step, "op"));
         if (!textOf(step, "module").empty()) tip += " " + textOf(step, "module");
         tip += fmt::format(": {}{}", status, expected ? "" : " (UNEXPECTED)");
         if (const auto seconds = numberOf(step, "seconds"); seconds && *seconds > 0) {
@@ -641,27 +678,31 @@ void timeline(std::string& out, const json& report, const HangFacts& facts, cons
         }
         if (!textOf(step, "label").empty()) tip += "\nlabel: " + textOf(step, "label");
         const double inset = expected ? 1 : 2.5;
-        out += fmt::format("<rect class=\"cell s-{}\" x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" "
-                           "fill=\"{}\"{}><title>{}</title></rect>",
-                           esc(status), px(x + inset), px(y + inset), px(cellW - 2 * inset),
-                           px(cellH - 2 * inset), style.fill,
-                           expected ? "" : " stroke=\"#000\" stroke-width=\"3\"", esc(tip));
+        out += fmt::format(
+            "<rect class=\"cell s-{}\" x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" "
+            "fill=\"{}\"{}><title>{}</title></rect>",
+            esc(status), px(x + inset), px(y + inset), px(cellW - 2 * inset), px(cellH - 2 * inset),
+            style.fill, expected ? "" : " stroke=\"#000\" stroke-width=\"3\"", esc(tip));
         if (*style.mark != '\0' && cellW >= 14 && cellH >= 14) {
-          out += fmt::format("<text x=\"{}\" y=\"{}\" font-size=\"{}\" text-anchor=\"middle\" "
-                             "fill=\"{}\" pointer-events=\"none\">{}</text>",
-                             px(x + cellW / 2), px(y + cellH / 2 + fontSize / 2 - 1), fontSize,
-                             style.ink, style.mark);
+          out += fmt::format(
+              "<text x=\"{}\" y=\"{}\" font-size=\"{}\" text-anchor=\"middle\" "
+              "fill=\"{}\" pointer-events=\"none\">{}</text>",
+              px(x + cellW / 2), px(y + cellH / 2 + fontSize / 2 - 1), fontSize, style.ink,
+              style.mark);
         }
         // A missing rank at a hung step: it never arrived there.
-        if (role == Role::kMissing && facts.hangSteps.count(static_cast<long long>(firstStep + s))) {
-          out += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"#fff\" "
-                             "stroke=\"#000\" stroke-width=\"2\" stroke-dasharray=\"4 3\"><title>"
-                             "rank {} never arrived at this step's collective</title></rect>",
-                             px(x + 3), px(y + 3), px(cellW - 6), px(cellH - 6), r);
+        if (role == Role::kMissing &&
+            facts.hangSteps.count(static_cast<long long>(firstStep + s))) {
+          out += fmt::format(
+              "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"#fff\" "
+              "stroke=\"#000\" stroke-width=\"2\" stroke-dasharray=\"4 3\"><title>"
+              "rank {} never arrived at this step's collective</title></rect>",
+              px(x + 3), px(y + 3), px(cellW - 6), px(cellH - 6), r);
           if (cellW >= 14 && cellH >= 14) {
-            out += fmt::format("<text x=\"{}\" y=\"{}\" font-size=\"{}\" font-weight=\"700\" "
-                               "text-anchor=\"middle\">?</text>",
-                               px(x + cellW / 2), px(y + cellH / 2 + fontSize / 2 - 1), fontSize);
+            out += fmt::format(
+                "<text x=\"{}\" y=\"{}\" font-size=\"{}\" font-weight=\"700\" "
+                "text-anchor=\"middle\">?</text>",
+                px(x + cellW / 2), px(y + cellH / 2 + fontSize / 2 - 1), fontSize);
           }
         }
       }
@@ -671,16 +712,18 @@ void timeline(std::string& out, const json& report, const HangFacts& facts, cons
       long long last = -1;
       for (const auto& step : *steps) {
         const std::string status = textOf(step, "status");
-        if (status != "skipped" && status != "not_run") last = integerOf(step, "index").value_or(last);
+        if (status != "skipped" && status != "not_run")
+          last = integerOf(step, "index").value_or(last);
       }
       const long long column = last - static_cast<long long>(firstStep);
       if (column >= 0 && column < static_cast<long long>(shownSteps)) {
         const double x = labelW + cellW * static_cast<double>(column + 1);
-        out += fmt::format("<rect class=\"crash-mark\" x=\"{}\" y=\"{}\" width=\"5\" "
-                           "height=\"{}\" fill=\"#D55E00\" stroke=\"#000\" stroke-width=\"0.8\">"
-                           "<title>rank {} crashed here: {}</title></rect>",
-                           px(x - 2.5), px(y - 2), px(cellH + 4), r,
-                           esc(clip(textOf(rank, "crash_reason", "crashed"), 400)));
+        out += fmt::format(
+            "<rect class=\"crash-mark\" x=\"{}\" y=\"{}\" width=\"5\" "
+            "height=\"{}\" fill=\"#D55E00\" stroke=\"#000\" stroke-width=\"0.8\">"
+            "<title>rank {} crashed here: {}</title></rect>",
+            px(x - 2.5), px(y - 2), px(cellH + 4), r,
+            esc(clip(textOf(rank, "crash_reason", "crashed"), 400)));
       }
     }
     // What the hang diagnosis says of this rank, or its crash, at the right.
@@ -718,12 +761,13 @@ void timeline(std::string& out, const json& report, const HangFacts& facts, cons
                            : role == Role::kWaiting ? "#8E3B74"
                            : role == Role::kCrashed ? "#A33C00"
                                                     : "#57606a";
-      const double first = y + cellH / 2 + noteFont / 2 - 2 -
-                           (lines.size() > 1 ? noteFont * 0.55 : 0);
-      out += fmt::format("<text x=\"{}\" y=\"{}\" font-size=\"{}\" fill=\"{}\" font-weight=\"{}\">"
-                         "<title>{}</title>",
-                         px(labelW + gridW + 10), px(first), noteFont, colour,
-                         role == Role::kMissing ? "700" : "400", esc(note));
+      const double first =
+          y + cellH / 2 + noteFont / 2 - 2 - (lines.size() > 1 ? noteFont * 0.55 : 0);
+      out += fmt::format(
+          "<text x=\"{}\" y=\"{}\" font-size=\"{}\" fill=\"{}\" font-weight=\"{}\">"
+          "<title>{}</title>",
+          px(labelW + gridW + 10), px(first), noteFont, colour,
+          role == Role::kMissing ? "700" : "400", esc(note));
       for (std::size_t l = 0; l < lines.size(); ++l) {
         out += fmt::format("<tspan x=\"{}\" dy=\"{}\">{}</tspan>", px(labelW + gridW + 10),
                            l == 0 ? "0" : px(noteFont * 1.15), esc(lines[l]));
@@ -739,10 +783,10 @@ void timeline(std::string& out, const json& report, const HangFacts& facts, cons
       continue;
     }
     const double x = labelW + cellW * static_cast<double>(hung - static_cast<long long>(firstStep));
-    out += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" "
-                       "stroke=\"#8E3B74\" stroke-width=\"2.5\" stroke-dasharray=\"6 4\"/>",
-                       px(x - 1), px(topH - 3), px(cellW + 2),
-                       px(cellH * static_cast<double>(rows) + 6));
+    out += fmt::format(
+        "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" "
+        "stroke=\"#8E3B74\" stroke-width=\"2.5\" stroke-dasharray=\"6 4\"/>",
+        px(x - 1), px(topH - 3), px(cellW + 2), px(cellH * static_cast<double>(rows) + 6));
   }
   out += "</svg></div>\n";
   timelineLegend(out);
@@ -752,11 +796,14 @@ void timeline(std::string& out, const json& report, const HangFacts& facts, cons
                         ranks->size(), problems);
   }
   if (stepCount > shownSteps) {
-    left += fmt::format("steps {}-{} of {} drawn; ", firstStep, firstStep + shownSteps - 1, stepCount);
+    left +=
+        fmt::format("steps {}-{} of {} drawn; ", firstStep, firstStep + shownSteps - 1, stepCount);
   }
-  out += "<p class=\"note\">One column per top-level step in order (not to scale in time; hover a "
-         "cell for its time and error). ";
-  if (!left.empty()) out += "<strong>Left out:</strong> " + esc(left.substr(0, left.size() - 2)) + ".";
+  out +=
+      "<p class=\"note\">One column per top-level step in order (not to scale in time; hover a "
+      "cell for its time and error). ";
+  if (!left.empty())
+    out += "<strong>Left out:</strong> " + esc(left.substr(0, left.size() - 2)) + ".";
   out += "</p>\n";
 }
 
@@ -772,13 +819,14 @@ void timingDistributions(std::string& out, const json& report, const std::string
   };
   std::vector<Row> rows;
   for (const auto& [name, title] : {std::pair<std::string, std::string>{"fresh_bind", "fresh bind"},
-                                   {"reused_bind", "reused bind"}}) {
+                                    {"reused_bind", "reused bind"}}) {
     const json* metric = child(metrics, name);
     const json* reps = metric != nullptr ? arrayOf(*metric, "per_repetition") : nullptr;
     Row row{name, title, {}};
     if (reps != nullptr) {
       for (std::size_t r = 0; r < reps->size(); ++r) {
-        if (static_cast<long long>(r) < warmup && static_cast<long long>(reps->size()) > warmup) continue;
+        if (static_cast<long long>(r) < warmup && static_cast<long long>(reps->size()) > warmup)
+          continue;
         for (const double v : numbersOf(&(*reps)[r])) {
           if (v > 0) row.values.push_back(v);
         }
@@ -787,10 +835,12 @@ void timingDistributions(std::string& out, const json& report, const std::string
     rows.push_back(std::move(row));
   }
   out += "<h3 id=\"" + id + "-timings\">Bind times: fresh vs reused</h3>\n";
-  const bool any = std::any_of(rows.begin(), rows.end(), [](const Row& r) { return !r.values.empty(); });
+  const bool any =
+      std::any_of(rows.begin(), rows.end(), [](const Row& r) { return !r.values.empty(); });
   if (!any) {
-    out += "<p class=\"note\">No bind was timed (the report has no samples of fresh_bind or "
-           "reused_bind).</p>\n";
+    out +=
+        "<p class=\"note\">No bind was timed (the report has no samples of fresh_bind or "
+        "reused_bind).</p>\n";
   } else {
     double low = 1e300, high = 0;
     for (const auto& row : rows) {
@@ -804,71 +854,80 @@ void timingDistributions(std::string& out, const json& report, const std::string
     const double width = 900, labelW = 110, rowH = 60, topH = 10, axisH = 34, statsW = 230;
     Axis axis{low, high, labelW, width - statsW - 10, true};
     const double height = topH + rowH * static_cast<double>(rows.size()) + axisH;
-    out += "<svg id=\"" + id + "-binds\" class=\"dist\" role=\"img\" aria-label=\"fresh and reused "
-           "bind times\" width=\"" + px(width) + "\" height=\"" + px(height) + "\" viewBox=\"0 0 " +
-           px(width) + " " + px(height) + "\" xmlns=\"http://www.w3.org/2000/svg\">\n";
+    out += "<svg id=\"" + id +
+           "-binds\" class=\"dist\" role=\"img\" aria-label=\"fresh and reused "
+           "bind times\" width=\"" +
+           px(width) + "\" height=\"" + px(height) + "\" viewBox=\"0 0 " + px(width) + " " +
+           px(height) + "\" xmlns=\"http://www.w3.org/2000/svg\">\n";
     const char* colours[] = {"#0072B2", "#E69F00"};
     const double plotBottom = topH + rowH * static_cast<double>(rows.size());
     for (const double tick : axis.ticks(5)) {
       const double x = axis(tick);
-      out += fmt::format("<line x1=\"{0}\" x2=\"{0}\" y1=\"{1}\" y2=\"{2}\" stroke=\"#e4e7eb\"/>"
-                         "<text x=\"{0}\" y=\"{3}\" font-size=\"12\" text-anchor=\"middle\" "
-                         "fill=\"#57606a\">{4}</text>",
-                         px(x), px(topH), px(plotBottom + 4), px(plotBottom + 18),
-                         esc(formatSeconds(tick)));
+      out += fmt::format(
+          "<line x1=\"{0}\" x2=\"{0}\" y1=\"{1}\" y2=\"{2}\" stroke=\"#e4e7eb\"/>"
+          "<text x=\"{0}\" y=\"{3}\" font-size=\"12\" text-anchor=\"middle\" "
+          "fill=\"#57606a\">{4}</text>",
+          px(x), px(topH), px(plotBottom + 4), px(plotBottom + 18), esc(formatSeconds(tick)));
     }
-    out += fmt::format("<text x=\"{}\" y=\"{}\" font-size=\"12\" text-anchor=\"middle\" "
-                       "fill=\"#57606a\">seconds per bind (log scale)</text>\n",
-                       px((axis.x0 + axis.x1) / 2), px(plotBottom + 32));
+    out += fmt::format(
+        "<text x=\"{}\" y=\"{}\" font-size=\"12\" text-anchor=\"middle\" "
+        "fill=\"#57606a\">seconds per bind (log scale)</text>\n",
+        px((axis.x0 + axis.x1) / 2), px(plotBottom + 32));
     for (std::size_t i = 0; i < rows.size(); ++i) {
       const Row& row = rows[i];
       const double mid = topH + rowH * (static_cast<double>(i) + 0.5);
-      out += fmt::format("<text x=\"4\" y=\"{}\" font-size=\"14\" font-weight=\"600\" fill=\"{}\">"
-                         "{}</text>",
-                         px(mid + 5), colours[i % 2], esc(row.title));
+      out += fmt::format(
+          "<text x=\"4\" y=\"{}\" font-size=\"14\" font-weight=\"600\" fill=\"{}\">"
+          "{}</text>",
+          px(mid + 5), colours[i % 2], esc(row.title));
       if (row.values.empty()) {
-        out += fmt::format("<text x=\"{}\" y=\"{}\" font-size=\"13\" fill=\"#57606a\">no {}s</text>",
-                           px(labelW + 4), px(mid + 5), esc(row.title));
+        out +=
+            fmt::format("<text x=\"{}\" y=\"{}\" font-size=\"13\" fill=\"#57606a\">no {}s</text>",
+                        px(labelW + 4), px(mid + 5), esc(row.title));
         continue;
       }
       const double q1 = quantile(row.values, 0.25), q2 = quantile(row.values, 0.5),
                    q3 = quantile(row.values, 0.75), p95 = quantile(row.values, 0.95);
       if (row.values.size() >= 5) {  // a box of fewer values says nothing the dots do not
-        out += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"{}\" "
-                           "fill-opacity=\"0.15\" stroke=\"{}\"/>",
-                           px(axis(q1)), px(mid - 18), px(std::max(1.0, axis(q3) - axis(q1))),
-                           px(36), colours[i % 2], colours[i % 2]);
+        out += fmt::format(
+            "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"{}\" "
+            "fill-opacity=\"0.15\" stroke=\"{}\"/>",
+            px(axis(q1)), px(mid - 18), px(std::max(1.0, axis(q3) - axis(q1))), px(36),
+            colours[i % 2], colours[i % 2]);
       }
       const auto dots = thinned(row.values, kMaxDots);
       for (std::size_t d = 0; d < dots.size(); ++d) {
-        out += fmt::format("<circle cx=\"{}\" cy=\"{}\" r=\"2.6\" fill=\"{}\" fill-opacity=\"0.7\"/>",
-                           px(axis(dots[d])), px(mid + jitter(d + i * 7919) * 14), colours[i % 2]);
+        out +=
+            fmt::format("<circle cx=\"{}\" cy=\"{}\" r=\"2.6\" fill=\"{}\" fill-opacity=\"0.7\"/>",
+                        px(axis(dots[d])), px(mid + jitter(d + i * 7919) * 14), colours[i % 2]);
       }
-      out += fmt::format("<line x1=\"{0}\" x2=\"{0}\" y1=\"{1}\" y2=\"{2}\" stroke=\"#1b1f24\" "
-                         "stroke-width=\"3\"><title>median {3}</title></line>",
-                         px(axis(q2)), px(mid - 22), px(mid + 22), esc(formatSeconds(q2)));
-      out += fmt::format("<text x=\"{}\" y=\"{}\" font-size=\"13\">n={} \u00b7 median {}</text>"
-                         "<text x=\"{}\" y=\"{}\" font-size=\"12\" fill=\"#57606a\">p95 {}{}</text>",
-                         px(width - statsW + 6), px(mid - 2), row.values.size(),
-                         esc(formatSeconds(q2)), px(width - statsW + 6), px(mid + 15),
-                         esc(formatSeconds(p95)),
-                         dots.size() < row.values.size()
-                             ? fmt::format(" \u00b7 {} dots drawn", dots.size())
-                             : "");
+      out += fmt::format(
+          "<line x1=\"{0}\" x2=\"{0}\" y1=\"{1}\" y2=\"{2}\" stroke=\"#1b1f24\" "
+          "stroke-width=\"3\"><title>median {3}</title></line>",
+          px(axis(q2)), px(mid - 22), px(mid + 22), esc(formatSeconds(q2)));
+      out += fmt::format(
+          "<text x=\"{}\" y=\"{}\" font-size=\"13\">n={} \u00b7 median {}</text>"
+          "<text x=\"{}\" y=\"{}\" font-size=\"12\" fill=\"#57606a\">p95 {}{}</text>",
+          px(width - statsW + 6), px(mid - 2), row.values.size(), esc(formatSeconds(q2)),
+          px(width - statsW + 6), px(mid + 15), esc(formatSeconds(p95)),
+          dots.size() < row.values.size() ? fmt::format(" \u00b7 {} dots drawn", dots.size()) : "");
     }
     out += "</svg>\n";
-    out += "<div class=\"legend\"><span><span class=\"sw\" style=\"background:#0072B2\"></span>"
-           "fresh bind (a new workspace)</span><span><span class=\"sw\" style=\"background:"
-           "#E69F00\"></span>reused bind (a recycled idle workspace)</span><span><span class=\"sw\" "
-           "style=\"background:#1b1f24;width:4px\"></span>median</span><span><span class=\"sw\" "
-           "style=\"background:#0072B226\"></span>middle half (25th-75th percentile)</span></div>\n";
+    out +=
+        "<div class=\"legend\"><span><span class=\"sw\" style=\"background:#0072B2\"></span>"
+        "fresh bind (a new workspace)</span><span><span class=\"sw\" style=\"background:"
+        "#E69F00\"></span>reused bind (a recycled idle workspace)</span><span><span class=\"sw\" "
+        "style=\"background:#1b1f24;width:4px\"></span>median</span><span><span class=\"sw\" "
+        "style=\"background:#0072B226\"></span>middle half (25th-75th percentile)</span></div>\n";
     std::string note = "Every bind of every rank";
-    if (warmup > 0) note += fmt::format(", without the {} warm-up repetition{}", warmup, warmup > 1 ? "s" : "");
+    if (warmup > 0)
+      note += fmt::format(", without the {} warm-up repetition{}", warmup, warmup > 1 ? "s" : "");
     out += "<p class=\"note\">" + esc(note) + ".";
     if (const auto speedup = numberOf(objectOf(child(report, "timings")), "reuse_speedup_p50")) {
-      out += fmt::format(" Reuse speed-up at the median (fresh p50 / reused p50): <strong>{:.2f}x"
-                         "</strong>.",
-                         *speedup);
+      out += fmt::format(
+          " Reuse speed-up at the median (fresh p50 / reused p50): <strong>{:.2f}x"
+          "</strong>.",
+          *speedup);
     }
     out += "</p>\n";
   }
@@ -879,24 +938,27 @@ void timingDistributions(std::string& out, const json& report, const std::string
     const json* t = child(timings, name);
     if (t == nullptr) continue;
     if (!header) {
-      out += "<table class=\"timings\"><tr><th>timing</th><th>count</th><th>p50</th><th>p95</th>"
-             "<th>max</th></tr>";
+      out +=
+          "<table class=\"timings\"><tr><th>timing</th><th>count</th><th>p50</th><th>p95</th>"
+          "<th>max</th></tr>";
       header = true;
     }
     auto cell = [&](const char* key) {
       const auto v = numberOf(*t, key);
       return v ? formatSeconds(*v) : std::string("\u2013");
     };
-    out += fmt::format("<tr><td>{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td "
-                       "class=\"num\">{}</td><td class=\"num\">{}</td></tr>",
-                       name, integerOf(*t, "count").value_or(0), esc(cell("p50")), esc(cell("p95")),
-                       esc(cell("max")));
+    out += fmt::format(
+        "<tr><td>{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td "
+        "class=\"num\">{}</td><td class=\"num\">{}</td></tr>",
+        name, integerOf(*t, "count").value_or(0), esc(cell("p50")), esc(cell("p95")),
+        esc(cell("max")));
   }
   if (header) {
     out += "</table>\n";
     if (flag(timings, "approximate")) {
-      out += "<p class=\"note\">p50 and p95 are approximate (within 1%): the run kept more values "
-             "than the report holds.</p>\n";
+      out +=
+          "<p class=\"note\">p50 and p95 are approximate (within 1%): the run kept more values "
+          "than the report holds.</p>\n";
     }
   }
 }
@@ -914,9 +976,9 @@ void trendPlot(std::string& out, const json& series, long long cycles, long long
   for (std::size_t i = 0; i < all.size(); i += step) {
     points.emplace_back(static_cast<double>(i) * stride, all[i]);
   }
-  const double lastCycle = std::max<double>(
-      {1.0, static_cast<double>(cycles > 0 ? cycles - 1 : 0),
-       all.empty() ? 0.0 : static_cast<double>(all.size() - 1) * stride});
+  const double lastCycle =
+      std::max<double>({1.0, static_cast<double>(cycles > 0 ? cycles - 1 : 0),
+                        all.empty() ? 0.0 : static_cast<double>(all.size() - 1) * stride});
   const auto slope = numberOf(series, "slope_per_cycle");
   const auto intercept = numberOf(series, "intercept");
   const auto ciLow = numberOf(series, "ci_low");
@@ -964,52 +1026,59 @@ void trendPlot(std::string& out, const json& series, long long cycles, long long
          "\" xmlns=\"http://www.w3.org/2000/svg\">";
   // Warm-up, greyed.
   if (warmup > 0) {
-    out += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"#eceff1\"/>"
-                       "<text x=\"{}\" y=\"{}\" font-size=\"11\" fill=\"#57606a\">warm-up</text>",
-                       px(x(0)), px(top), px(std::max(0.0, x(fitFrom) - x(0))),
-                       px(height - top - bottom), px(x(0) + 3), px(top + 12));
+    out += fmt::format(
+        "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"#eceff1\"/>"
+        "<text x=\"{}\" y=\"{}\" font-size=\"11\" fill=\"#57606a\">warm-up</text>",
+        px(x(0)), px(top), px(std::max(0.0, x(fitFrom) - x(0))), px(height - top - bottom),
+        px(x(0) + 3), px(top + 12));
   }
   for (const double tick : linearTicks(low, high, 4)) {
-    out += fmt::format("<line x1=\"{0}\" x2=\"{1}\" y1=\"{2}\" y2=\"{2}\" stroke=\"#e4e7eb\"/>"
-                       "<text x=\"{3}\" y=\"{4}\" font-size=\"11\" text-anchor=\"end\" "
-                       "fill=\"#57606a\">{5}</text>",
-                       px(left), px(width - right), px(y(tick)), px(left - 4), px(y(tick) + 4),
-                       esc(formatValue(tick, unit)));
+    out += fmt::format(
+        "<line x1=\"{0}\" x2=\"{1}\" y1=\"{2}\" y2=\"{2}\" stroke=\"#e4e7eb\"/>"
+        "<text x=\"{3}\" y=\"{4}\" font-size=\"11\" text-anchor=\"end\" "
+        "fill=\"#57606a\">{5}</text>",
+        px(left), px(width - right), px(y(tick)), px(left - 4), px(y(tick) + 4),
+        esc(formatValue(tick, unit)));
   }
   for (const double tick : x.ticks(5)) {
-    out += fmt::format("<text x=\"{}\" y=\"{}\" font-size=\"11\" text-anchor=\"middle\" "
-                       "fill=\"#57606a\">{:g}</text>",
-                       px(x(tick)), px(height - bottom + 14), tick);
+    out += fmt::format(
+        "<text x=\"{}\" y=\"{}\" font-size=\"11\" text-anchor=\"middle\" "
+        "fill=\"#57606a\">{:g}</text>",
+        px(x(tick)), px(height - bottom + 14), tick);
   }
-  out += fmt::format("<text x=\"{}\" y=\"{}\" font-size=\"11\" text-anchor=\"middle\" "
-                     "fill=\"#57606a\">cycle</text>",
-                     px((left + width - right) / 2), px(height - 4));
-  out += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" "
-                     "stroke=\"#d0d7de\"/>",
-                     px(left), px(top), px(width - left - right), px(height - top - bottom));
+  out += fmt::format(
+      "<text x=\"{}\" y=\"{}\" font-size=\"11\" text-anchor=\"middle\" "
+      "fill=\"#57606a\">cycle</text>",
+      px((left + width - right) / 2), px(height - 4));
+  out += fmt::format(
+      "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" "
+      "stroke=\"#d0d7de\"/>",
+      px(left), px(top), px(width - left - right), px(height - top - bottom));
   const bool leak = verdict == "leak";
   const char* lineColour = leak ? "#D55E00" : "#0072B2";
   if (slope && intercept && ciLow && ciHigh) {
     const double m = fitted(medianCycle);
     auto at = [&](double s, double c) { return m + s * (c - medianCycle); };
-    out += fmt::format("<polygon class=\"band\" points=\"{},{} {},{} {},{} {},{}\" fill=\"{}\" "
-                       "fill-opacity=\"0.18\"><title>{:g}% confidence interval of the slope: "
-                       "{:.4g} to {:.4g} per cycle</title></polygon>",
-                       px(x(fitFrom)), px(y(at(*ciLow, fitFrom))), px(x(lastCycle)),
-                       px(y(at(*ciLow, lastCycle))), px(x(lastCycle)), px(y(at(*ciHigh, lastCycle))),
-                       px(x(fitFrom)), px(y(at(*ciHigh, fitFrom))), lineColour, confidence * 100,
-                       *ciLow, *ciHigh);
+    out += fmt::format(
+        "<polygon class=\"band\" points=\"{},{} {},{} {},{} {},{}\" fill=\"{}\" "
+        "fill-opacity=\"0.18\"><title>{:g}% confidence interval of the slope: "
+        "{:.4g} to {:.4g} per cycle</title></polygon>",
+        px(x(fitFrom)), px(y(at(*ciLow, fitFrom))), px(x(lastCycle)), px(y(at(*ciLow, lastCycle))),
+        px(x(lastCycle)), px(y(at(*ciHigh, lastCycle))), px(x(fitFrom)),
+        px(y(at(*ciHigh, fitFrom))), lineColour, confidence * 100, *ciLow, *ciHigh);
   }
   for (std::size_t i = 0; i < points.size(); ++i) {
     const bool warm = points[i].first < static_cast<double>(warmup);
-    out += fmt::format("<circle cx=\"{}\" cy=\"{}\" r=\"2.2\" fill=\"{}\"/>", px(x(points[i].first)),
-                       px(y(points[i].second)), warm ? "#9aa0a6" : "#1b1f24");
+    out +=
+        fmt::format("<circle cx=\"{}\" cy=\"{}\" r=\"2.2\" fill=\"{}\"/>", px(x(points[i].first)),
+                    px(y(points[i].second)), warm ? "#9aa0a6" : "#1b1f24");
   }
   if (slope && intercept) {
-    out += fmt::format("<line class=\"fit\" x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"{}\" "
-                       "stroke-width=\"2.5\"><title>fitted: {:.4g} per cycle</title></line>",
-                       px(x(fitFrom)), px(y(fitted(fitFrom))), px(x(lastCycle)),
-                       px(y(fitted(lastCycle))), lineColour, *slope);
+    out += fmt::format(
+        "<line class=\"fit\" x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"{}\" "
+        "stroke-width=\"2.5\"><title>fitted: {:.4g} per cycle</title></line>",
+        px(x(fitFrom)), px(y(fitted(fitFrom))), px(x(lastCycle)), px(y(fitted(lastCycle))),
+        lineColour, *slope);
   }
   out += "</svg>\n";
   std::string facts;
@@ -1023,7 +1092,8 @@ void trendPlot(std::string& out, const json& series, long long cycles, long long
                          formatValue(*threshold, unit));
   }
   if (step > 1) {
-    facts += fmt::format("{}{} of {} values drawn", facts.empty() ? "" : "; ", points.size(), all.size());
+    facts += fmt::format("{}{} of {} values drawn", facts.empty() ? "" : "; ", points.size(),
+                         all.size());
   }
   if (!facts.empty()) out += "<div class=\"note\">" + esc(facts) + "</div>";
   out += "</div>\n";
@@ -1045,23 +1115,27 @@ void leaks(std::string& out, const json& report, const std::string& id) {
       }
     }
     if (flag(*section, "leaked")) {
-      out += fmt::format("<div class=\"callout leak\"><strong class=\"head\">{} rank{} left "
-                         "resources behind after the automatic shutdown</strong>",
-                         leaking.size(), leaking.size() == 1 ? "" : "s");
+      out += fmt::format(
+          "<div class=\"callout leak\"><strong class=\"head\">{} rank{} left "
+          "resources behind after the automatic shutdown</strong>",
+          leaking.size(), leaking.size() == 1 ? "" : "s");
     } else {
-      out += "<div class=\"callout pass\"><strong class=\"head\">Nothing left behind after the "
-             "automatic shutdown</strong>";
+      out +=
+          "<div class=\"callout pass\"><strong class=\"head\">Nothing left behind after the "
+          "automatic shutdown</strong>";
     }
     if (unchecked > 0) {
-      out += fmt::format("{} rank{} not checked (the shutdown runs only when every rank ended "
-                         "cleanly).",
-                         unchecked, unchecked == 1 ? " was" : "s were");
+      out += fmt::format(
+          "{} rank{} not checked (the shutdown runs only when every rank ended "
+          "cleanly).",
+          unchecked, unchecked == 1 ? " was" : "s were");
     }
     out += "</div>\n";
     if (ranks != nullptr && !ranks->empty()) {
-      out += "<table class=\"leaks\"><tr><th>rank</th><th>checked</th><th>groups</th><th>bound</th>"
-             "<th>runtime live</th><th>bytes held</th><th>workspaces held</th><th>leaked</th>"
-             "<th>note</th></tr>";
+      out +=
+          "<table class=\"leaks\"><tr><th>rank</th><th>checked</th><th>groups</th><th>bound</th>"
+          "<th>runtime live</th><th>bytes held</th><th>workspaces held</th><th>leaked</th>"
+          "<th>note</th></tr>";
       std::size_t shown = 0;
       // Leaking ranks first, within the bound.
       std::vector<const json*> order = leaking;
@@ -1071,17 +1145,18 @@ void leaks(std::string& out, const json& report, const std::string& id) {
       for (const json* rank : order) {
         if (shown++ >= kMaxTableRanks) break;
         std::string note = textOf(*rank, "reason");
-        if (!textOf(*rank, "shutdown_error").empty()) note += " shutdown error: " + textOf(*rank, "shutdown_error");
-        out += fmt::format("<tr><td class=\"num\">{}</td><td>{}</td><td class=\"num\">{}</td><td "
-                           "class=\"num\">{}</td><td>{}</td><td class=\"num\">{}</td><td "
-                           "class=\"num\">{}</td><td>{}</td><td>{}</td></tr>",
-                           integerOf(*rank, "rank").value_or(-1), flag(*rank, "checked") ? "yes" : "no",
-                           integerOf(*rank, "groups").value_or(0),
-                           integerOf(*rank, "bound_groups").value_or(0),
-                           flag(*rank, "runtime_live") ? "yes" : "no",
-                           esc(formatValue(numberOf(*rank, "bytes_held").value_or(0), "bytes")),
-                           integerOf(*rank, "workspaces_held").value_or(0),
-                           flag(*rank, "leaked") ? "<strong>leaked</strong>" : "no", esc(clip(note, 400)));
+        if (!textOf(*rank, "shutdown_error").empty())
+          note += " shutdown error: " + textOf(*rank, "shutdown_error");
+        out += fmt::format(
+            "<tr><td class=\"num\">{}</td><td>{}</td><td class=\"num\">{}</td><td "
+            "class=\"num\">{}</td><td>{}</td><td class=\"num\">{}</td><td "
+            "class=\"num\">{}</td><td>{}</td><td>{}</td></tr>",
+            integerOf(*rank, "rank").value_or(-1), flag(*rank, "checked") ? "yes" : "no",
+            integerOf(*rank, "groups").value_or(0), integerOf(*rank, "bound_groups").value_or(0),
+            flag(*rank, "runtime_live") ? "yes" : "no",
+            esc(formatValue(numberOf(*rank, "bytes_held").value_or(0), "bytes")),
+            integerOf(*rank, "workspaces_held").value_or(0),
+            flag(*rank, "leaked") ? "<strong>leaked</strong>" : "no", esc(clip(note, 400)));
       }
       out += "</table>\n";
       if (ranks->size() > kMaxTableRanks) {
@@ -1095,14 +1170,17 @@ void leaks(std::string& out, const json& report, const std::string& id) {
     const long long warmup = integerOf(*trends, "warmup").value_or(0);
     const double confidence = numberOf(*trends, "confidence").value_or(0.99);
     out += "<h3 id=\"" + id + "-leak-trends\">Leak trends</h3>\n";
-    out += fmt::format("<p class=\"sub\">{} cycles, the first {} a warm-up (grey); a line fitted to "
-                       "the rest, the band between the slopes of its {:g}% confidence interval.</p>\n",
-                       cycles, warmup, confidence * 100);
+    out += fmt::format(
+        "<p class=\"sub\">{} cycles, the first {} a warm-up (grey); a line fitted to "
+        "the rest, the band between the slopes of its {:g}% confidence interval.</p>\n",
+        cycles, warmup, confidence * 100);
     std::vector<const json*> series;
     if (const json* all = arrayOf(*trends, "series")) {
       for (const auto& s : *all) series.push_back(&s);
     }
-    auto rankOf = [](const std::string& verdict) { return verdict == "leak" ? 0 : verdict == "flat" ? 2 : 1; };
+    auto rankOf = [](const std::string& verdict) {
+      return verdict == "leak" ? 0 : verdict == "flat" ? 2 : 1;
+    };
     std::stable_sort(series.begin(), series.end(), [&](const json* a, const json* b) {
       return rankOf(textOf(*a, "verdict")) < rankOf(textOf(*b, "verdict"));
     });
@@ -1111,17 +1189,19 @@ void leaks(std::string& out, const json& report, const std::string& id) {
       trendPlot(out, *series[i], cycles, warmup, confidence);
     }
     out += "</div>\n";
-    out += "<div class=\"legend\"><span><span class=\"sw\" style=\"background:#1b1f24;"
-           "border-radius:50%\"></span>measured value</span><span><span class=\"sw\" "
-           "style=\"background:#9aa0a6;border-radius:50%\"></span>warm-up value (not fitted)</span>"
-           "<span><span class=\"sw\" style=\"background:#D55E00;height:4px\"></span>fitted line, "
-           "leak</span><span><span class=\"sw\" style=\"background:#0072B2;height:4px\"></span>"
-           "fitted line, no leak</span><span><span class=\"sw\" style=\"background:#0072B22e\">"
-           "</span>confidence band of the slope</span></div>\n";
+    out +=
+        "<div class=\"legend\"><span><span class=\"sw\" style=\"background:#1b1f24;"
+        "border-radius:50%\"></span>measured value</span><span><span class=\"sw\" "
+        "style=\"background:#9aa0a6;border-radius:50%\"></span>warm-up value (not fitted)</span>"
+        "<span><span class=\"sw\" style=\"background:#D55E00;height:4px\"></span>fitted line, "
+        "leak</span><span><span class=\"sw\" style=\"background:#0072B2;height:4px\"></span>"
+        "fitted line, no leak</span><span><span class=\"sw\" style=\"background:#0072B22e\">"
+        "</span>confidence band of the slope</span></div>\n";
     if (series.size() > kMaxTrendPlots) {
-      out += fmt::format("<p class=\"note\"><strong>Left out:</strong> {} of {} series drawn "
-                         "(leaks first).</p>\n",
-                         kMaxTrendPlots, series.size());
+      out += fmt::format(
+          "<p class=\"note\"><strong>Left out:</strong> {} of {} series drawn "
+          "(leaks first).</p>\n",
+          kMaxTrendPlots, series.size());
     }
   }
 }
@@ -1132,19 +1212,22 @@ void environment(std::string& out, const json& report, const std::string& id) {
   if (env.empty() && (ranks == nullptr || ranks->empty())) return;
   out += "<h3 id=\"" + id + "-environment\">Environment</h3>\n<table class=\"env\">";
   const std::pair<const char*, const char*> rows[] = {
-      {"hmc_version", "hmc-run"},  {"torch_version", "LibTorch"}, {"transport", "transport"},
-      {"device", "device"},        {"world_size", "world size"},  {"timeout_s", "deadline (s)"},
+      {"hmc_version", "hmc-run"}, {"torch_version", "LibTorch"}, {"transport", "transport"},
+      {"device", "device"},       {"world_size", "world size"},  {"timeout_s", "deadline (s)"},
       {"host", "reporting host"}, {"started_at", "started at"},  {"wall_seconds", "wall time"},
       {"file", "scenario file"}};
   for (const auto& [key, title] : rows) {
     if (child(env, key) == nullptr) continue;
     std::string value = textOf(env, key);
-    if (std::string_view(key) == "wall_seconds") value = formatSeconds(numberOf(env, key).value_or(0));
+    if (std::string_view(key) == "wall_seconds")
+      value = formatSeconds(numberOf(env, key).value_or(0));
     out += fmt::format("<tr><th>{}</th><td>{}</td></tr>", title, esc(value));
   }
   if (const json* command = arrayOf(env, "command")) {
     std::string line;
-    for (const auto& word : *command) line += (line.empty() ? "" : " ") + (word.is_string() ? word.get<std::string>() : word.dump());
+    for (const auto& word : *command)
+      line +=
+          (line.empty() ? "" : " ") + (word.is_string() ? word.get<std::string>() : word.dump());
     out += "<tr><th>command</th><td><code>" + esc(clip(line, 2000)) + "</code></td></tr>";
   }
   out += "</table>\n";
@@ -1170,12 +1253,14 @@ void environment(std::string& out, const json& report, const std::string& id) {
       }
       processes += fmt::format("{}{}", processes.empty() ? "" : ", ", pid);
     }
-    out += fmt::format("<tr><td><code>{}</code></td><td>{}</td><td class=\"mono\">{}</td></tr>",
-                       esc(host), esc(rangesOf(list)), esc(processes.empty() ? "\u2013" : processes));
+    out +=
+        fmt::format("<tr><td><code>{}</code></td><td>{}</td><td class=\"mono\">{}</td></tr>",
+                    esc(host), esc(rangesOf(list)), esc(processes.empty() ? "\u2013" : processes));
   }
   out += "</table>\n";
   if (byHost.size() > kMaxTableRanks) {
-    out += fmt::format("<p class=\"note\">{} of {} hosts listed.</p>\n", kMaxTableRanks, byHost.size());
+    out += fmt::format("<p class=\"note\">{} of {} hosts listed.</p>\n", kMaxTableRanks,
+                       byHost.size());
   }
 }
 
@@ -1191,11 +1276,14 @@ void reportSection(std::string& out, const json& report, const std::string& id, 
   const json& env = objectOf(child(report, "environment"));
   std::string sub;
   if (const auto ws = integerOf(report, "world_size")) sub += fmt::format("{} ranks", *ws);
-  if (!textOf(env, "transport").empty()) sub += " \u00b7 " + textOf(env, "transport") + " transport";
+  if (!textOf(env, "transport").empty())
+    sub += " \u00b7 " + textOf(env, "transport") + " transport";
   if (!textOf(env, "device").empty()) sub += " \u00b7 " + textOf(env, "device");
   if (const json* samples = child(report, "samples")) {
     const auto reps = integerOf(*samples, "repetitions").value_or(1);
-    if (reps > 1) sub += fmt::format(" \u00b7 {} repetitions ({} warm-up)", reps, integerOf(*samples, "warmup").value_or(0));
+    if (reps > 1)
+      sub += fmt::format(" \u00b7 {} repetitions ({} warm-up)", reps,
+                         integerOf(*samples, "warmup").value_or(0));
   }
   if (const auto wall = numberOf(env, "wall_seconds")) sub += " \u00b7 " + formatSeconds(*wall);
   if (!textOf(env, "started_at").empty()) sub += " \u00b7 " + textOf(env, "started_at");
@@ -1236,10 +1324,9 @@ void comparePlot(std::string& out, const json& metric) {
     std::optional<double> median;
     const char* colour;
   };
-  Side sides[2] = {{"baseline", numbersOf(arrayOf(baseline, "values")),
-                    numberOf(baseline, "median"), "#0072B2"},
-                   {"candidate", numbersOf(arrayOf(current, "values")),
-                    numberOf(current, "median"), "#E69F00"}};
+  Side sides[2] = {
+      {"baseline", numbersOf(arrayOf(baseline, "values")), numberOf(baseline, "median"), "#0072B2"},
+      {"candidate", numbersOf(arrayOf(current, "values")), numberOf(current, "median"), "#E69F00"}};
   for (auto& side : sides) {
     if (side.values.empty() && side.median) side.values.push_back(*side.median);
   }
@@ -1268,38 +1355,40 @@ void comparePlot(std::string& out, const json& metric) {
          "\" xmlns=\"http://www.w3.org/2000/svg\">";
   const double bottom = top + rowH * 2;
   for (const double tick : x.ticks(4)) {
-    out += fmt::format("<line x1=\"{0}\" x2=\"{0}\" y1=\"{1}\" y2=\"{2}\" stroke=\"#e4e7eb\"/>"
-                       "<text x=\"{0}\" y=\"{3}\" font-size=\"11\" text-anchor=\"middle\" "
-                       "fill=\"#57606a\">{4}</text>",
-                       px(x(tick)), px(top), px(bottom + 3), px(bottom + 16),
-                       esc(formatValue(tick, unit)));
+    out += fmt::format(
+        "<line x1=\"{0}\" x2=\"{0}\" y1=\"{1}\" y2=\"{2}\" stroke=\"#e4e7eb\"/>"
+        "<text x=\"{0}\" y=\"{3}\" font-size=\"11\" text-anchor=\"middle\" "
+        "fill=\"#57606a\">{4}</text>",
+        px(x(tick)), px(top), px(bottom + 3), px(bottom + 16), esc(formatValue(tick, unit)));
   }
   for (std::size_t i = 0; i < 2; ++i) {
     const Side& side = sides[i];
     const double mid = top + rowH * (static_cast<double>(i) + 0.5);
-    out += fmt::format("<text x=\"4\" y=\"{}\" font-size=\"13\" font-weight=\"600\" fill=\"{}\">{}"
-                       "</text>",
-                       px(mid + 4), side.colour, side.title);
+    out += fmt::format(
+        "<text x=\"4\" y=\"{}\" font-size=\"13\" font-weight=\"600\" fill=\"{}\">{}"
+        "</text>",
+        px(mid + 4), side.colour, side.title);
     const auto dots = thinned(side.values, kMaxDots);
     for (std::size_t d = 0; d < dots.size(); ++d) {
-      out += fmt::format("<circle cx=\"{}\" cy=\"{}\" r=\"3.2\" fill=\"{}\" fill-opacity=\"0.75\"/>",
-                         px(x(dots[d])), px(mid + jitter(d + i * 104729) * 9), side.colour);
+      out +=
+          fmt::format("<circle cx=\"{}\" cy=\"{}\" r=\"3.2\" fill=\"{}\" fill-opacity=\"0.75\"/>",
+                      px(x(dots[d])), px(mid + jitter(d + i * 104729) * 9), side.colour);
     }
     if (side.median) {
-      out += fmt::format("<line x1=\"{0}\" x2=\"{0}\" y1=\"{1}\" y2=\"{2}\" stroke=\"#1b1f24\" "
-                         "stroke-width=\"3\"><title>median {3}</title></line>",
-                         px(x(*side.median)), px(mid - 14), px(mid + 14),
-                         esc(formatValue(*side.median, unit)));
+      out += fmt::format(
+          "<line x1=\"{0}\" x2=\"{0}\" y1=\"{1}\" y2=\"{2}\" stroke=\"#1b1f24\" "
+          "stroke-width=\"3\"><title>median {3}</title></line>",
+          px(x(*side.median)), px(mid - 14), px(mid + 14), esc(formatValue(*side.median, unit)));
     }
   }
   out += "</svg>\n";
-  out += fmt::format("<div class=\"note\">median {} \u2192 {} ({}), p = {}, {} vs {} samples{}</div>",
-                     esc(sides[0].median ? formatValue(*sides[0].median, unit) : "n/a"),
-                     esc(sides[1].median ? formatValue(*sides[1].median, unit) : "n/a"),
-                     esc(formatChange(numberOf(metric, "change"))),
-                     esc(formatP(numberOf(metric, "p_value"))),
-                     integerOf(baseline, "samples").value_or(0), integerOf(current, "samples").value_or(0),
-                     child(metric, "note") ? " \u00b7 " + esc(textOf(metric, "note")) : "");
+  out += fmt::format(
+      "<div class=\"note\">median {} \u2192 {} ({}), p = {}, {} vs {} samples{}</div>",
+      esc(sides[0].median ? formatValue(*sides[0].median, unit) : "n/a"),
+      esc(sides[1].median ? formatValue(*sides[1].median, unit) : "n/a"),
+      esc(formatChange(numberOf(metric, "change"))), esc(formatP(numberOf(metric, "p_value"))),
+      integerOf(baseline, "samples").value_or(0), integerOf(current, "samples").value_or(0),
+      child(metric, "note") ? " \u00b7 " + esc(textOf(metric, "note")) : "");
   out += "</div>\n";
 }
 
@@ -1327,14 +1416,19 @@ std::string renderHtmlReport(const json& document) {
     out += "<h1>hmc-run: " + std::to_string(count) + " scenarios";
     badge(out, worst);
     out += "</h1>\n";
-    if (flag(document, "interrupted")) out += "<p class=\"sub\">INTERRUPTED: the run was stopped; the scenarios below are those that ran.</p>\n";
-    out += "<nav class=\"toc\"><table><tr><th>#</th><th>scenario</th><th>outcome</th><th>ranks</th>"
-           "<th>first thing to read</th></tr>";
+    if (flag(document, "interrupted"))
+      out +=
+          "<p class=\"sub\">INTERRUPTED: the run was stopped; the scenarios below are those that "
+          "ran.</p>\n";
+    out +=
+        "<nav class=\"toc\"><table><tr><th>#</th><th>scenario</th><th>outcome</th><th>ranks</th>"
+        "<th>first thing to read</th></tr>";
     for (std::size_t i = 0; i < count; ++i) {
       const json& report = (*reports)[i];
       out += fmt::format("<tr><td class=\"num\">{}</td><td>{}</td><td>", i + 1,
                          i < kMaxReportSections
-                             ? fmt::format("<a href=\"#r{}\">{}</a>", i, esc(textOf(report, "scenario", "(did not parse)")))
+                             ? fmt::format("<a href=\"#r{}\">{}</a>", i,
+                                           esc(textOf(report, "scenario", "(did not parse)")))
                              : esc(textOf(report, "scenario", "(did not parse)")));
       badge(out, outcomeOf(report));
       // The line a reader needs from each scenario: why it could not run, its hang, a crash.
@@ -1365,9 +1459,10 @@ std::string renderHtmlReport(const json& document) {
       reportSection(out, (*reports)[i], fmt::format("r{}", i), true);
     }
     if (count > kMaxReportSections) {
-      out += fmt::format("<p class=\"note\"><strong>Left out:</strong> the sections of {} more "
-                         "scenarios (their outcomes are in the table above).</p>\n",
-                         count - kMaxReportSections);
+      out += fmt::format(
+          "<p class=\"note\"><strong>Left out:</strong> the sections of {} more "
+          "scenarios (their outcomes are in the table above).</p>\n",
+          count - kMaxReportSections);
     }
   } else {
     throw ValueError(fmt::format(
@@ -1392,11 +1487,12 @@ std::string renderHtmlCompare(const json& document) {
   out += "</h1>\n";
   const json& baseline = objectOf(child(document, "baseline"));
   const json& current = objectOf(child(document, "current"));
-  out += fmt::format("<p class=\"sub\">baseline <code>{}</code> against candidate <code>{}</code> "
-                     "({}) \u00b7 two-sided Mann-Whitney U, alpha {:g}, max regression {:g}%</p>\n",
-                     esc(textOf(baseline, "file", "?")), esc(textOf(current, "file", "?")),
-                     esc(textOf(baseline, "kind", "?")), numberOf(document, "alpha").value_or(0.05),
-                     numberOf(document, "max_regression").value_or(0.1) * 100);
+  out += fmt::format(
+      "<p class=\"sub\">baseline <code>{}</code> against candidate <code>{}</code> "
+      "({}) \u00b7 two-sided Mann-Whitney U, alpha {:g}, max regression {:g}%</p>\n",
+      esc(textOf(baseline, "file", "?")), esc(textOf(current, "file", "?")),
+      esc(textOf(baseline, "kind", "?")), numberOf(document, "alpha").value_or(0.05),
+      numberOf(document, "max_regression").value_or(0.1) * 100);
   out += "<div class=\"callout " + esc(verdict.word) + "\" id=\"verdict\"><strong class=\"head\">" +
          esc(verdict.word) + "</strong>" + esc(clip(verdict.line, 2000));
   if (const auto ratio = numberOf(document, "geometric_mean_ratio")) {
@@ -1406,32 +1502,35 @@ std::string renderHtmlCompare(const json& document) {
   out += "</div>\n";
   const json* metrics = arrayOf(document, "metrics");
   const std::size_t count = metrics ? metrics->size() : 0;
-  out += "<h2>Metrics</h2>\n<table class=\"metrics\"><tr><th>metric</th><th>baseline</th>"
-         "<th>candidate</th><th>change</th><th>p</th><th>verdict</th></tr>";
+  out +=
+      "<h2>Metrics</h2>\n<table class=\"metrics\"><tr><th>metric</th><th>baseline</th>"
+      "<th>candidate</th><th>change</th><th>p</th><th>verdict</th></tr>";
   for (std::size_t i = 0; i < count; ++i) {
     const json& m = (*metrics)[i];
     const std::string unit = textOf(m, "unit", "s");
     auto median = [&](const char* side) {
       const json& s = objectOf(child(m, side));
       const auto v = numberOf(s, "median");
-      return v && integerOf(s, "samples").value_or(1) > 0 ? formatValue(*v, unit) : std::string("n/a");
+      return v && integerOf(s, "samples").value_or(1) > 0 ? formatValue(*v, unit)
+                                                          : std::string("n/a");
     };
     const std::string v = textOf(m, "verdict", "?");
-    out += fmt::format("<tr><td class=\"mono\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}"
-                       "</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td><span "
-                       "class=\"sw\" style=\"background:{}\"></span>{}{}</td></tr>",
-                       esc(textOf(m, "name", "?")), esc(median("baseline")), esc(median("current")),
-                       esc(formatChange(numberOf(m, "change"))), esc(formatP(numberOf(m, "p_value"))),
-                       verdictColour(v), esc(v),
-                       flag(m, "regression") ? " <strong>(regression)</strong>" : "");
+    out += fmt::format(
+        "<tr><td class=\"mono\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}"
+        "</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td><span "
+        "class=\"sw\" style=\"background:{}\"></span>{}{}</td></tr>",
+        esc(textOf(m, "name", "?")), esc(median("baseline")), esc(median("current")),
+        esc(formatChange(numberOf(m, "change"))), esc(formatP(numberOf(m, "p_value"))),
+        verdictColour(v), esc(v), flag(m, "regression") ? " <strong>(regression)</strong>" : "");
   }
   out += "</table>\n";
   out += "<h2>Baseline against candidate, per metric</h2>\n";
-  out += "<div class=\"legend\"><span><span class=\"sw\" style=\"background:#0072B2;"
-         "border-radius:50%\"></span>baseline sample</span><span><span class=\"sw\" "
-         "style=\"background:#E69F00;border-radius:50%\"></span>candidate sample</span><span><span "
-         "class=\"sw\" style=\"background:#1b1f24;width:4px\"></span>median</span><span>one sample "
-         "per measured repetition</span></div>\n";
+  out +=
+      "<div class=\"legend\"><span><span class=\"sw\" style=\"background:#0072B2;"
+      "border-radius:50%\"></span>baseline sample</span><span><span class=\"sw\" "
+      "style=\"background:#E69F00;border-radius:50%\"></span>candidate sample</span><span><span "
+      "class=\"sw\" style=\"background:#1b1f24;width:4px\"></span>median</span><span>one sample "
+      "per measured repetition</span></div>\n";
   out += "<div class=\"plots\">\n";
   // Regressions and slower metrics first: what the reader came for.
   std::vector<std::size_t> order(count);
@@ -1449,16 +1548,19 @@ std::string renderHtmlCompare(const json& document) {
   }
   out += "</div>\n";
   if (count > kMaxCompareMetrics) {
-    out += fmt::format("<p class=\"note\"><strong>Left out:</strong> the plots of {} more metrics "
-                       "(all are in the table).</p>\n",
-                       count - kMaxCompareMetrics);
+    out += fmt::format(
+        "<p class=\"note\"><strong>Left out:</strong> the plots of {} more metrics "
+        "(all are in the table).</p>\n",
+        count - kMaxCompareMetrics);
   }
-  for (const auto& [key, title] : {std::pair<const char*, const char*>{"only_baseline", "Only in the baseline (not compared)"},
-                                   {"only_current", "Only in the candidate (not compared)"}}) {
+  for (const auto& [key, title] :
+       {std::pair<const char*, const char*>{"only_baseline", "Only in the baseline (not compared)"},
+        {"only_current", "Only in the candidate (not compared)"}}) {
     const json* names = arrayOf(document, key);
     if (names == nullptr || names->empty()) continue;
     std::string list;
-    for (const auto& n : *names) list += (list.empty() ? "" : ", ") + (n.is_string() ? n.get<std::string>() : n.dump());
+    for (const auto& n : *names)
+      list += (list.empty() ? "" : ", ") + (n.is_string() ? n.get<std::string>() : n.dump());
     out += fmt::format("<p class=\"note\"><strong>{}:</strong> {}</p>\n", title, esc(list));
   }
   out += "</section>\n";

@@ -19,15 +19,29 @@ std::string cell(std::string_view raw) {
   std::string out;
   for (const char c : text) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '|': out += "\\|"; break;
-      case '`': case '*': case '_': case '[': case ']': case '\\':
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '|':
+        out += "\\|";
+        break;
+      case '`':
+      case '*':
+      case '_':
+      case '[':
+      case ']':
+      case '\\':
         out += '\\';
         out += c;
         break;
-      default: out += c;
+      default:
+        out += c;
     }
   }
   return out;
@@ -52,12 +66,13 @@ std::string renderMarkdownCompare(const json& document) {
   const json empty = json::object();
   const json* baseline = child(document, "baseline");
   const json* current = child(document, "current");
-  out += fmt::format("Baseline `{}`, candidate `{}`; two-sided Mann-Whitney U, alpha {:g}, max "
-                     "regression {:g}%.\n\n",
-                     cell(textOf(baseline ? *baseline : empty, "file", "?")),
-                     cell(textOf(current ? *current : empty, "file", "?")),
-                     numberOf(document, "alpha").value_or(0.05),
-                     numberOf(document, "max_regression").value_or(0.10) * 100);
+  out += fmt::format(
+      "Baseline `{}`, candidate `{}`; two-sided Mann-Whitney U, alpha {:g}, max "
+      "regression {:g}%.\n\n",
+      cell(textOf(baseline ? *baseline : empty, "file", "?")),
+      cell(textOf(current ? *current : empty, "file", "?")),
+      numberOf(document, "alpha").value_or(0.05),
+      numberOf(document, "max_regression").value_or(0.10) * 100);
   out += "| metric | baseline | candidate | change | p | verdict |\n";
   out += "|---|---:|---:|---:|---:|---|\n";
   const json* metrics = child(document, "metrics");
@@ -68,11 +83,13 @@ std::string renderMarkdownCompare(const json& document) {
       const json* c = child(m, "current");
       std::string word = textOf(m, "verdict", "?");
       const json* regression = child(m, "regression");
-      const bool failed = regression != nullptr && regression->is_boolean() && regression->get<bool>();
+      const bool failed =
+          regression != nullptr && regression->is_boolean() && regression->get<bool>();
       word = failed ? "**" + cell(word) + " (regression)**" : cell(word);
-      out += fmt::format("| {} | {} | {} | {} | {} | {} |\n", cell(textOf(m, "name", "?")),
-                         median(b ? *b : empty, unit), median(c ? *c : empty, unit),
-                         formatChange(numberOf(m, "change")), formatP(numberOf(m, "p_value")), word);
+      out +=
+          fmt::format("| {} | {} | {} | {} | {} | {} |\n", cell(textOf(m, "name", "?")),
+                      median(b ? *b : empty, unit), median(c ? *c : empty, unit),
+                      formatChange(numberOf(m, "change")), formatP(numberOf(m, "p_value")), word);
     }
   }
   out += fmt::format("\n**{}**: {}\n", verdict.word, cell(verdict.line));

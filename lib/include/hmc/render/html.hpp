@@ -23,10 +23,10 @@ namespace hmc::render {
 
 inline constexpr std::size_t kMaxTimelineRanks = 64;
 inline constexpr std::size_t kMaxTimelineSteps = 200;
-inline constexpr std::size_t kMaxDots = 2000;         // per distribution or trend plot
-inline constexpr std::size_t kMaxTrendPlots = 48;     // leak trend series drawn
-inline constexpr std::size_t kMaxTableRanks = 64;     // rows of per-rank tables
-inline constexpr std::size_t kMaxReportSections = 64; // reports of a set drawn
+inline constexpr std::size_t kMaxDots = 2000;          // per distribution or trend plot
+inline constexpr std::size_t kMaxTrendPlots = 48;      // leak trend series drawn
+inline constexpr std::size_t kMaxTableRanks = 64;      // rows of per-rank tables
+inline constexpr std::size_t kMaxReportSections = 64;  // reports of a set drawn
 inline constexpr std::size_t kMaxCompareMetrics = 200;
 
 // The page of one run: `hmc-report/1` or `hmc-report-set/1`.
