@@ -341,6 +341,9 @@ TEST_SUITE("render") {
     CHECK(page.find("plot metric v-slower") < page.find("plot metric v-same"));
     CHECK(page.find("fresh|bind &lt;x&gt;") != std::string::npos);
     CHECK(count(page, "<circle") == 20);  // 5 + 5 samples per metric
+    // The gate (baseline median + 10%) on each axis.
+    CHECK(count(page, "class=\"gate\"") == 2);
+    CHECK(page.find("a candidate median above 1.10 ms (+10%) fails") != std::string::npos);
     CHECK(page.find("+30.0%") != std::string::npos);
   }
 

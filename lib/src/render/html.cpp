@@ -161,6 +161,7 @@ svg{display:block;max-width:100%;height:auto;font-family:system-ui,"DejaVu Sans"
 .plots{display:flex;flex-wrap:wrap;gap:14px}
 .plot{border:1px solid var(--line);border-radius:6px;padding:8px 10px;background:#fff}
 .plot h4{margin:0 0 4px;font-size:14px;font-weight:600;max-width:420px}
+.plot.metric{width:420px}
 nav.toc{font-size:14px}
 )css";
 
@@ -201,9 +202,12 @@ std::vector<double> linearTicks(double low, double high, int count) {
     step = factor * power;
     if (step >= raw) break;
   }
-  for (double tick = std::ceil(low / step) * step; tick <= high + step * 1e-9; tick += step) {
+  if (!(step > 0) || !std::isfinite(step)) return {low};
+  const double first = std::ceil(low / step);
+  for (int k = 0; k <= 50; ++k) {
+    const double tick = (first + k) * step;
+    if (tick > high + step * 1e-9) break;
     ticks.push_back(std::fabs(tick) < step * 1e-9 ? 0.0 : tick);
-    if (ticks.size() > 50) break;
   }
   return ticks;
 }
@@ -225,8 +229,10 @@ struct Axis {
   std::vector<double> ticks(int count) const {
     if (!log) return linearTicks(low, high, count);
     std::vector<double> decades;
-    for (double decade = std::pow(10.0, std::floor(std::log10(low))); decade <= high * 1.0001;
-         decade *= 10) {
+    const int lowest = static_cast<int>(std::floor(std::log10(low)));
+    for (int power = lowest; power <= lowest + 40; ++power) {
+      const double decade = std::pow(10.0, power);
+      if (decade > high * 1.0001) break;
       decades.push_back(decade);
     }
     // Decades alone where the axis spans several; 1-2-5 within each where it spans few.
@@ -592,7 +598,8 @@ void timeline(std::string& out, const json& report, const HangFacts& facts, cons
 
   const double labelW = 170;
   const double noteW = 390;
-  const double cellW = std::clamp(820.0 / std::max<std::size_t>(1, shownSteps), 6.0, 110.0);
+  const double cellW =
+      std::clamp(820.0 / static_cast<double>(std::max<std::size_t>(1, shownSteps)), 6.0, 110.0);
   const double cellH = rows <= 12 ? 30 : rows <= 32 ? 18 : 11;
   const bool wide = cellW >= 64;
   const double topH = wide ? 56 : 36;
@@ -779,7 +786,7 @@ void timeline(std::string& out, const json& report, const HangFacts& facts, cons
   // The hung steps' columns.
   for (const long long hung : facts.hangSteps) {
     if (hung < static_cast<long long>(firstStep) ||
-        hung >= static_cast<long long>(firstStep + shownSteps)) {
+        hung >= static_cast<long long>(firstStep) + static_cast<long long>(shownSteps)) {
       continue;
     }
     const double x = labelW + cellW * static_cast<double>(hung - static_cast<long long>(firstStep));
@@ -1311,7 +1318,8 @@ const char* verdictColour(const std::string& verdict) {
   return "#6e7781";
 }
 
-void comparePlot(std::string& out, const json& metric) {
+// `maxRegression`: the gate (0.10: a median 10% slower than the baseline's fails).
+void comparePlot(std::string& out, const json& metric, double maxRegression) {
   const std::string name = textOf(metric, "name", "?");
   const std::string unit = textOf(metric, "unit", "s");
   const std::string verdict = textOf(metric, "verdict", "?");
@@ -1341,10 +1349,16 @@ void comparePlot(std::string& out, const json& metric) {
     low = 0;
     high = 1;
   }
+  // The gate: where the candidate's median would fail. On the axis when it lies near the data
+  // (so a 1% change reads as small beside a 10% gate), else named at the edge.
+  std::optional<double> gate;
+  if (sides[0].median && *sides[0].median > 0) gate = *sides[0].median * (1 + maxRegression);
+  const bool gateShown = gate && *gate <= high * 1.5;
+  if (gateShown) high = std::max(high, *gate);
   const double pad = std::max((high - low) * 0.1, std::fabs(high) * 0.02 + 1e-12);
   low = std::max(0.0, low - pad);
   high += pad;
-  const double width = 430, height = 108, left = 82, right = 14, rowH = 38, top = 8;
+  const double width = 400, height = 108, left = 82, right = 14, rowH = 38, top = 8;
   const Axis x{low, high, left, width - right, false};
   out += "<div class=\"plot metric v-" + esc(verdict) + "\"><h4><span class=\"mono\">" + esc(name) +
          "</span>";
@@ -1360,6 +1374,19 @@ void comparePlot(std::string& out, const json& metric) {
         "<text x=\"{0}\" y=\"{3}\" font-size=\"11\" text-anchor=\"middle\" "
         "fill=\"#57606a\">{4}</text>",
         px(x(tick)), px(top), px(bottom + 3), px(bottom + 16), esc(formatValue(tick, unit)));
+  }
+  if (gateShown) {
+    out += fmt::format(
+        "<line class=\"gate\" x1=\"{0}\" x2=\"{0}\" y1=\"{1}\" y2=\"{2}\" stroke=\"#D55E00\" "
+        "stroke-width=\"1.5\" stroke-dasharray=\"5 3\"><title>the gate: a candidate median above "
+        "{3} (+{4:g}%) fails</title></line>",
+        px(x(*gate)), px(top - 2), px(bottom + 2), esc(formatValue(*gate, unit)),
+        maxRegression * 100);
+  } else if (gate) {
+    out += fmt::format(
+        "<text x=\"{}\" y=\"{}\" font-size=\"11\" text-anchor=\"end\" fill=\"#A33C00\">gate "
+        "+{:g}% at {} \u2192</text>",
+        px(width - right), px(bottom + 16), maxRegression * 100, esc(formatValue(*gate, unit)));
   }
   for (std::size_t i = 0; i < 2; ++i) {
     const Side& side = sides[i];
@@ -1529,7 +1556,9 @@ std::string renderHtmlCompare(const json& document) {
       "<div class=\"legend\"><span><span class=\"sw\" style=\"background:#0072B2;"
       "border-radius:50%\"></span>baseline sample</span><span><span class=\"sw\" "
       "style=\"background:#E69F00;border-radius:50%\"></span>candidate sample</span><span><span "
-      "class=\"sw\" style=\"background:#1b1f24;width:4px\"></span>median</span><span>one sample "
+      "class=\"sw\" style=\"background:#1b1f24;width:4px\"></span>median</span><span><span "
+      "class=\"sw\" style=\"border:0;border-left:2px dashed #D55E00;width:4px\"></span>the gate "
+      "(baseline median + max regression)</span><span>one sample "
       "per measured repetition</span></div>\n";
   out += "<div class=\"plots\">\n";
   // Regressions and slower metrics first: what the reader came for.
@@ -1544,7 +1573,7 @@ std::string renderHtmlCompare(const json& document) {
   std::stable_sort(order.begin(), order.end(),
                    [&](std::size_t a, std::size_t b) { return weight(a) < weight(b); });
   for (std::size_t i = 0; i < count && i < kMaxCompareMetrics; ++i) {
-    comparePlot(out, (*metrics)[order[i]]);
+    comparePlot(out, (*metrics)[order[i]], numberOf(document, "max_regression").value_or(0.1));
   }
   out += "</div>\n";
   if (count > kMaxCompareMetrics) {
