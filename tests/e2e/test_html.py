@@ -306,6 +306,15 @@ def compare_page():
     dots = dom.count("<circle")
     samples = sum(m["baseline"]["samples"] + m["current"]["samples"] for m in doc["metrics"])
     check(dots == samples, f"{dots} dots for {samples} samples")
+    # The same page later, from compare's --json alone (a CI artefact).
+    saved = os.path.join(WORK, "compare.json")
+    with open(saved, "w") as fh:
+        json.dump(doc, fh)
+    later = os.path.join(WORK, "compare-later.html")
+    proc = hmc_run("render", saved, "--html", later)
+    check(proc.returncode == 0, output(proc))
+    with open(page) as fh, open(later) as gh:
+        check(fh.read() == gh.read(), "render of compare --json differs from compare --html")
     # The Markdown summary of the same comparison.
     proc = hmc_run("compare", *reports, "--format", "markdown", "--max-regression", "1000%")
     check(proc.returncode == (0 if verdict == "OK" else 1), output(proc))
