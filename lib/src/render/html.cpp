@@ -1382,11 +1382,6 @@ void comparePlot(std::string& out, const json& metric, double maxRegression) {
         "{3} (+{4:g}%) fails</title></line>",
         px(x(*gate)), px(top - 2), px(bottom + 2), esc(formatValue(*gate, unit)),
         maxRegression * 100);
-  } else if (gate) {
-    out += fmt::format(
-        "<text x=\"{}\" y=\"{}\" font-size=\"11\" text-anchor=\"end\" fill=\"#A33C00\">gate "
-        "+{:g}% at {} \u2192</text>",
-        px(width - right), px(bottom + 16), maxRegression * 100, esc(formatValue(*gate, unit)));
   }
   for (std::size_t i = 0; i < 2; ++i) {
     const Side& side = sides[i];
@@ -1416,6 +1411,12 @@ void comparePlot(std::string& out, const json& metric, double maxRegression) {
       esc(formatChange(numberOf(metric, "change"))), esc(formatP(numberOf(metric, "p_value"))),
       integerOf(baseline, "samples").value_or(0), integerOf(current, "samples").value_or(0),
       child(metric, "note") ? " \u00b7 " + esc(textOf(metric, "note")) : "");
+  if (gate && !gateShown) {
+    out += fmt::format(
+        "<div class=\"note\">gate +{:g}% at {}: far right of these samples, off "
+        "the axis</div>",
+        maxRegression * 100, esc(formatValue(*gate, unit)));
+  }
   out += "</div>\n";
 }
 
