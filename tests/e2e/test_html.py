@@ -9,7 +9,8 @@ Runs the real hmc-run with --html on a passing scenario (quickstart), an expecte
 `--format markdown`). Each page is loaded in Chromium (Debian's `chromium`, or $HMC_CHROMIUM):
 no script error and no console error, the key facts in the rendered DOM (--dump-dom), and a
 screenshot (1400x1000) that is not blank: decoded here with zlib and struct, it must have many
-colours and enough ink. Screenshots are kept in $HMC_HTML_SCREENSHOTS when set.
+colours and enough ink. Screenshots are kept in $HMC_HTML_SCREENSHOTS when set; after a
+failure everything is kept in the temporary folder it names.
 
 Standard library only. Exit 77 (CTest: skipped) with the reason when no Chromium is found;
 scripts/setup installs Debian's `chromium`. Prints one line per check and a closing
@@ -402,8 +403,10 @@ def main():
         test(function)
     print(f"{RESULTS['passed']} passed, {RESULTS['failed']} failed, "
           f"{RESULTS['skipped']} skipped")
-    if RESULTS["failed"] == 0 and SHOTS == WORK:
-        shutil.rmtree(WORK, ignore_errors=True)
+    if RESULTS["failed"] == 0:
+        shutil.rmtree(WORK, ignore_errors=True)  # kept after a failure, to look at
+    else:
+        print(f"# pages, reports and screenshots kept in {WORK}", flush=True)
     return 1 if RESULTS["failed"] else 0
 
 
