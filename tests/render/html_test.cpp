@@ -260,6 +260,24 @@ TEST_SUITE("render") {
     CHECK(page.find("url(#r0-dead)") != std::string::npos);
   }
 
+  TEST_CASE("a failed report lists its unexpected steps with their errors first") {
+    json report = hangReport();
+    report["outcome"] = "fail";
+    report["hang"] = nullptr;
+    json& check = report["ranks"][1]["steps"][3];
+    check["status"] = "error";
+    check["expected"] = false;
+    check["error"] = {{"kind", "check_failed"}, {"message", "groups: expected 1, got 2"}};
+    report["ranks"][0]["steps"][2] = step(2, "close_all", "ok");
+    const std::string page = renderHtmlReport(report);
+    const auto box = page.find("id=\"r0-unexpected\"");
+    REQUIRE(box != std::string::npos);
+    CHECK(box < page.find("r0-timeline"));
+    CHECK(page.find("1 step did not meet its expectation") != std::string::npos);
+    CHECK(page.find("rank 1 step 3 check a: error (check_failed): groups: expected 1, got 2") !=
+          std::string::npos);
+  }
+
   TEST_CASE("an invalid report says what is wrong and draws nothing else") {
     const json report = {
         {"format", "hmc-report/1"},

@@ -508,10 +508,32 @@ void summaryCallouts(std::string& out, const json& report, const HangFacts& fact
         "<div class=\"callout pass\"><strong class=\"head\">Every step on every rank met its "
         "expectation</strong></div>\n";
   } else if (outcome == "fail" && crashes.empty()) {
-    out +=
-        "<div class=\"callout fail\"><strong class=\"head\">A step did not meet its "
-        "expectation</strong>The steps outlined in black in the timeline below are the "
-        "unexpected ones.</div>\n";
+    // The unexpected steps themselves, the first few: what failed, where, and its message.
+    std::vector<std::string> failed;
+    std::size_t unexpected = 0;
+    for (const auto& rank : objectOf(arrayOf(report, "ranks"))) {
+      for (const auto& step : objectOf(arrayOf(rank, "steps"))) {
+        if (flag(step, "expected")) continue;
+        if (++unexpected > 8) continue;
+        std::string line = fmt::format("rank {} step {} {}", integerOf(rank, "rank").value_or(-1),
+                                       integerOf(step, "index").value_or(-1), textOf(step, "op"));
+        if (!textOf(step, "module").empty()) line += " " + textOf(step, "module");
+        line += ": " + textOf(step, "status");
+        if (const json* error = child(step, "error")) {
+          line += " (" + textOf(*error, "kind") + "): " + clip(textOf(*error, "message"), 300);
+        }
+        failed.push_back(std::move(line));
+      }
+    }
+    out += fmt::format(
+        "<div class=\"callout fail\" id=\"{}-unexpected\"><strong class=\"head\">{} step{} did not "
+        "meet {} expectation</strong>",
+        id, unexpected, unexpected == 1 ? "" : "s", unexpected == 1 ? "its" : "their");
+    for (const auto& line : failed) out += "<div class=\"mono\">" + esc(line) + "</div>";
+    if (unexpected > failed.size()) {
+      out += fmt::format("<div class=\"note\">{} more</div>", unexpected - failed.size());
+    }
+    out += "<div class=\"note\">Outlined in black in the timeline below.</div></div>\n";
   }
 }
 
