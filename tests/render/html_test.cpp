@@ -190,7 +190,8 @@ TEST_SUITE("render") {
     CHECK(page.find("Missing: rank 1</strong>") != std::string::npos);
     CHECK(page.find("Waiting: rank 0") != std::string::npos);
     CHECK(page.find("rank 1 never arrived at this step") != std::string::npos);
-    CHECK(page.find("stroke-dasharray=\"6 4\"") != std::string::npos);  // the hung column
+    CHECK(page.find("stroke-dasharray=\"6 4\"") != std::string::npos);      // the hung column
+    CHECK(page.find("missing rank (never arrived)") != std::string::npos);  // in the legend
   }
 
   TEST_CASE("a report's page has every section: timeline, bind times, leaks, environment") {
@@ -258,7 +259,10 @@ TEST_SUITE("render") {
     CHECK(page.find("1 rank crashed") != std::string::npos);
     CHECK(page.find("exited with status 17 (fault crash)") != std::string::npos);
     CHECK(page.find("url(#r0-dead)") != std::string::npos);
-  }
+    // The legend names what was drawn, and only that.
+    CHECK(page.find("no result (the rank process died)") != std::string::npos);
+    CHECK(page.find("missing rank (never arrived)") == std::string::npos);
+    }
 
   TEST_CASE("a failed report lists its unexpected steps with their errors first") {
     json report = hangReport();

@@ -537,28 +537,46 @@ void summaryCallouts(std::string& out, const json& report, const HangFacts& fact
   }
 }
 
-void timelineLegend(std::string& out) {
+// What a timeline drew, so that its legend names only that.
+struct Drawn {
+  std::set<std::string> statuses;
+  bool dead = false, crash = false, unexpected = false, hung = false, missing = false;
+};
+
+void timelineLegend(std::string& out, const Drawn& drawn) {
   out += "<div class=\"legend\">";
   for (const auto& style : kStatusStyles) {
+    if (drawn.statuses.count(style.status) == 0) continue;
     out +=
         fmt::format("<span><span class=\"sw\" style=\"background:{};color:{}\">{}</span>{}</span>",
                     style.fill, style.ink, style.mark, style.legend);
   }
-  out +=
-      "<span><span class=\"sw\" style=\"background:repeating-linear-gradient(45deg,#fff,#fff "
-      "3px,#999 3px,#999 5px)\"></span>no result (the rank process died)</span>";
-  out +=
-      "<span><span class=\"sw\" style=\"background:#D55E00;width:5px;border:1px solid "
-      "#000\"></span>where a rank crashed</span>";
-  out +=
-      "<span><span class=\"sw\" style=\"border:3px solid #000\"></span>unexpected "
-      "(did not meet the step's expect)</span>";
-  out +=
-      "<span><span class=\"sw\" style=\"border:2px dashed #8E3B74;background:#fff\"></span>the "
-      "hung step</span>";
-  out +=
-      "<span><span class=\"sw\" style=\"border:2px dashed #000;background:#fff;color:#000\">?"
-      "</span>missing rank (never arrived)</span></div>\n";
+  if (drawn.dead) {
+    out +=
+        "<span><span class=\"sw\" style=\"background:repeating-linear-gradient(45deg,#fff,#fff "
+        "3px,#999 3px,#999 5px)\"></span>no result (the rank process died)</span>";
+  }
+  if (drawn.crash) {
+    out +=
+        "<span><span class=\"sw\" style=\"background:#D55E00;width:5px;border:1px solid "
+        "#000\"></span>where a rank crashed</span>";
+  }
+  if (drawn.unexpected) {
+    out +=
+        "<span><span class=\"sw\" style=\"border:3px solid #000\"></span>unexpected "
+        "(did not meet the step's expect)</span>";
+  }
+  if (drawn.hung) {
+    out +=
+        "<span><span class=\"sw\" style=\"border:2px dashed #8E3B74;background:#fff\"></span>the "
+        "hung step</span>";
+  }
+  if (drawn.missing) {
+    out +=
+        "<span><span class=\"sw\" style=\"border:2px dashed #000;background:#fff;color:#000\">?"
+        "</span>missing rank (never arrived)</span>";
+  }
+  out += "</div>\n";
 }
 
 // One column per step, one row per rank, each cell coloured by the step's status.
@@ -668,6 +686,7 @@ void timeline(std::string& out, const json& report, const HangFacts& facts, cons
   out += fmt::format("<text x=\"4\" y=\"{}\" font-size=\"12\" fill=\"#57606a\">step</text>\n",
                      px(wide ? 18 : topH - 8));
   // Rows.
+  Drawn drawn;
   for (std::size_t row = 0; row < rows; ++row) {
     const json& rank = (*ranks)[shownRanks[row]];
     const long long r = integerOf(rank, "rank").value_or(static_cast<long long>(shownRanks[row]));
@@ -682,6 +701,7 @@ void timeline(std::string& out, const json& report, const HangFacts& facts, cons
                        role == Role::kNone ? "400" : "700", esc(label));
     const json* steps = arrayOf(rank, "steps");
     if (steps == nullptr || steps->empty()) {
+      drawn.dead = true;
       out += fmt::format(
           "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"url(#{}-dead)\" "
           "stroke=\"#57606a\"><title>{}</title></rect>",
@@ -695,6 +715,8 @@ void timeline(std::string& out, const json& report, const HangFacts& facts, cons
         const StatusStyle& style = styleOf(status);
         const double x = labelW + cellW * static_cast<double>(s);
         const bool expected = flag(step, "expected");
+        drawn.statuses.insert(status);
+        drawn.unexpected = drawn.unexpected || !expected;
         std::string tip =
             fmt::format("rank {} \u00b7 step {} {}", r, firstStep + s, textOf(step, "op"));
         if (!textOf(step, "module").empty()) tip += " " + textOf(step, "module");
@@ -722,6 +744,7 @@ void timeline(std::string& out, const json& report, const HangFacts& facts, cons
         // A missing rank at a hung step: it never arrived there.
         if (role == Role::kMissing &&
             facts.hangSteps.count(static_cast<long long>(firstStep + s))) {
+          drawn.missing = true;
           out += fmt::format(
               "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"#fff\" "
               "stroke=\"#000\" stroke-width=\"2\" stroke-dasharray=\"4 3\"><title>"
@@ -747,6 +770,7 @@ void timeline(std::string& out, const json& report, const HangFacts& facts, cons
       const long long column = last - static_cast<long long>(firstStep);
       if (column >= 0 && column < static_cast<long long>(shownSteps)) {
         const double x = labelW + cellW * static_cast<double>(column + 1);
+        drawn.crash = true;
         out += fmt::format(
             "<rect class=\"crash-mark\" x=\"{}\" y=\"{}\" width=\"5\" "
             "height=\"{}\" fill=\"#D55E00\" stroke=\"#000\" stroke-width=\"0.8\">"
@@ -812,13 +836,14 @@ void timeline(std::string& out, const json& report, const HangFacts& facts, cons
       continue;
     }
     const double x = labelW + cellW * static_cast<double>(hung - static_cast<long long>(firstStep));
+    drawn.hung = true;
     out += fmt::format(
         "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" "
         "stroke=\"#8E3B74\" stroke-width=\"2.5\" stroke-dasharray=\"6 4\"/>",
         px(x - 1), px(topH - 3), px(cellW + 2), px(cellH * static_cast<double>(rows) + 6));
   }
   out += "</svg></div>\n";
-  timelineLegend(out);
+  timelineLegend(out, drawn);
   std::string left;
   if (ranks->size() > rows) {
     left += fmt::format("{} of {} ranks drawn (every rank with a problem first: {}); ", rows,
