@@ -1,5 +1,3 @@
-#include "hmc/render/html.hpp"
-
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -12,96 +10,17 @@
 #include <string>
 #include <vector>
 
-#include "format.hpp"
 #include "hmc/error.hpp"
+#include "hmc/render/html.hpp"
 #include "hmc/text.hpp"
+#include "page.hpp"
 
 namespace hmc::render {
 
 using nlohmann::json;
 using namespace detail;
 
-std::string escapeHtml(std::string_view raw) {
-  // printable() escapes control characters and invalid UTF-8 but keeps newline and tab
-  // visible as \n and \t; a page may keep them (pre-wrapped text), so they pass unescaped.
-  std::string out;
-  out.reserve(raw.size());
-  std::size_t start = 0;
-  auto flush = [&](std::size_t end) {
-    const std::string safe = hmc::printable(raw.substr(start, end - start));
-    for (const char c : safe) {
-      switch (c) {
-        case '&':
-          out += "&amp;";
-          break;
-        case '<':
-          out += "&lt;";
-          break;
-        case '>':
-          out += "&gt;";
-          break;
-        case '"':
-          out += "&quot;";
-          break;
-        case '\'':
-          out += "&#39;";
-          break;
-        default:
-          out += c;
-      }
-    }
-  };
-  for (std::size_t i = 0; i < raw.size(); ++i) {
-    if (raw[i] == '\n' || raw[i] == '\t') {
-      flush(i);
-      out += raw[i];
-      start = i + 1;
-    }
-  }
-  flush(raw.size());
-  return out;
-}
-
 namespace {
-
-std::string esc(std::string_view text) { return escapeHtml(text); }
-
-// At most `limit` bytes of `text` (whole UTF-8 characters), saying how much was cut: texts from
-// a report grow with the world (a hang diagnosis names every rank), the page must not.
-std::string clip(const std::string& text, std::size_t limit) {
-  if (text.size() <= limit) return text;
-  std::size_t cut = limit;
-  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
-  return text.substr(0, cut) +
-         fmt::format("\u2026 ({} more characters in the JSON report)", text.size() - cut);
-}
-
-const json& emptyObject() {
-  static const json empty = json::object();
-  return empty;
-}
-const json& objectOf(const json* value) { return value != nullptr ? *value : emptyObject(); }
-
-bool flag(const json& value, std::string_view key) {
-  const json* member = child(value, key);
-  return member != nullptr && member->is_boolean() && member->get<bool>();
-}
-
-std::optional<long long> integerOf(const json& value, std::string_view key) {
-  const json* member = child(value, key);
-  if (member == nullptr || !member->is_number()) return std::nullopt;
-  const double number = member->get<double>();
-  if (!std::isfinite(number)) return std::nullopt;
-  return static_cast<long long>(number);
-}
-
-const json* arrayOf(const json& value, std::string_view key) {
-  const json* member = child(value, key);
-  return member != nullptr && member->is_array() ? member : nullptr;
-}
-
-// SVG coordinates with one decimal.
-std::string px(double value) { return fmt::format("{:.1f}", value); }
 
 // Every status a step can have, its colour (Okabe-Ito, safe for the common colour-vision
 // deficiencies), the mark drawn in its cell (so colour is never the only cue) and its legend.
@@ -125,155 +44,6 @@ const StatusStyle& styleOf(const std::string& status) {
   }
   static const StatusStyle unknown{"?", "#999999", "#ffffff", "?", "unknown"};
   return unknown;
-}
-
-constexpr const char* kStyle = R"css(
-:root{--ink:#1b1f24;--muted:#57606a;--line:#d0d7de;--panel:#f6f8fa;--ok:#009E73;--error:#D55E00;
---hang:#CC79A7;--hangdark:#8E3B74;--warn:#E69F00;--blue:#0072B2}
-*{box-sizing:border-box}
-body{font:15px/1.5 system-ui,-apple-system,"Segoe UI","DejaVu Sans",Arial,sans-serif;color:var(--ink);margin:0;background:#fff}
-main{max-width:1360px;margin:0 auto;padding:20px 32px 48px}
-h1{font-size:26px;margin:0 0 2px}
-h2{font-size:22px;margin:36px 0 8px;padding-bottom:4px;border-bottom:2px solid var(--line)}
-h3{font-size:17px;margin:24px 0 6px}
-p{margin:6px 0}
-.sub{color:var(--muted);margin:0 0 10px}
-.badge{display:inline-block;padding:1px 10px;border-radius:12px;font-size:13px;font-weight:600;color:#fff;vertical-align:3px;margin-left:6px}
-.b-pass,.b-OK,.b-faster{background:var(--ok)}.b-fail,.b-FAILED,.b-slower{background:var(--error)}
-.b-hang{background:var(--hangdark)}.b-invalid,.b-same{background:#6e7781}
-.b-UNDECIDED,.b-undecided,.b-leak{background:var(--warn);color:var(--ink)}.b-flat{background:var(--ok)}
-.b-too_few_cycles{background:#6e7781}.b-regression{background:#8a1f00}
-.callout{border-left:6px solid var(--line);padding:8px 14px;margin:12px 0;background:var(--panel);border-radius:4px}
-.callout.hang{border-color:var(--hang)}.callout.crash,.callout.fail,.callout.FAILED{border-color:var(--error)}
-.callout.leak,.callout.UNDECIDED{border-color:var(--warn)}.callout.pass,.callout.OK{border-color:var(--ok)}
-.callout.invalid{border-color:#6e7781}
-.callout strong.head{display:block;font-size:16px}
-table{border-collapse:collapse;font-size:14px;margin:6px 0 10px}
-th,td{border:1px solid var(--line);padding:3px 9px;text-align:left;vertical-align:top}
-th{background:var(--panel);font-weight:600}
-td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
-code,.mono{font-family:ui-monospace,"DejaVu Sans Mono",Menlo,monospace;font-size:13px}
-.legend{display:flex;flex-wrap:wrap;gap:6px 18px;font-size:13px;margin:6px 0 4px;color:var(--ink)}
-.sw{display:inline-block;width:15px;height:15px;border:1px solid #0004;vertical-align:-3px;margin-right:6px;text-align:center;font-size:11px;line-height:13px}
-.note{color:var(--muted);font-size:13px}
-.scroll{overflow-x:auto}
-svg{display:block;max-width:100%;height:auto;font-family:system-ui,"DejaVu Sans",Arial,sans-serif}
-.plots{display:flex;flex-wrap:wrap;gap:14px}
-.plot{border:1px solid var(--line);border-radius:6px;padding:8px 10px;background:#fff}
-.plot h4{margin:0 0 4px;font-size:14px;font-weight:600;max-width:420px}
-.plot.metric{width:420px}
-nav.toc{font-size:14px}
-)css";
-
-// Records script errors into the page (a headless browser's --dump-dom shows them); the page
-// itself needs no script.
-constexpr const char* kErrorProbe =
-    "<script>window.addEventListener('error',function(e){var d=document.documentElement;"
-    "d.setAttribute('data-page-errors',(d.getAttribute('data-page-errors')||'')+e.message+"
-    "';')});</script>";
-
-void pageStart(std::string& out, const std::string& title) {
-  out += "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n";
-  out +=
-      "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; "
-      "style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:\">\n";
-  out += "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n";
-  out += "<title>" + esc(title) + "</title>\n<style>" + kStyle + "</style>\n";
-  out += kErrorProbe;
-  out += "\n</head>\n<body>\n<main>\n";
-}
-
-void pageEnd(std::string& out) {
-  out +=
-      "<p class=\"note\">Drawn by hmc-run from its JSON document: one file, nothing fetched "
-      "when viewed.</p>\n</main>\n</body>\n</html>\n";
-}
-
-// ---- axes ---------------------------------------------------------------------------------
-
-// About `count` round tick values covering [low, high].
-std::vector<double> linearTicks(double low, double high, int count) {
-  std::vector<double> ticks;
-  if (!(high > low)) return {low};
-  const double raw = (high - low) / std::max(1, count);
-  const double power = std::pow(10.0, std::floor(std::log10(raw)));
-  double step = power;
-  for (const double factor : {1.0, 2.0, 5.0, 10.0}) {
-    step = factor * power;
-    if (step >= raw) break;
-  }
-  if (!(step > 0) || !std::isfinite(step)) return {low};
-  const double first = std::ceil(low / step);
-  for (int k = 0; k <= 50; ++k) {
-    const double tick = (first + k) * step;
-    if (tick > high + step * 1e-9) break;
-    ticks.push_back(std::fabs(tick) < step * 1e-9 ? 0.0 : tick);
-  }
-  return ticks;
-}
-
-// A horizontal axis mapping [low, high] (log10 of it when `log`) onto [x0, x1].
-struct Axis {
-  double low = 0, high = 1, x0 = 0, x1 = 1;
-  bool log = false;
-  double operator()(double value) const {
-    double v = value, lo = low, hi = high;
-    if (log) {
-      v = std::log10(std::max(value, 1e-12));
-      lo = std::log10(low);
-      hi = std::log10(high);
-    }
-    if (hi <= lo) return (x0 + x1) / 2;
-    return x0 + (v - lo) / (hi - lo) * (x1 - x0);
-  }
-  std::vector<double> ticks(int count) const {
-    if (!log) return linearTicks(low, high, count);
-    std::vector<double> decades;
-    const int lowest = static_cast<int>(std::floor(std::log10(low)));
-    for (int power = lowest; power <= lowest + 40; ++power) {
-      const double decade = std::pow(10.0, power);
-      if (decade > high * 1.0001) break;
-      decades.push_back(decade);
-    }
-    // Decades alone where the axis spans several; 1-2-5 within each where it spans few.
-    const bool fine = decades.size() <= 3;
-    std::vector<double> out;
-    for (const double decade : decades) {
-      for (const double factor : {1.0, 2.0, 5.0}) {
-        if (factor != 1.0 && !fine) continue;
-        const double tick = decade * factor;
-        if (tick >= low * 0.9999 && tick <= high * 1.0001) out.push_back(tick);
-      }
-    }
-    if (out.size() < 2) return linearTicks(low, high, count);
-    return out;
-  }
-};
-
-// Evenly spaced picks of at most `limit` of `values` (the page stays bounded).
-std::vector<double> thinned(const std::vector<double>& values, std::size_t limit) {
-  if (values.size() <= limit) return values;
-  std::vector<double> out;
-  out.reserve(limit);
-  for (std::size_t i = 0; i < limit; ++i) out.push_back(values[i * values.size() / limit]);
-  return out;
-}
-
-// By nearest rank, as the report's `timings` are, so that the page and the table agree.
-double quantile(std::vector<double> values, double q) {
-  if (values.empty()) return 0;
-  std::sort(values.begin(), values.end());
-  const auto rank = static_cast<std::size_t>(std::ceil(q * static_cast<double>(values.size())));
-  return values[std::min(std::max<std::size_t>(rank, 1), values.size()) - 1];
-}
-
-// A deterministic jitter in [-1, 1] for the i-th dot.
-double jitter(std::size_t i) {
-  std::uint32_t x = static_cast<std::uint32_t>(i) * 2654435761u;
-  x ^= x >> 13;
-  x *= 0x5bd1e995u;
-  x ^= x >> 15;
-  return static_cast<double>(x % 2001) / 1000.0 - 1.0;
 }
 
 // ---- the hang: who waits, who is missing ----------------------------------------------------
@@ -367,10 +137,6 @@ HangFacts hangFacts(const json& report) {
 // ---- sections of a report ------------------------------------------------------------------
 
 std::string outcomeOf(const json& report) { return textOf(report, "outcome", "unknown"); }
-
-void badge(std::string& out, const std::string& word) {
-  out += "<span class=\"badge b-" + esc(word) + "\">" + esc(word) + "</span>";
-}
 
 // "0-3, 5, 7-8"
 std::string rangesOf(std::vector<long long> ranks) {
@@ -1356,117 +1122,6 @@ void reportSection(std::string& out, const json& report, const std::string& id, 
   out += "</section>\n";
 }
 
-// ---- comparison ----------------------------------------------------------------------------
-
-const char* verdictColour(const std::string& verdict) {
-  if (verdict == "faster") return "#009E73";
-  if (verdict == "slower") return "#D55E00";
-  if (verdict == "undecided") return "#E69F00";
-  return "#6e7781";
-}
-
-// `maxRegression`: the gate (0.10: a median 10% slower than the baseline's fails).
-void comparePlot(std::string& out, const json& metric, double maxRegression) {
-  const std::string name = textOf(metric, "name", "?");
-  const std::string unit = textOf(metric, "unit", "s");
-  const std::string verdict = textOf(metric, "verdict", "?");
-  const bool regression = flag(metric, "regression");
-  const json& baseline = objectOf(child(metric, "baseline"));
-  const json& current = objectOf(child(metric, "current"));
-  struct Side {
-    const char* title;
-    std::vector<double> values;
-    std::optional<double> median;
-    const char* colour;
-  };
-  Side sides[2] = {
-      {"baseline", numbersOf(arrayOf(baseline, "values")), numberOf(baseline, "median"), "#0072B2"},
-      {"candidate", numbersOf(arrayOf(current, "values")), numberOf(current, "median"), "#E69F00"}};
-  for (auto& side : sides) {
-    if (side.values.empty() && side.median) side.values.push_back(*side.median);
-  }
-  double low = 1e300, high = -1e300;
-  for (const auto& side : sides) {
-    for (const double v : side.values) {
-      low = std::min(low, v);
-      high = std::max(high, v);
-    }
-  }
-  if (low > high) {
-    low = 0;
-    high = 1;
-  }
-  // The gate: where the candidate's median would fail. On the axis when it lies near the data
-  // (so a 1% change reads as small beside a 10% gate), else named at the edge.
-  std::optional<double> gate;
-  if (sides[0].median && *sides[0].median > 0) gate = *sides[0].median * (1 + maxRegression);
-  const bool gateShown = gate && *gate <= high * 1.5;
-  if (gateShown) high = std::max(high, *gate);
-  const double pad = std::max((high - low) * 0.1, std::fabs(high) * 0.02 + 1e-12);
-  low = std::max(0.0, low - pad);
-  high += pad;
-  const double width = 400, height = 108, left = 82, right = 14, rowH = 38, top = 8;
-  const Axis x{low, high, left, width - right, false};
-  out += "<div class=\"plot metric v-" + esc(verdict) + "\"><h4><span class=\"mono\">" + esc(name) +
-         "</span>";
-  badge(out, verdict);
-  if (regression) badge(out, "regression");
-  out += "</h4>\n<svg role=\"img\" aria-label=\"baseline against candidate\" width=\"" + px(width) +
-         "\" height=\"" + px(height) + "\" viewBox=\"0 0 " + px(width) + " " + px(height) +
-         "\" xmlns=\"http://www.w3.org/2000/svg\">";
-  const double bottom = top + rowH * 2;
-  for (const double tick : x.ticks(4)) {
-    out += fmt::format(
-        "<line x1=\"{0}\" x2=\"{0}\" y1=\"{1}\" y2=\"{2}\" stroke=\"#e4e7eb\"/>"
-        "<text x=\"{0}\" y=\"{3}\" font-size=\"11\" text-anchor=\"middle\" "
-        "fill=\"#57606a\">{4}</text>",
-        px(x(tick)), px(top), px(bottom + 3), px(bottom + 16), esc(formatValue(tick, unit)));
-  }
-  if (gateShown) {
-    out += fmt::format(
-        "<line class=\"gate\" x1=\"{0}\" x2=\"{0}\" y1=\"{1}\" y2=\"{2}\" stroke=\"#D55E00\" "
-        "stroke-width=\"1.5\" stroke-dasharray=\"5 3\"><title>the gate: a candidate median above "
-        "{3} (+{4:g}%) fails</title></line>",
-        px(x(*gate)), px(top - 2), px(bottom + 2), esc(formatValue(*gate, unit)),
-        maxRegression * 100);
-  }
-  for (std::size_t i = 0; i < 2; ++i) {
-    const Side& side = sides[i];
-    const double mid = top + rowH * (static_cast<double>(i) + 0.5);
-    out += fmt::format(
-        "<text x=\"4\" y=\"{}\" font-size=\"13\" font-weight=\"600\" fill=\"{}\">{}"
-        "</text>",
-        px(mid + 4), side.colour, side.title);
-    const auto dots = thinned(side.values, kMaxDots);
-    for (std::size_t d = 0; d < dots.size(); ++d) {
-      out +=
-          fmt::format("<circle cx=\"{}\" cy=\"{}\" r=\"3.2\" fill=\"{}\" fill-opacity=\"0.75\"/>",
-                      px(x(dots[d])), px(mid + jitter(d + i * 104729) * 9), side.colour);
-    }
-    if (side.median) {
-      out += fmt::format(
-          "<line x1=\"{0}\" x2=\"{0}\" y1=\"{1}\" y2=\"{2}\" stroke=\"#1b1f24\" "
-          "stroke-width=\"3\"><title>median {3}</title></line>",
-          px(x(*side.median)), px(mid - 14), px(mid + 14), esc(formatValue(*side.median, unit)));
-    }
-  }
-  out += "</svg>\n";
-  out += fmt::format(
-      "<div class=\"note\">median {} \u2192 {} ({}), p = {}, {} vs {} samples{}</div>",
-      esc(sides[0].median ? formatValue(*sides[0].median, unit) : "n/a"),
-      esc(sides[1].median ? formatValue(*sides[1].median, unit) : "n/a"),
-      esc(formatChange(numberOf(metric, "change"))), esc(formatP(numberOf(metric, "p_value"))),
-      integerOf(baseline, "samples").value_or(0), integerOf(current, "samples").value_or(0),
-      child(metric, "note") ? " \u00b7 " + esc(textOf(metric, "note")) : "");
-  if (gate && !gateShown) {
-    out += fmt::format(
-        "<div class=\"note\">gate +{:g}% at {}: far right of these samples, off "
-        "the axis</div>",
-        maxRegression * 100, esc(formatValue(*gate, unit)));
-  }
-  out += "</div>\n";
-}
-
 }  // namespace
 
 std::string renderHtmlReport(const json& document) {
@@ -1544,103 +1199,6 @@ std::string renderHtmlReport(const json& document) {
         "render: expected an hmc-report/1 or hmc-report-set/1 document, got format '{}'",
         hmc::printable(textOf(document, "format", "(none)"))));
   }
-  pageEnd(out);
-  return out;
-}
-
-std::string renderHtmlCompare(const json& document) {
-  if (textOf(document, "format") != "hmc-compare/1") {
-    throw ValueError(fmt::format("render: expected an hmc-compare/1 document, got format '{}'",
-                                 hmc::printable(textOf(document, "format", "(none)"))));
-  }
-  const CompareVerdict verdict = compareVerdict(document);
-  std::string out;
-  pageStart(out, "hmc-run compare \u2014 " + verdict.word);
-  out += "<section class=\"compare\" data-verdict=\"" + esc(verdict.word) + "\">\n";
-  out += "<h1>hmc-run compare";
-  badge(out, verdict.word);
-  out += "</h1>\n";
-  const json& baseline = objectOf(child(document, "baseline"));
-  const json& current = objectOf(child(document, "current"));
-  out += fmt::format(
-      "<p class=\"sub\">baseline <code>{}</code> against candidate <code>{}</code> "
-      "({}) \u00b7 two-sided Mann-Whitney U, alpha {:g}, max regression {:g}%</p>\n",
-      esc(textOf(baseline, "file", "?")), esc(textOf(current, "file", "?")),
-      esc(textOf(baseline, "kind", "?")), numberOf(document, "alpha").value_or(0.05),
-      numberOf(document, "max_regression").value_or(0.1) * 100);
-  out += "<div class=\"callout " + esc(verdict.word) + "\" id=\"verdict\"><strong class=\"head\">" +
-         esc(verdict.word) + "</strong>" + esc(clip(verdict.line, 2000));
-  if (const auto ratio = numberOf(document, "geometric_mean_ratio")) {
-    out += fmt::format("<br>Geometric mean of candidate/baseline medians: {:.4f} ({:+.1f}%).",
-                       *ratio, (*ratio - 1) * 100);
-  }
-  out += "</div>\n";
-  const json* metrics = arrayOf(document, "metrics");
-  const std::size_t count = metrics ? metrics->size() : 0;
-  out +=
-      "<h2>Metrics</h2>\n<table class=\"metrics\"><tr><th>metric</th><th>baseline</th>"
-      "<th>candidate</th><th>change</th><th>p</th><th>verdict</th></tr>";
-  for (std::size_t i = 0; i < count; ++i) {
-    const json& m = (*metrics)[i];
-    const std::string unit = textOf(m, "unit", "s");
-    auto median = [&](const char* side) {
-      const json& s = objectOf(child(m, side));
-      const auto v = numberOf(s, "median");
-      return v && integerOf(s, "samples").value_or(1) > 0 ? formatValue(*v, unit)
-                                                          : std::string("n/a");
-    };
-    const std::string v = textOf(m, "verdict", "?");
-    out += fmt::format(
-        "<tr><td class=\"mono\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}"
-        "</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td><span "
-        "class=\"sw\" style=\"background:{}\"></span>{}{}</td></tr>",
-        esc(textOf(m, "name", "?")), esc(median("baseline")), esc(median("current")),
-        esc(formatChange(numberOf(m, "change"))), esc(formatP(numberOf(m, "p_value"))),
-        verdictColour(v), esc(v), flag(m, "regression") ? " <strong>(regression)</strong>" : "");
-  }
-  out += "</table>\n";
-  out += "<h2>Baseline against candidate, per metric</h2>\n";
-  out +=
-      "<div class=\"legend\"><span><span class=\"sw\" style=\"background:#0072B2;"
-      "border-radius:50%\"></span>baseline sample</span><span><span class=\"sw\" "
-      "style=\"background:#E69F00;border-radius:50%\"></span>candidate sample</span><span><span "
-      "class=\"sw\" style=\"background:#1b1f24;width:4px\"></span>median</span><span><span "
-      "class=\"sw\" style=\"border:0;border-left:2px dashed #D55E00;width:4px\"></span>the gate "
-      "(baseline median + max regression)</span><span>one sample "
-      "per measured repetition</span></div>\n";
-  out += "<div class=\"plots\">\n";
-  // Regressions and slower metrics first: what the reader came for.
-  std::vector<std::size_t> order(count);
-  for (std::size_t i = 0; i < count; ++i) order[i] = i;
-  auto weight = [&](std::size_t i) {
-    const json& m = (*metrics)[i];
-    if (flag(m, "regression")) return 0;
-    const std::string v = textOf(m, "verdict");
-    return v == "slower" ? 1 : v == "undecided" ? 2 : v == "faster" ? 3 : 4;
-  };
-  std::stable_sort(order.begin(), order.end(),
-                   [&](std::size_t a, std::size_t b) { return weight(a) < weight(b); });
-  for (std::size_t i = 0; i < count && i < kMaxCompareMetrics; ++i) {
-    comparePlot(out, (*metrics)[order[i]], numberOf(document, "max_regression").value_or(0.1));
-  }
-  out += "</div>\n";
-  if (count > kMaxCompareMetrics) {
-    out += fmt::format(
-        "<p class=\"note\"><strong>Left out:</strong> the plots of {} more metrics "
-        "(all are in the table).</p>\n",
-        count - kMaxCompareMetrics);
-  }
-  for (const auto& [key, title] :
-       {std::pair<const char*, const char*>{"only_baseline", "Only in the baseline (not compared)"},
-        {"only_current", "Only in the candidate (not compared)"}}) {
-    const json* names = arrayOf(document, key);
-    if (names == nullptr || names->empty()) continue;
-    std::string list;
-    for (const auto& n : *names)
-      list += (list.empty() ? "" : ", ") + (n.is_string() ? n.get<std::string>() : n.dump());
-    out += fmt::format("<p class=\"note\"><strong>{}:</strong> {}</p>\n", title, esc(list));
-  }
-  out += "</section>\n";
   pageEnd(out);
   return out;
 }
