@@ -222,6 +222,8 @@ CommandLine::CommandLine()
       "  hmc-run list scenarios/                           names and descriptions\n"
       "  hmc-run scenarios/quickstart.json --html run.html one page: timeline, hang, binds, leaks\n"
       "  hmc-run render report.json --html report.html     draw a report written earlier\n"
+      "  hmc-run shrink big-failing.json -o minimal.json   the smallest scenario that fails the\n"
+      "                                                    same way (docs/shrink.md)\n"
       "\n"
       "Exit codes: 0 every expectation met, 1 an expectation failed, 2 bad input or usage,\n"
       "3 an unexpected hang, 130 interrupted. Formats: docs/scenario-format.md (hmc-scenario/1,\n"
@@ -251,6 +253,8 @@ CommandLine::CommandLine()
 
   compareCommand = addCompareCommand(app, compare);  // app/compare_command.*
   renderCommand = addRenderCommand(app, render);     // app/render_command.*
+
+  shrinkCommand = addShrinkCommand(app, shrink);  // app/shrink_command.hpp
 }
 
 std::optional<int> CommandLine::parse(int argc, char** argv) {
@@ -271,7 +275,7 @@ std::optional<int> CommandLine::parse(int argc, char** argv) {
 }
 
 bool CommandLine::needsTorch() const {
-  if (*rankCommand) return true;
+  if (*rankCommand || *shrinkCommand) return true;
   if (*compareCommand || *renderCommand || *validateCommand || *listCommand) return false;
   return *statusCommand || !run.paths.empty();
 }

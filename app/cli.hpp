@@ -15,6 +15,7 @@
 #include "hmc/collective/transport.hpp"
 #include "rank_launch.hpp"
 #include "render_command.hpp"
+#include "shrink_command.hpp"
 #include "status_command.hpp"
 
 namespace hmc::app {
@@ -52,7 +53,7 @@ struct CommandLine {
   // Parses argv. Returns the exit code when parsing ended the command (--help and --version
   // printed, or a usage error printed to stderr), else nullopt.
   std::optional<int> parse(int argc, char** argv);
-  // Whether the parsed command needs LibTorch: a scenario run, `_rank` or `status`.
+  // Whether the parsed command needs LibTorch: a scenario run, `_rank`, `status` or `shrink`.
   bool needsTorch() const;
   // Runs a parsed command that needs no LibTorch (validate, list, compare, render, or no command at
   // all: the "no scenario given" usage error) and returns its exit code. Only when
@@ -65,6 +66,7 @@ struct CommandLine {
   StatusOptions status;
   CompareOptions compare;
   RenderOptions render;
+  ShrinkOptions shrink;
   std::vector<std::string> validateFiles;
   std::optional<int> validateWorldSize;
   std::string listDirectory;
@@ -75,6 +77,7 @@ struct CommandLine {
   CLI::App* listCommand = nullptr;
   CLI::App* compareCommand = nullptr;
   CLI::App* renderCommand = nullptr;
+  CLI::App* shrinkCommand = nullptr;
 };
 
 // The `hmc` logger on stderr at `level` (trace ... off).

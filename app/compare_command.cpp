@@ -142,6 +142,15 @@ void printTable(std::FILE* to, const Comparison& result, const CompareOptions& o
     fmt::print(to, "# only in the current file (not compared): {}\n",
                joinNames(result.onlyCurrent));
   }
+  for (const auto& leak : result.newLeaks) {
+    fmt::print(to, "# leak across cycles, new in the current file (regression): {}\n", leak);
+  }
+  for (const auto& leak : result.keptLeaks) {
+    fmt::print(to, "# leak across cycles, in both files: {}\n", leak);
+  }
+  for (const auto& leak : result.goneLeaks) {
+    fmt::print(to, "# leak across cycles, gone (only in the baseline): {}\n", leak);
+  }
 }
 
 }  // namespace
@@ -240,7 +249,9 @@ int runCompare(const CompareOptions& options) {
     if (m.verdict == Verdict::kUndecided) undecided.push_back(m.name);
   }
   // A regression found is a result; metrics that cannot be decided make the gate unusable.
-  const int code = !regressions.empty() ? kExitRegression : !undecided.empty() ? kExitBadInput : 0;
+  const int code = !regressions.empty() || !result.newLeaks.empty() ? kExitRegression
+                   : !undecided.empty()                              ? kExitBadInput
+                                                                     : 0;
 
   json out{{"format", "hmc-compare/1"},
            {"baseline",
@@ -258,6 +269,8 @@ int runCompare(const CompareOptions& options) {
             result.geometricMeanRatio ? json(*result.geometricMeanRatio) : json()},
            {"regressions", regressions},
            {"undecided", undecided},
+           {"leak_trends",
+            {{"new", result.newLeaks}, {"both", result.keptLeaks}, {"gone", result.goneLeaks}}},
            {"exit_code", code}};
   for (const auto& m : result.metrics) out["metrics"].push_back(toJson(m, baseline, current));
   if (options.htmlPath) {
@@ -292,6 +305,12 @@ int runCompare(const CompareOptions& options) {
                "--benchmark_repetitions; or leave these metrics out with --metric.\n",
                joinNames(undecided), hmc::compare::minimumSamplesPerSide(thresholds.alpha),
                thresholds.alpha, hmc::compare::minimumSamplesPerSide(thresholds.alpha));
+  }
+  if (!result.newLeaks.empty()) {
+    fmt::print(table ? text : stderr, "# FAILED: {} across cycles new in {}\n",
+               result.newLeaks.size() == 1 ? "1 leak"
+                                           : fmt::format("{} leaks", result.newLeaks.size()),
+               options.currentPath);
   }
   if (code == 0) {
     fmt::print(table ? text : stderr,

@@ -90,15 +90,42 @@ std::string isoNow() {
   return buffer;
 }
 
-// A live "step i/N" indicator on a terminal, for long runs.
+// A live indicator on a terminal (stderr a TTY; nothing in pipes and CI logs), for long runs:
+// thread ranks' "step i/N", and over --repetitions "cycle i of N, elapsed, about T left".
 class Progress {
  public:
+  using Clock = std::chrono::steady_clock;
   explicit Progress(bool enabled) : enabled_(enabled) {}
+  // A scenario of `repetitions` cycles begins.
+  void begin(std::size_t repetitions) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    repetitions_ = repetitions;
+    done_ = 0;
+    began_ = Clock::now();
+    shown_ = {};
+  }
   void step(const std::string& name, const hmc::scenario::StepResult& step, std::size_t total) {
     if (!enabled_) return;
     std::lock_guard<std::mutex> lock(mutex_);
+    if (repetitions_ > 1) return;  // the cycles say more
     fmt::print(stderr, "\r\033[K# {}: step {}/{} {} ", name, step.index + 1, total,
                hmc::scenario::toString(step.op));
+    std::fflush(stderr);
+  }
+  // One more cycle ended; shown at most five times a second, and at the last.
+  void cycle(const std::string& name) {
+    if (!enabled_) return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++done_;
+    if (repetitions_ <= 1) return;
+    const auto now = Clock::now();
+    if (done_ < repetitions_ && now - shown_ < std::chrono::milliseconds(200)) return;
+    shown_ = now;
+    const double elapsed = std::chrono::duration<double>(now - began_).count();
+    const double left = elapsed / static_cast<double>(done_) *
+                        static_cast<double>(repetitions_ - done_);
+    fmt::print(stderr, "\r\033[K# {}: cycle {} of {}, {:.1f} s elapsed, about {:.0f} s left ",
+               name, done_, repetitions_, elapsed, left);
     std::fflush(stderr);
   }
   void clear() {
@@ -110,6 +137,10 @@ class Progress {
  private:
   bool enabled_;
   std::mutex mutex_;
+  std::size_t repetitions_ = 1;
+  std::size_t done_ = 0;
+  Clock::time_point began_;
+  Clock::time_point shown_;
 };
 
 hmc::scenario::RunInfo runInfo(const RunPlan& plan, const hmc::scenario::Scenario& scenario,
@@ -326,9 +357,13 @@ int runScenarios(const RunOptions& options, const std::vector<std::string>& comm
     };
     const auto driver = hmc::app::makeWorldDriver(std::move(world));
     hmc::scenario::ReportBuilder repetitions(prepared.scenario, plan.warmup);
+    progress.begin(static_cast<std::size_t>(options.repetitions));
     const hmc::app::WorldRun ran = driver->run(
         {prepared.scenario, file, prepared.text},
-        [&repetitions](std::vector<RankResult> ranks) { repetitions.add(std::move(ranks)); });
+        [&repetitions, &progress, &prepared](std::vector<RankResult> ranks) {
+          repetitions.add(std::move(ranks));
+          progress.cycle(prepared.scenario.name);
+        });
     progress.clear();
     // A non-reporting rank: rank 0 reports (or nobody can report what this rank saw).
     if (!ran.reporting) return ran.unreported ? hmc::scenario::exitCodeOf(*ran.unreported) : 0;
@@ -413,6 +448,15 @@ int main(int argc, char** argv) {
   if (*cli.rankCommand) {
     hmc::app::setUpLogging(cli.rankLaunch.logLevel);
     return runRankCommand(cli.rankLaunch);
+  }
+  if (*cli.shrinkCommand) {
+    hmc::app::setUpLogging(cli.shrink.logLevel);
+    try {
+      return hmc::app::runShrink(cli.shrink, selfExecutable(argv[0]));
+    } catch (const std::exception& error) {
+      fmt::print(stderr, "hmc-run: shrink: internal error: {}\n", withLimitHint(error.what()));
+      return 1;
+    }
   }
   const RunOptions& options = cli.run;
   hmc::app::setUpLogging(options.logLevel);

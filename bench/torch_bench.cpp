@@ -28,6 +28,8 @@
 #include "hmc/collective/collective.hpp"
 #include "hmc/lifecycle/resource_manager.hpp"
 #include "hmc/resources/host_resources.hpp"
+#include "hmc/scenario/leak_trend.hpp"
+#include "hmc/scenario/report.hpp"
 #include "hmc/scenario/runner.hpp"
 #include "hmc/scenario/scenario.hpp"
 #include "hmc/scenario/thread_driver.hpp"
@@ -121,6 +123,43 @@ void BM_ReuseCycleRunner(benchmark::State& state) {
       kRunnerCycles, benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
 }
 BENCHMARK(BM_ReuseCycleRunner)->MeasureProcessCPUTime()->Unit(benchmark::kMillisecond);
+
+// One cycle of the leak-trend check as hmc-run runs it on thread ranks: a repetition of a short
+// scenario (2 ranks: create, forward, close_all) and the report builder taking it, with the
+// process sampled at its end (arg 1: what every run does) or not (arg 0: the baseline). Run
+// side by side: --benchmark_repetitions=10 --benchmark_enable_random_interleaving=true.
+void BM_LeakTrendCycle(benchmark::State& state) {
+  const auto scenario = hmc::scenario::parseScenarioText(R"({
+    "format": "hmc-scenario/1", "name": "leak-trend-cycle", "world_size": 2, "device": "cpu",
+    "timeout_s": 60, "leak_trend": "any",
+    "steps": [
+      {"op": "create", "module": "m", "features": 16},
+      {"op": "forward", "module": "m", "batch": 2},
+      {"op": "close_all"}
+    ]})",
+                                                         "<torch_bench>");
+  hmc::scenario::limitTorchThreads(1);
+  hmc::scenario::ThreadRunOptions options;
+  options.sampleProcess = state.range(0) != 0;
+  hmc::scenario::ReportBuilder builder(scenario, 1);
+  for (auto _ : state) {
+    auto ranks = hmc::scenario::runOnThreads(scenario, options);
+    if (ranks[0].crashed || ranks[0].hung || ranks[1].crashed || ranks[1].hung) {
+      state.SkipWithError("the cycle did not pass");
+      break;
+    }
+    if (state.range(1) != 0) builder.add(std::move(ranks));
+  }
+  state.SetLabel(options.sampleProcess ? "sampled" : "not sampled");
+}
+// One sample of this process (resident memory, descriptors, threads): what a cycle pays.
+void BM_SampleProcess(benchmark::State& state) {
+  for (auto _ : state) benchmark::DoNotOptimize(hmc::scenario::sampleProcess());
+}
+BENCHMARK(BM_SampleProcess)->Unit(benchmark::kMicrosecond);
+
+BENCHMARK(BM_LeakTrendCycle)->Args({0, 1})->Args({1, 1})->Args({0, 0})->Args({1, 0})->MeasureProcessCPUTime()->UseRealTime()->Unit(
+    benchmark::kMicrosecond);
 
 }  // namespace
 

@@ -573,8 +573,12 @@ def torchrun_skipped_close_across_hosts_hangs_naming_rank_and_stage(box):
 # the store's host learns it within 1.5 s of its first unanswered request (the out-of-band
 # store's request deadline and TCP handshake, lib/src/collective/store_transport.cpp): those
 # cases pass. The cases still marked known_failure fail for the reasons their marks give.
-DEADLINE_S = 4  # --timeout of the fault cases
-STALL_S = 3     # rank 0's stall that makes the others wait
+# The test sees the others waiting for rank 0 (hmc-run status from a host) only while rank 0
+# stalls: each status is a process that loads LibTorch, 1.7 s on a loaded machine, and with a
+# 3 s stall and a 4 s deadline three cases of one full run beside two busy loops missed the
+# window (the run ended first). The figures in docs/cluster.md were taken with 4 s and 3 s.
+DEADLINE_S = 8  # --timeout of the fault cases
+STALL_S = 6     # rank 0's stall that makes the others wait
 
 
 def waiting_for_rank0(world, stage_step):
@@ -772,14 +776,14 @@ def torchrun_partition_h2_cut_during_close_all_store(box):
     fault_case(box, "tr-partition-close", "torchrun", "close_all", "store", "cut", "h2", [2, 3])
 
 
-TRANSIENT_DEADLINE_S = 10
+TRANSIENT_DEADLINE_S = 14
 
 
 @test
 def mpirun_short_cut_of_h3_within_the_deadline_passes_tcp(box):
     """h3's cable is cut while the others wait for rank 0, and comes back once rank 0 entered
     the barrier (its frames to h3 were sent into the cut): TCP retransmits, and the run passes
-    as if nothing happened (exit 0), within the deadline (10 s here, for the retransmission's
+    as if nothing happened (exit 0), within the deadline (14 s here, for the retransmission's
     back-off)."""
     job = Job(box, "mpi-short-cut", 6)
     try:
@@ -844,7 +848,8 @@ def status_from_h3_which_runs_no_rank_shows_the_job(box):
     hosts = {"h1": 2, "h2": 2}
     job = Job(box, "mpi-status", 4)
     try:
-        proc = mpirun(job, hosts, [skipped_close(4, 6), "--join-timeout", "60"])
+        # A deadline long enough for two status commands on a loaded machine.
+        proc = mpirun(job, hosts, [skipped_close(4, 12), "--join-timeout", "60"])
         job.wait_placed()
         assert_placement(job, hosts, "orted")
         began = time.monotonic()

@@ -18,6 +18,7 @@
 #include "hmc/diagnostics/heartbeat.hpp"
 #include "hmc/error.hpp"
 #include "hmc/resources/device_registry.hpp"
+#include "hmc/scenario/leak_trend.hpp"
 #include "hmc/scenario/rank_result.hpp"
 #include "hmc/scenario/report.hpp"
 #include "hmc/scenario/scenario.hpp"
@@ -145,6 +146,47 @@ std::string_view contract(hmc::scenario::FaultKind value) {
       return "stall";
     case FaultKind::kCrash:
       return "crash";
+    case FaultKind::kLeak:
+      return "leak";
+  }
+  return "";
+}
+
+std::string_view contract(hmc::scenario::LeakResource value) {
+  using hmc::scenario::LeakResource;
+  switch (value) {
+    case LeakResource::kMemory:
+      return "memory";
+    case LeakResource::kDescriptor:
+      return "descriptor";
+    case LeakResource::kThread:
+      return "thread";
+  }
+  return "";
+}
+
+std::string_view contract(hmc::scenario::TrendVerdict value) {
+  using hmc::scenario::TrendVerdict;
+  switch (value) {
+    case TrendVerdict::kLeak:
+      return "leak";
+    case TrendVerdict::kFlat:
+      return "flat";
+    case TrendVerdict::kTooFewCycles:
+      return "too_few_cycles";
+  }
+  return "";
+}
+
+std::string_view contract(hmc::scenario::LeakTrendExpect value) {
+  using hmc::scenario::LeakTrendExpect;
+  switch (value) {
+    case LeakTrendExpect::kNone:
+      return "none";
+    case LeakTrendExpect::kLeak:
+      return "leak";
+    case LeakTrendExpect::kAny:
+      return "any";
   }
   return "";
 }
@@ -302,7 +344,10 @@ TEST_SUITE("enum_names") {
     checkTable<hmc::scenario::Op>("op", 12);
     checkTable<hmc::scenario::Device>("device", 3);
     checkTable<hmc::scenario::Expect>("expect value", 4);
-    checkTable<hmc::scenario::FaultKind>("fault kind", 5);
+    checkTable<hmc::scenario::FaultKind>("fault kind", 6);
+    checkTable<hmc::scenario::LeakResource>("leak resource", 3);
+    checkTable<hmc::scenario::LeakTrendExpect>("leak_trend value", 3);
+    checkTable<hmc::scenario::TrendVerdict>("trend verdict", 3);
     checkTable<hmc::scenario::StepStatus>("step status", 5);
     checkTable<hmc::scenario::Outcome>("outcome", 4);
     checkTable<hmc::compare::SourceFormat>("source format", 2);

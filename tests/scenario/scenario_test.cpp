@@ -340,7 +340,7 @@ TEST_SUITE("scenario") {
   TEST_CASE("an unknown top-level key is named, with the known keys and a likely typo") {
     const std::string known =
         "expected one of format, name, description, world_size, device, dtype, timeout_s, steps, "
-        "reference_differs";
+        "leak_trend, reference_differs";
     CHECK(failureOf(scenarioWith(json::array(), {{"wrld_size", 2}})) ==
           at("/wrld_size", "unknown key 'wrld_size'; " + known + "; did you mean 'world_size'?"));
     CHECK(failureOf(scenarioWith(json::array(), {{"colour", "red"}})) ==
@@ -782,10 +782,11 @@ TEST_SUITE("scenario") {
   TEST_CASE("fault needs a known kind and takes only that kind's fields") {
     CHECK(stepsFailure(R"([{"op": "fault"}])") ==
           at("/steps/0",
-             "missing required key 'kind' (close_error, release_error, busy, stall, crash)"));
+             "missing required key 'kind' (close_error, release_error, busy, stall, crash, "
+             "leak)"));
     CHECK(stepsFailure(R"([{"op": "fault", "kind": "close_eror"}])") ==
           at("/steps/0/kind", R"(expected one of "close_error", "release_error", "busy", )"
-                              R"("stall", "crash", got a string "close_eror"; )"
+                              R"("stall", "crash", "leak", got a string "close_eror"; )"
                               R"(did you mean "close_error"?)"));
     CHECK(stepsFailure(R"([{"op": "fault", "kind": "crash", "seconds": 1}])") ==
           at("/steps/0/seconds",
@@ -798,6 +799,33 @@ TEST_SUITE("scenario") {
              "unknown key 'count' for fault kind 'busy'; expected one of op, ranks, expect, "
              "expect_error, repeat, label, kind, module, busy; 'count' belongs to op repeat "
              "and fault kinds close_error, release_error"));
+  }
+
+  TEST_CASE("a leak fault: memory by default, bytes only for memory; the leak_trend key") {
+    using hmc::scenario::LeakResource;
+    using hmc::scenario::LeakTrendExpect;
+    const auto memory = parseSteps(R"([{"op": "fault", "kind": "leak"}])").steps[0];
+    CHECK((memory.leakResource == LeakResource::kMemory));
+    CHECK(memory.leakBytes == 1 << 20);
+    const auto small =
+        parseSteps(R"([{"op": "fault", "kind": "leak", "resource": "memory", "bytes": 4096}])");
+    CHECK(small.steps[0].leakBytes == 4096);
+    CHECK((parseSteps(R"([{"op": "fault", "kind": "leak", "resource": "thread"}])")
+               .steps[0]
+               .leakResource == LeakResource::kThread));
+    CHECK(stepsFailure(R"([{"op": "fault", "kind": "leak", "resource": "descriptor",
+                          "bytes": 8}])") ==
+          at("/steps/0/bytes", "bytes is for a leak of memory, not of a descriptor"));
+    CHECK(stepsFailure(R"([{"op": "fault", "kind": "leak", "bytes": 0}])") ==
+          at("/steps/0/bytes", "expected an integer in 1..1073741824, got 0"));
+    CHECK(stepsFailure(R"([{"op": "fault", "kind": "leak", "resource": "socket"}])") ==
+          at("/steps/0/resource", R"(expected one of "memory", "descriptor", "thread", got a )"
+                                  R"(string "socket")"));
+    CHECK((parseScenario(scenarioWith(json::array(), {{"leak_trend", "any"}}), kFile).leakTrend ==
+           LeakTrendExpect::kAny));
+    CHECK((parseScenario(scenarioWith(json::array()), kFile).leakTrend == LeakTrendExpect::kNone));
+    CHECK(failureOf(scenarioWith(json::array(), {{"leak_trend", "some"}})) ==
+          at("/leak_trend", R"(expected one of "none", "leak", "any", got a string "some")"));
   }
 
   TEST_CASE("fault fields are checked per kind") {

@@ -44,6 +44,17 @@ void addReport(const json& report, const std::string& where, SampleSet& out) {
         "that records samples (docs/scenario-extensions.md, \"Samples and compare\")",
         where, scenario));
   }
+  if (const auto trends = report.find("leak_trends");
+      trends != report.end() && trends->is_object() && trends->contains("series")) {
+    for (const json& series : trends->at("series")) {
+      if (!series.is_object() || series.value("verdict", "") != "leak") continue;
+      const json& rank = series.value("rank", json());
+      const std::string who =
+          rank.is_number_integer() ? fmt::format("rank {}", rank.get<long long>()) : "process";
+      out.leaks[fmt::format("{}: {}: {}", scenario, who, series.value("metric", "?"))] =
+          series.value("text", "");
+    }
+  }
   const std::string at = where + "/samples";
   const auto warmupValue = samples->value("warmup", json(0));
   if (!warmupValue.is_number_integer() || warmupValue.get<long long>() < 0) {
@@ -223,6 +234,14 @@ Comparison compareSets(const SampleSet& baseline, const SampleSet& current,
     if (keep(name) && baseline.series.count(name) == 0) out.onlyCurrent.push_back(name);
   }
   if (!ratios.empty()) out.geometricMeanRatio = geometricMean(ratios);
+  for (const auto& [key, text] : current.leaks) {
+    if (!keep(key)) continue;
+    (baseline.leaks.count(key) ? out.keptLeaks : out.newLeaks).push_back(text);
+  }
+  for (const auto& [key, text] : baseline.leaks) {
+    if (keep(key) && current.leaks.count(key) == 0) out.goneLeaks.push_back(text);
+  }
+  out.regression = out.regression || !out.newLeaks.empty();
   return out;
 }
 

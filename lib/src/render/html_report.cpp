@@ -791,14 +791,18 @@ void trendPlot(std::string& out, const json& series, long long cycles, long long
   const std::string unit = textOf(series, "unit", "count");
   const double stride = std::max(1.0, numberOf(series, "cycle_stride").value_or(1));
   const std::vector<double> all = numbersOf(arrayOf(series, "values"));
+  // Each point's cycle: the report's `cycles` (a process sampled every few cycles), else one
+  // point per stride of cycles.
+  const std::vector<double> at = numbersOf(arrayOf(series, "cycles"));
+  const auto cycleOf = [&](std::size_t i) {
+    return at.size() == all.size() ? at[i] : static_cast<double>(i) * stride;
+  };
   std::vector<std::pair<double, double>> points;  // (cycle, value)
   const std::size_t step = all.size() > kMaxDots ? (all.size() + kMaxDots - 1) / kMaxDots : 1;
-  for (std::size_t i = 0; i < all.size(); i += step) {
-    points.emplace_back(static_cast<double>(i) * stride, all[i]);
-  }
+  for (std::size_t i = 0; i < all.size(); i += step) points.emplace_back(cycleOf(i), all[i]);
   const double lastCycle =
       std::max<double>({1.0, static_cast<double>(cycles > 0 ? cycles - 1 : 0),
-                        all.empty() ? 0.0 : static_cast<double>(all.size() - 1) * stride});
+                        all.empty() ? 0.0 : cycleOf(all.size() - 1)});
   const auto slope = numberOf(series, "slope_per_cycle");
   const auto intercept = numberOf(series, "intercept");
   const auto ciLow = numberOf(series, "ci_low");

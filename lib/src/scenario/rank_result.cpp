@@ -249,7 +249,12 @@ json toJson(const RankResult& result) {
             {"close", result.timings.close},
             {"collectives", result.timings.collectives}}},
           {"flight", std::move(flight)},
-          {"collectives", result.collectives}};
+          {"collectives", result.collectives},
+          {"process", result.process ? json{{"resident_bytes", result.process->residentBytes},
+                                            {"open_descriptors", result.process->openDescriptors},
+                                            {"threads", result.process->threads},
+                                            {"shared", result.process->shared}}
+                                     : json(nullptr)}};
 }
 
 RankResult rankResultFromJson(const json& value) {
@@ -287,6 +292,13 @@ RankResult rankResultFromJson(const json& value) {
     result.flight.push_back(diagnostics::FlightEntry::fromJson(entry));
   }
   result.collectives = in.get<std::uint64_t>("collectives");
+  if (!in.at("process").is_null()) {
+    const Reader process = in.child("process");
+    result.process = ProcessSample{process.get<std::int64_t>("resident_bytes"),
+                                   process.get<std::int64_t>("open_descriptors"),
+                                   process.get<std::int64_t>("threads"),
+                                   process.get<bool>("shared")};
+  }
   return result;
 }
 

@@ -293,6 +293,7 @@ struct ReportBuilder::Kept {
   // The latest repetition's values while it is a warm-up one: timings when the run ends
   // within its warm-up (the last repetition is measured then).
   std::map<std::string, std::vector<double>> latest;
+  TrendRecorder trends;  // every repetition is a cycle
 };
 
 ReportBuilder::ReportBuilder(const Scenario& scenario, int warmup)
@@ -307,6 +308,7 @@ void ReportBuilder::add(std::vector<RankResult> ranks) {
   const bool firstNotPassing = outcome != Outcome::kPass && outcome_ == Outcome::kPass;
   outcome_ = worse(outcome_, outcome);
   Kept& kept = *kept_;
+  kept.trends.add(ranks);
   auto metrics = samplesOf(*scenario_, ranks);
   std::size_t values = 0;
   for (const auto& [name, samples] : metrics) values += samples.size();
@@ -409,6 +411,23 @@ ScenarioReport ReportBuilder::build(RunInfo info) && {
       *report.timings.reusedBind.p50 > 0) {
     report.timings.reuseSpeedupP50 = *report.timings.freshBind.p50 / *report.timings.reusedBind.p50;
   }
+  if (count_ >= 2) {
+    report.leakTrends = kept.trends.analyze(warmup_);
+    const bool leaked = report.leakTrends->leaked();
+    if (scenario.leakTrend == LeakTrendExpect::kNone && leaked) {
+      report.leakTrendFailure = fmt::format(
+          "a leak across cycles, which the scenario does not expect (leak_trend: none): {}",
+          fmt::join(report.leakTrends->leaks(), "; "));
+    } else if (scenario.leakTrend == LeakTrendExpect::kLeak && !leaked) {
+      report.leakTrendFailure = fmt::format(
+          "no leak across {} cycles, where the scenario expects one (leak_trend: leak)", count_);
+    }
+  } else if (scenario.leakTrend == LeakTrendExpect::kLeak) {
+    report.leakTrendFailure =
+        "the scenario expects a leak across cycles (leak_trend: leak), but it ran once: run it "
+        "with --repetitions (at least 20 cycles; 200 find a small leak)";
+  }
+  if (!report.leakTrendFailure.empty()) report.outcome = worse(report.outcome, Outcome::kFail);
   const std::string hang = diagnoseHang(report.ranks);
   if (!hang.empty()) {
     HangReport section;
@@ -497,6 +516,15 @@ json toJson(const ScenarioReport& report) {
   }
   out["samples"] = samplesJson(report.samples);
   if (report.interrupted) out["interrupted"] = true;
+  if (report.leakTrends) {
+    out["leak_trends"] = toJson(*report.leakTrends);
+    out["leak_trends"]["failure"] = report.leakTrendFailure.empty()
+                                        ? nlohmann::json(nullptr)
+                                        : nlohmann::json(report.leakTrendFailure);
+  } else if (!report.leakTrendFailure.empty()) {
+    out["leak_trends"] = {{"cycles", report.samples.repetitions},
+                          {"failure", report.leakTrendFailure}};
+  }
   const RunInfo& info = report.info;
   out["environment"] = {{"hmc_version", HMC_VERSION},
                         {"torch_version", info.torchVersion},

@@ -268,6 +268,41 @@ class ConsoleReporter final : public Reporter {
     for (const auto& [text, members] : leakLines) {
       fmt::print(out_, "# leaks, ranks {}: {}\n", rankRanges(members), text);
     }
+    printLeakTrends(report);
+  }
+
+  // Over the cycles: every leak, then one line for the rest.
+  void printLeakTrends(const ScenarioReport& report) {
+    if (!report.leakTrends) {
+      if (!report.leakTrendFailure.empty()) {
+        fmt::print(out_, "# leak trends: {}\n", printable(report.leakTrendFailure));
+      }
+      return;
+    }
+    const LeakTrends& trends = *report.leakTrends;
+    std::size_t flat = 0;
+    std::size_t tooFew = 0;
+    for (const TrendSeries& series : trends.series) {
+      if (series.verdict == TrendVerdict::kLeak) {
+        fmt::print(out_, "# leak trend, {}\n", printable(series.text));
+      } else if (series.verdict == TrendVerdict::kFlat) {
+        ++flat;
+      } else {
+        ++tooFew;
+      }
+    }
+    if (tooFew > 0 && flat == 0) {
+      fmt::print(out_,
+                 "# leak trends: {} cycles ({} warm-up), too few for a trend (needs {} after the "
+                 "warm-up)\n",
+                 trends.cycles, trends.warmup, kMinTrendCycles);
+    } else if (!trends.leaked()) {
+      fmt::print(out_, "# leak trends: none over {} cycles ({} warm-up left out; {} series)\n",
+                 trends.cycles - trends.warmup, trends.warmup, flat);
+    }
+    if (!report.leakTrendFailure.empty() && !trends.leaked()) {
+      fmt::print(out_, "# leak trends: {}\n", printable(report.leakTrendFailure));
+    }
   }
 
   std::ostream& out_;

@@ -6,8 +6,13 @@
 #include <torch/torch.h>
 #include <torch/version.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstring>
 #include <map>
+#include <mutex>
 #include <system_error>
 #include <thread>
 
@@ -28,6 +33,50 @@
 
 namespace hmc::scenario {
 namespace {
+
+// What `leak` faults keep, for the life of the process (the seeded leak of the leak-trend
+// check): touched memory (so that it is resident), descriptors of /dev/null, and threads that
+// wait for the process to end. Thread-safe: thread ranks share it.
+class LeakPit {
+ public:
+  void keep(LeakResource resource, std::int64_t bytes) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    switch (resource) {
+      case LeakResource::kMemory: {
+        auto block = std::make_unique<char[]>(static_cast<std::size_t>(bytes));
+        std::memset(block.get(), 0x5a, static_cast<std::size_t>(bytes));
+        memory_.push_back(std::move(block));
+        break;
+      }
+      case LeakResource::kDescriptor: {
+        const int fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+        if (fd < 0) {
+          throw RuntimeError(fmt::format("fault leak: cannot open /dev/null: {}",
+                                         std::system_category().message(errno)));
+        }
+        descriptors_.push_back(fd);
+        break;
+      }
+      case LeakResource::kThread:
+        // Sleeps until the process ends. (Waiting on a static condition variable instead hung
+        // the process's exit: glibc's destructor of a condition variable waits for its waiters.)
+        std::thread([] {
+          for (;;) std::this_thread::sleep_for(std::chrono::hours(24));
+        }).detach();
+        break;
+    }
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<std::unique_ptr<char[]>> memory_;
+  std::vector<int> descriptors_;
+};
+
+LeakPit& leakPit() {
+  static auto* pit = new LeakPit();  // never destroyed: what it keeps stays to the end
+  return *pit;
+}
 
 using Clock = collective::Clock;
 
@@ -333,6 +382,9 @@ class RankState {
       case FaultKind::kCrash:
         env_.crash();
         break;
+      case FaultKind::kLeak:
+        leakPit().keep(step.leakResource, step.leakBytes);
+        break;
     }
   }
 
@@ -557,6 +609,7 @@ LeakCheck checkLeaks(RankState& state, const RankResult& result, const RankEnvir
 }  // namespace
 
 RankResult runRank(const Scenario& scenario, RankEnvironment& env) {
+  const auto began = collective::Clock::now();
   RankResult result;
   result.rank = env.collective->rank();
   result.host = hostName();
@@ -588,6 +641,9 @@ RankResult runRank(const Scenario& scenario, RankEnvironment& env) {
   result.flight = recorder.entries();
   result.collectives = env.collective->sequence();
   state.releaseAll();
+  // What the process holds once everything of this run is released (a cycle of the
+  // leak-trend check).
+  if (env.sampleProcess) result.process = sampleProcessEvery(collective::Clock::now() - began);
   return result;
 }
 

@@ -47,8 +47,11 @@ constexpr std::size_t kMaxQuotedChars = 60;
 constexpr auto kPipeReadTimeout = std::chrono::seconds(10);
 
 const Names kDtypes = {"float32", "float64", "float16", "bfloat16"};
-const Names kTopLevelKeys = {"format", "name",      "description", "world_size",       "device",
-                             "dtype",  "timeout_s", "steps",       "reference_differs"};
+const Names kTopLevelKeys = {"format",     "name",  "description",       "world_size",
+                             "device",     "dtype", "timeout_s",         "steps",
+                             "leak_trend", "reference_differs"};
+// A leak fault's memory: at most this much per run of the step.
+constexpr std::int64_t kMaxLeakBytes = std::int64_t{1} << 30;
 const Names kReferenceDiffersKeys = {"why", "steps"};
 const Names kCommonStepKeys = {"op", "ranks", "expect", "expect_error", "repeat", "label"};
 
@@ -88,6 +91,7 @@ const std::vector<FaultInfo>& faultTable() {
       {FaultKind::kBusy, {"module", "busy"}},
       {FaultKind::kStall, {"seconds"}},
       {FaultKind::kCrash, {}},
+      {FaultKind::kLeak, {"resource", "bytes"}},
   };
   return table;
 }
@@ -278,6 +282,9 @@ class Parser {
     scenario.steps = readSteps(steps, "/steps", 0, false, cost);
     if (const json* value = find(document, "reference_differs")) {
       scenario.referenceDiffers = readReferenceDiffers(*value, scenario.steps.size());
+    }
+    if (const json* value = find(document, "leak_trend")) {
+      scenario.leakTrend = readEnum<LeakTrendExpect>(*value, "/leak_trend");
     }
     return scenario;
   }
@@ -757,6 +764,19 @@ class Parser {
         }
         break;
       case FaultKind::kCrash:
+        break;
+      case FaultKind::kLeak:
+        if (const json* v = find(value, "resource")) {
+          step.leakResource = readEnum<LeakResource>(*v, childPath(path, "resource"));
+        }
+        if (const json* v = find(value, "bytes")) {
+          const std::string at = childPath(path, "bytes");
+          if (step.leakResource != LeakResource::kMemory) {
+            fail(at, fmt::format("bytes is for a leak of memory, not of a {}",
+                                 toString(step.leakResource)));
+          }
+          step.leakBytes = readInt(*v, at, 1, kMaxLeakBytes);
+        }
         break;
     }
   }

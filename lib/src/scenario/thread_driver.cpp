@@ -81,6 +81,7 @@ std::vector<RankResult> runOnThreads(const Scenario& scenario, const ThreadRunOp
         env.collective = world->collective(rank, timeout);
         env.epoch = epoch;
         env.flightCapacity = options.flightCapacity;
+        env.sampleProcess = false;  // once, below, when every rank thread has ended
         env.crash = [&world, rank] {
           world->markFailed(rank, "exited at once (fault crash)");
           throw RankCrashed();
@@ -121,6 +122,11 @@ std::vector<RankResult> runOnThreads(const Scenario& scenario, const ThreadRunOp
   for (auto& result : results) {
     result.host = hostName();
     result.pid = processId();
+  }
+  // The process every rank shared, once all of them ended (a cycle of the leak-trend check).
+  if (options.sampleProcess && !results.empty()) {
+    results[0].process = sampleProcessEvery(collective::Clock::now() - epoch);
+    if (results[0].process) results[0].process->shared = true;
   }
   return results;
 }

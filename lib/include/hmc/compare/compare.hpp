@@ -45,6 +45,9 @@ struct SampleSet {
   SourceFormat format = SourceFormat::kReport;
   // Key: "<scenario>: <metric>" for reports, the benchmark name for Google Benchmark.
   std::map<std::string, Series> series;
+  // Reports: the leaks across cycles their leak_trends found, "<scenario>: rank 2:
+  // open_descriptors" (or "<scenario>: process: ..." for thread ranks) -> the verdict's text.
+  std::map<std::string, std::string> leaks;
 };
 
 // Reads the samples of one parsed file. `source` names the file in error messages. Throws
@@ -97,7 +100,12 @@ struct Comparison {
   std::vector<std::string> onlyCurrent;
   // Geometric mean of current / baseline medians over the metrics with both medians > 0.
   std::optional<double> geometricMeanRatio;
-  bool regression = false;  // any metric's regression
+  bool regression = false;  // any metric's regression, or a new leak across cycles
+  // Leaks across cycles (reports' leak_trends), as "<key>: <text>": in the current file only
+  // (each a regression), in both, in the baseline only (gone).
+  std::vector<std::string> newLeaks;
+  std::vector<std::string> keptLeaks;
+  std::vector<std::string> goneLeaks;
 };
 
 // Matches the series by name. `metricGlob` keeps only names that match it (shell-style `*`

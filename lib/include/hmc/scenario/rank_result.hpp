@@ -19,6 +19,7 @@
 #include "hmc/diagnostics/flight_recorder.hpp"
 #include "hmc/enum_names.hpp"
 #include "hmc/error.hpp"
+#include "hmc/scenario/leak_trend.hpp"
 #include "hmc/scenario/scenario.hpp"
 
 namespace hmc::scenario {
@@ -157,6 +158,9 @@ struct RankResult {
   TimingSamples timings;
   std::vector<diagnostics::FlightEntry> flight;
   std::uint64_t collectives = 0;
+  // What its process held at the end of the run (leak_trend.hpp); nullopt when not sampled
+  // (thread ranks other than 0, which share rank 0's process).
+  std::optional<ProcessSample> process;
 };
 
 // The wire format (see the top of this file).

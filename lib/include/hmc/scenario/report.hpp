@@ -15,6 +15,7 @@
 #include "hmc/diagnostics/flight_recorder.hpp"
 #include "hmc/enum_names.hpp"
 #include "hmc/error.hpp"
+#include "hmc/scenario/leak_trend.hpp"
 #include "hmc/scenario/rank_result.hpp"
 #include "hmc/scenario/scenario.hpp"
 
@@ -149,6 +150,11 @@ struct ScenarioReport {
   std::optional<InvalidScenario> invalid;  // set iff outcome is kInvalid
   Samples samples;
   bool interrupted = false;  // Ctrl-C or SIGTERM stopped the run
+  // Over the repetitions as cycles (two or more): every rank's metrics fitted for a trend
+  // (leak_trend.hpp), and why that failed the run when it did ("" otherwise): a leak the
+  // scenario does not expect (`leak_trend`: "none", the default), or none where it expects one.
+  std::optional<LeakTrends> leakTrends;
+  std::string leakTrendFailure;
 };
 
 // The reference runner's rule: a crashed rank fails a scenario without a top-level fault

@@ -39,6 +39,9 @@ struct RankEnvironment {
   std::shared_ptr<diagnostics::FlightRecorder> recorder;
   // Called after every top-level step (progress, watchdog).
   std::function<void(const StepResult&)> onStep;
+  // Whether this rank samples its process at the end of the run (RankResult::process); thread
+  // ranks share one process, which the threads driver samples once they all ended.
+  bool sampleProcess = true;
 };
 
 // Runs every step of `scenario` on `env.collective->rank()`. Never throws for what a step

@@ -45,7 +45,12 @@ enum class Op {
   kSleep,
   kRepeat,
 };
-enum class FaultKind { kCloseError, kReleaseError, kBusy, kStall, kCrash };
+enum class FaultKind { kCloseError, kReleaseError, kBusy, kStall, kCrash, kLeak };
+// What a `leak` fault keeps on the rank's process each time it runs (hmc's seeded leak, for
+// testing the leak-trend check: docs/leak-trends.md).
+enum class LeakResource { kMemory, kDescriptor, kThread };
+// What a scenario expects of the leak-trend check over its repetitions (`leak_trend`).
+enum class LeakTrendExpect { kNone, kLeak, kAny };
 
 // The scenario format's names (`device`, `expect`, `op`, a fault's `kind`).
 inline constexpr EnumName<Device> kDeviceNames[] = {
@@ -64,16 +69,35 @@ inline constexpr EnumName<FaultKind> kFaultKindNames[] = {
     {FaultKind::kBusy, "busy"},
     {FaultKind::kStall, "stall"},
     {FaultKind::kCrash, "crash"},
+    {FaultKind::kLeak, "leak"},
+};
+inline constexpr EnumName<LeakResource> kLeakResourceNames[] = {
+    {LeakResource::kMemory, "memory"},
+    {LeakResource::kDescriptor, "descriptor"},
+    {LeakResource::kThread, "thread"},
+};
+inline constexpr EnumName<LeakTrendExpect> kLeakTrendExpectNames[] = {
+    {LeakTrendExpect::kNone, "none"},
+    {LeakTrendExpect::kLeak, "leak"},
+    {LeakTrendExpect::kAny, "any"},
 };
 constexpr EnumTable<Device> enumTable(Device) { return {"device", kDeviceNames}; }
 constexpr EnumTable<Expect> enumTable(Expect) { return {"expect value", kExpectNames}; }
 constexpr EnumTable<Op> enumTable(Op) { return {"op", kOpNames}; }
 constexpr EnumTable<FaultKind> enumTable(FaultKind) { return {"fault kind", kFaultKindNames}; }
+constexpr EnumTable<LeakResource> enumTable(LeakResource) {
+  return {"leak resource", kLeakResourceNames};
+}
+constexpr EnumTable<LeakTrendExpect> enumTable(LeakTrendExpect) {
+  return {"leak_trend value", kLeakTrendExpectNames};
+}
 
 inline std::string_view toString(Op op) noexcept { return enumName(op); }
 inline std::string_view toString(Device device) noexcept { return enumName(device); }
 inline std::string_view toString(Expect expect) noexcept { return enumName(expect); }
 inline std::string_view toString(FaultKind kind) noexcept { return enumName(kind); }
+inline std::string_view toString(LeakResource resource) noexcept { return enumName(resource); }
+inline std::string_view toString(LeakTrendExpect expect) noexcept { return enumName(expect); }
 
 struct Step {
   Op op = Op::kBarrier;
@@ -117,6 +141,8 @@ struct Step {
   FaultKind faultKind = FaultKind::kStall;
   int faultCount = 1;  // close_error, release_error
   bool busy = true;    // busy
+  LeakResource leakResource = LeakResource::kMemory;  // leak
+  std::int64_t leakBytes = 1 << 20;                   // leak of memory
 
   // sleep, fault stall
   double seconds = 0;  // sleep default 0, stall default 1
@@ -145,6 +171,8 @@ struct Scenario {
   double timeoutS = 30;  // `timeout_s` as written (reports print it as given)
   std::vector<Step> steps;
   std::optional<ReferenceDiffers> referenceDiffers;  // hmc extension; nullopt when absent
+  // hmc extension `leak_trend`: what the leak-trend check over repetitions must find.
+  LeakTrendExpect leakTrend = LeakTrendExpect::kNone;
 
   // The deadline of every collective: timeoutS rounded up to whole milliseconds
   // (collective::timeoutFromSeconds). Throws ValueError unless 0 < timeoutS <= 1e6, which a

@@ -40,6 +40,8 @@ struct ThreadRunOptions {
   std::function<void(int rank, const StepResult&)> onStep;
   // Optional; must outlive the run.
   ThreadInterrupt* interrupt = nullptr;
+  // Sample the process once every rank thread ended (rank 0's RankResult::process, shared).
+  bool sampleProcess = true;
 };
 
 // Blocks until every rank thread has finished; bounded by the scenario's deadlines.

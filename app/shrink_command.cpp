@@ -1,0 +1,427 @@
+#include "shrink_command.hpp"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cli.hpp"
+#include "hmc/error.hpp"
+#include "hmc/scenario/failure_signature.hpp"
+#include "hmc/scenario/output_file.hpp"
+#include "hmc/scenario/report.hpp"
+#include "hmc/scenario/runner.hpp"
+#include "hmc/scenario/scenario.hpp"
+#include "hmc/scenario/shrinker.hpp"
+#include "hmc/scenario/thread_driver.hpp"
+#include "hmc/text.hpp"
+#include "run_plan.hpp"
+#include "signals.hpp"
+#include "world_driver.hpp"
+
+namespace hmc::app {
+namespace {
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+constexpr int kExitFailed = 1;
+constexpr int kExitInterrupted = 130;
+
+std::string grouped(std::size_t n) {
+  std::string digits = std::to_string(n);
+  for (int i = static_cast<int>(digits.size()) - 3; i > 0; i -= 3) {
+    digits.insert(static_cast<std::size_t>(i), ",");
+  }
+  return digits;
+}
+
+std::string sizeText(const json& scenario) {
+  const auto size = scenario::scenarioSize(scenario);
+  return fmt::format("{} step{} x {} rank{}", grouped(size.steps), size.steps == 1 ? "" : "s",
+                     size.ranks, size.ranks == 1 ? "" : "s");
+}
+
+// A step with `op` first, then what it acts on, its fields, and the fields every step may carry
+// last (nested steps likewise).
+nlohmann::ordered_json orderedStep(const json& step) {
+  if (!step.is_object()) return step;
+  static const std::vector<std::string> kFirst = {"op", "module", "modules", "kind"};
+  static const std::vector<std::string> kLast = {"ranks", "repeat", "expect", "expect_error",
+                                                 "label", "count",  "steps"};
+  nlohmann::ordered_json out;
+  for (const auto& key : kFirst) {
+    if (step.contains(key)) out[key] = step[key];
+  }
+  for (const auto& [key, value] : step.items()) {
+    if (std::find(kFirst.begin(), kFirst.end(), key) == kFirst.end() &&
+        std::find(kLast.begin(), kLast.end(), key) == kLast.end()) {
+      out[key] = value;
+    }
+  }
+  for (const auto& key : kLast) {
+    if (!step.contains(key)) continue;
+    if (key == "steps" && step[key].is_array()) {
+      nlohmann::ordered_json nested = nlohmann::ordered_json::array();
+      for (const auto& s : step[key]) nested.push_back(orderedStep(s));
+      out[key] = std::move(nested);
+    } else {
+      out[key] = step[key];
+    }
+  }
+  return out;
+}
+
+// A scenario file as the examples are written: keys in the format's order, one per line, one
+// step a line.
+std::string formatOrdered(const json& scenario) {
+  static const char* kOrder[] = {"format", "name",      "description",       "world_size", "device",
+                                 "dtype",  "timeout_s", "reference_differs", "steps"};
+  std::vector<std::string> keys(std::begin(kOrder), std::end(kOrder));
+  for (const auto& [key, value] : scenario.items()) {
+    if (std::find(keys.begin(), keys.end(), key) == keys.end()) keys.push_back(key);
+  }
+  std::string text = "{\n";
+  bool first = true;
+  for (const auto& key : keys) {
+    if (!scenario.contains(key)) continue;
+    if (!first) text += ",\n";
+    first = false;
+    const json& value = scenario[key];
+    if (key == "steps" && value.is_array()) {
+      text += "  \"steps\": [\n";
+      for (std::size_t i = 0; i < value.size(); ++i) {
+        text += "    " + orderedStep(value[i]).dump() + (i + 1 < value.size() ? ",\n" : "\n");
+      }
+      text += "  ]";
+    } else {
+      text += fmt::format("  {}: {}", json(key).dump(), value.dump());
+    }
+  }
+  return text + "\n}\n";
+}
+
+struct Trial {
+  scenario::ScenarioReport report;
+  bool interrupted = false;
+};
+
+// Runs scenario documents on one world: every run a fresh world of the candidate's size.
+class TrialRunner {
+ public:
+  TrialRunner(const ShrinkOptions& options, const std::string& executable)
+      : options_(options), executable_(executable) {
+    run_.transport = options.transport;
+    run_.logLevel = options.logLevel;
+  }
+
+  // 0, or the exit code of a usage error it printed.
+  int plan() {
+    if (const int code = planRun(run_, &plan_); code != 0) return code;
+    if (plan_.launch) {
+      usageError(fmt::format(
+          "shrink: started by {} as one rank of a job; shrink starts its own ranks for every "
+          "trial: run it as a plain command (hmc-run shrink IN.json -o OUT.json)",
+          plan_.launch->launcher));
+      return kExitUsage;
+    }
+    return 0;
+  }
+
+  std::string transport() const { return std::string(collective::toString(plan_.transport)); }
+
+  // Runs `document` with collective deadlines of `timeoutS`. Throws ScenarioError when it does
+  // not parse.
+  Trial run(const json& document, double timeoutS) {
+    json candidate = document;
+    candidate["timeout_s"] = timeoutS;
+    const std::string text = candidate.dump();
+    const scenario::Scenario parsed = scenario::parseScenarioText(text, options_.input);
+    scenario::ReportBuilder builder(parsed, 0);
+    bool any = false;
+    bool interrupted = false;
+    if (plan_.transport == collective::Transport::kThreads) {
+      // runOnThreads directly rather than a driver per trial: one signal watcher for the whole
+      // shrink instead of a thread started and joined for each of hundreds of trials.
+      scenario::ThreadRunOptions threads;
+      threads.interrupt = &interrupt_;
+      if (!interrupt_.interrupted()) {
+        builder.add(scenario::runOnThreads(parsed, threads));
+        any = true;
+      }
+      interrupted = interrupt_.interrupted();
+    } else {
+      WorldOptions world = worldOptions(plan_, run_, executable_);
+      const auto driver = makeWorldDriver(std::move(world));
+      const WorldRun ran = driver->run({parsed, options_.input, text},
+                                       [&builder, &any](std::vector<scenario::RankResult> ranks) {
+                                         builder.add(std::move(ranks));
+                                         any = true;
+                                       });
+      interrupted = ran.interrupted;
+    }
+    Trial trial;
+    trial.interrupted = interrupted || !any || pendingSignal() != 0;
+    if (!any) return trial;
+    scenario::RunInfo info;
+    info.transport = transport();
+    trial.report = std::move(builder).build(info);
+    return trial;
+  }
+
+  // Ctrl-C, SIGTERM or SIGHUP stop the thread ranks of the trial in progress.
+  void watchSignals() {
+    watcher_ = std::thread([this] {
+      while (!done_.load()) {
+        if (const int signal = pendingSignal(); signal != 0) {
+          interrupt_.interrupt(
+              fmt::format("interrupted by signal {} ({})", signal, strsignal(signal)));
+          return;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    });
+  }
+  ~TrialRunner() {
+    done_ = true;
+    if (watcher_.joinable()) watcher_.join();
+  }
+  TrialRunner(const TrialRunner&) = delete;
+  TrialRunner& operator=(const TrialRunner&) = delete;
+
+ private:
+  const ShrinkOptions& options_;
+  const std::string& executable_;
+  RunOptions run_;
+  RunPlan plan_;
+  scenario::ThreadInterrupt interrupt_;
+  std::atomic<bool> done_{false};
+  std::thread watcher_;
+};
+
+// "# shrink: trial 57, trying 1,203 steps x 16 ranks, best 310 steps x 16 ranks, 12 s" on a
+// terminal; nothing in a pipe.
+class ShrinkProgress {
+ public:
+  explicit ShrinkProgress(bool enabled) : enabled_(enabled) {}
+  void show(std::size_t trial, const json& trying, const json& best, double seconds) {
+    if (!enabled_) return;
+    fmt::print(stderr, "\r\033[K# shrink: trial {}, trying {}, best {}, {:.0f} s", trial,
+               sizeText(trying), sizeText(best), seconds);
+    std::fflush(stderr);
+  }
+  void clear() {
+    if (!enabled_) return;
+    fmt::print(stderr, "\r\033[K");
+    std::fflush(stderr);
+  }
+
+ private:
+  bool enabled_;
+};
+
+void say(const std::string& line) {
+  fmt::print("{}\n", line);
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int runShrink(const ShrinkOptions& options, const std::string& executable) {
+  namespace fs = std::filesystem;
+  if (!options.signatureOnly && options.output.empty()) {
+    usageError(
+        "shrink: no output file: pass -o OUT.json (or --signature to print the failure "
+        "signature only)");
+    return kExitUsage;
+  }
+  std::error_code ec;
+  if (!options.output.empty() && fs::equivalent(options.input, options.output, ec)) {
+    usageError(
+        fmt::format("shrink: the output {} is the input file; write the shrunk scenario "
+                    "to another file, e.g. -o minimal.json",
+                    printable(options.output)));
+    return kExitUsage;
+  }
+  if (!options.output.empty()) {
+    if (const std::string why = scenario::checkOutputPath(options.output); !why.empty()) {
+      usageError("shrink: " + why);
+      return kExitUsage;
+    }
+  }
+  json document;
+  scenario::Scenario original;
+  try {
+    const std::string text = scenario::readScenarioFile(options.input);
+    original = scenario::parseScenarioText(text, options.input);
+    document = json::parse(text);
+  } catch (const ScenarioError& error) {
+    usageError(fmt::format("shrink: {}; fix the file (hmc-run validate {}) and run shrink again",
+                           error.what(), printable(options.input)));
+    return kExitUsage;
+  }
+  const double ownTimeout = original.timeoutS;
+  const auto same = parseEnum<scenario::SameLevel>(options.same);
+
+  TrialRunner runner(options, executable);
+  if (const int code = runner.plan(); code != 0) return code;
+  scenario::limitTorchThreads(1);
+  SignalScope signals;
+  unblockTerminationSignals();
+  runner.watchSignals();
+  const auto start = Clock::now();
+  auto elapsed = [&start] { return std::chrono::duration<double>(Clock::now() - start).count(); };
+
+  // The failure to keep: a run with the scenario's own deadline.
+  const Trial reference = runner.run(document, ownTimeout);
+  if (reference.interrupted) {
+    fmt::print(stderr,
+               "hmc-run: shrink: interrupted by signal {} ({}) during the first run; "
+               "nothing written\n",
+               pendingSignal(), strsignal(pendingSignal()));
+    return kExitInterrupted;
+  }
+  const scenario::FailureSignature signature = scenario::failureSignature(reference.report);
+  if (!signature.fails()) {
+    usageError(fmt::format(
+        "shrink: {} does not fail: every step met its expectation on every rank and nothing "
+        "leaked ({}, {} transport, outcome {}); shrink needs a scenario that fails. Run it with "
+        "'hmc-run {}' to see its results; a step whose expect already names the failure (e.g. "
+        "expect \"hang\") does not count as failing",
+        printable(options.input), sizeText(document), runner.transport(),
+        scenario::toString(reference.report.outcome), printable(options.input)));
+    return kExitUsage;
+  }
+  say(fmt::format("# failure: {}", signature.describe()));
+  if (options.signatureOnly) {
+    say(fmt::format("# signature: {}", signature.toJson().dump()));
+    return 0;
+  }
+
+  // Trials with a short deadline, unless the failure needs the scenario's own.
+  double trialTimeout = std::min(options.trialTimeoutS, ownTimeout);
+  if (trialTimeout < ownTimeout) {
+    const Trial quick = runner.run(document, trialTimeout);
+    if (!quick.interrupted && !scenario::failureSignature(quick.report).sameAs(signature, same)) {
+      say(fmt::format(
+          "# with a {:g} s deadline it fails differently ({}); trials use the "
+          "scenario's own {:g} s",
+          trialTimeout, scenario::failureSignature(quick.report).describe(), ownTimeout));
+      trialTimeout = ownTimeout;
+    }
+  }
+  say(fmt::format(
+      "# shrinking {}: trials on {} with a {:g} s deadline, at most {:g} s "
+      "(--max-seconds), matching at --same {}",
+      sizeText(document), runner.transport(), trialTimeout, options.maxSeconds, options.same));
+
+  ShrinkProgress progress(isatty(STDERR_FILENO) != 0);
+  bool interrupted = false;
+  bool outOfTime = false;
+  std::size_t trials = 0;
+  const json* best = &document;
+  scenario::Shrinker shrinker(
+      document,
+      [&](const json& candidate) {
+        ++trials;
+        progress.show(trials, candidate, *best, elapsed());
+        const Trial trial = runner.run(candidate, trialTimeout);
+        if (trial.interrupted) {
+          interrupted = true;
+          return false;
+        }
+        return scenario::failureSignature(trial.report).sameAs(signature, same);
+      },
+      [&] {
+        if (pendingSignal() != 0) interrupted = true;
+        if (elapsed() > options.maxSeconds) outOfTime = true;
+        return interrupted || outOfTime;
+      });
+  best = &shrinker.best();
+  shrinker.run();
+  progress.clear();
+  json result = shrinker.best();
+  const double shrinkSeconds = elapsed();
+
+  auto write = [&](const json& scenario) -> bool {
+    try {
+      scenario::writeOutputFile(options.output, formatOrdered(scenario));
+      return true;
+    } catch (const Error& error) {
+      usageError(fmt::format("shrink: {}", error.what()));
+      return false;
+    }
+  };
+  const std::string from = sizeText(document);
+  auto interruptedAfter = [&](const char* when) {
+    if (!write(result)) return kExitUsage;
+    fmt::print(stderr,
+               "hmc-run: shrink: interrupted by signal {} ({}) {} after {} trials ({:.0f} s): "
+               "wrote the best so far, {} (from {}), to {}; it failed the same way with the {:g} s "
+               "trial deadline and was not confirmed with the scenario's own\n",
+               pendingSignal(), strsignal(pendingSignal()), when, trials, shrinkSeconds,
+               sizeText(result), from, printable(options.output), trialTimeout);
+    return kExitInterrupted;
+  };
+  if (interrupted) return interruptedAfter("while shrinking");
+
+  // Confirm once with the scenario's own deadline before writing.
+  const Trial confirm = runner.run(result, ownTimeout);
+  const scenario::FailureSignature got = scenario::failureSignature(confirm.report);
+  if (confirm.interrupted) return interruptedAfter("while confirming");
+  if (!got.sameAs(signature, same)) {
+    fmt::print(stderr,
+               "hmc-run: shrink: the shrunk scenario ({}) did not fail the same way with the "
+               "scenario's own {:g} s deadline (it gave: {}); nothing written. Trials ran with a "
+               "{:g} s deadline: rerun with a larger one, e.g. --trial-timeout {:g}\n",
+               sizeText(result), ownTimeout, got.describe(), trialTimeout,
+               std::min(ownTimeout, trialTimeout * 4));
+    return kExitFailed;
+  }
+  std::string description =
+      fmt::format("Shrunk by hmc-run shrink from {} ({}); fails: {}",
+                  fs::path(options.input).filename().string(), from, got.describe());
+  if (options.asTest) {
+    result = scenario::asTest(result, confirm.report.ranks);
+    result["description"] = description + ". Every step expects what it did (--as-test)";
+    const Trial green = runner.run(result, ownTimeout);
+    if (green.interrupted || green.report.outcome != scenario::Outcome::kPass) {
+      fmt::print(stderr,
+                 "hmc-run: shrink: the --as-test file of the shrunk scenario did not pass when "
+                 "run again (outcome {}): the failure is not deterministic enough for a test; "
+                 "nothing written. Run without --as-test to keep the failing file\n",
+                 green.interrupted ? "interrupted" : scenario::toString(green.report.outcome));
+      return kExitFailed;
+    }
+    if (signature.kind == scenario::FailureKind::kLeak) {
+      say("# note: a leak is not an expectation of hmc-scenario/1: the --as-test file passes "
+          "whether or not it leaks; check the report's leaks section in CI");
+    }
+  } else {
+    result["description"] = description;
+  }
+  if (!write(result)) return kExitUsage;
+  if (outOfTime) {
+    say(
+        fmt::format("# stopped at --max-seconds {:g}: wrote the best so far; a longer run may "
+                    "shrink it further",
+                    options.maxSeconds));
+  }
+  if (confirm.report.hang && !confirm.report.hang->diagnosis.empty()) {
+    say(fmt::format("# hang: {}", confirm.report.hang->diagnosis));
+  }
+  say(fmt::format("shrunk {} to {} in {} trials ({:.0f} s); same failure: {}; wrote {}", from,
+                  sizeText(result), grouped(trials), elapsed(), got.summary(),
+                  printable(options.output)));
+  return 0;
+}
+
+}  // namespace hmc::app

@@ -1,0 +1,100 @@
+#!/usr/bin/python3
+"""The leak-trend check's false-alarm rate and power, measured (docs/leak-trends.md).
+
+usage: bench/leak_power.py HMC_RUN [--runs 100] [--cycles 50,200] [--sizes 4096,16384,...]
+                           [--transport threads]
+
+Each measurement runs one hmc-run over a folder of `--runs` copies of one scenario (one
+process; every copy is its own run of `cycles` repetitions with its own fit), and counts the
+copies whose report finds a leak across cycles:
+- clean: the scenario's cycle alone (create, forward, close_all on 2 ranks): every leak found
+  is a false alarm;
+- memory B: the same cycle plus a `leak` fault keeping B bytes on rank 0 each cycle: every
+  copy with a leak of resident memory found is a detection.
+Prints a table and one JSON line per measurement. Standard library only.
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+CYCLE = [
+    {"op": "create", "module": "a", "features": 16},
+    {"op": "forward", "module": "a", "batch": 2},
+    {"op": "close_all"},
+]
+
+
+def measure(hmc_run, runs, cycles, leak_bytes, transport):
+    folder = tempfile.mkdtemp(prefix="hmc-leak-power-")
+    try:
+        steps = list(CYCLE)
+        if leak_bytes:
+            steps.append({"op": "fault", "kind": "leak", "resource": "memory",
+                          "bytes": leak_bytes, "ranks": [0]})
+        for i in range(runs):
+            with open(os.path.join(folder, f"run-{i:04d}.json"), "w") as f:
+                json.dump({"format": "hmc-scenario/1", "name": f"run-{i:04d}", "world_size": 2,
+                           "device": "cpu", "timeout_s": 60, "leak_trend": "any",
+                           "steps": steps}, f)
+        report = os.path.join(folder, "report.json")
+        began = time.monotonic()
+        proc = subprocess.run([hmc_run, folder, "--repetitions", str(cycles), "--report", report,
+                               "--transport", transport, "--quiet"],
+                              capture_output=True, text=True)
+        seconds = time.monotonic() - began
+        if proc.returncode != 0:
+            sys.exit(f"hmc-run failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n"
+                     f"{proc.stderr[-2000:]}")
+        with open(report) as f:
+            doc = json.load(f)
+        reports = doc["reports"] if "reports" in doc else [doc]
+        flagged = 0
+        resident = 0
+        slopes = []
+        for r in reports:
+            leaks = r["leak_trends"]["series"]
+            if any(s["verdict"] == "leak" for s in leaks):
+                flagged += 1
+            for s in leaks:
+                if s["metric"] == "resident_bytes" and s["slope_per_cycle"] is not None:
+                    slopes.append(s["slope_per_cycle"])
+                    if s["verdict"] == "leak":
+                        resident += 1
+        slopes.sort()
+        return {"cycles": cycles, "leak_bytes": leak_bytes, "runs": len(reports),
+                "flagged": flagged, "resident_leaks": resident,
+                "slope_median": slopes[len(slopes) // 2] if slopes else None,
+                "seconds": round(seconds, 1), "transport": transport}
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("hmc_run")
+    parser.add_argument("--runs", type=int, default=100)
+    parser.add_argument("--cycles", default="50,200")
+    parser.add_argument("--sizes", default="0,16384,32768,65536,131072,262144")
+    parser.add_argument("--transport", default="threads")
+    args = parser.parse_args()
+    print(f"# {args.runs} runs each, transport {args.transport}, 2 ranks; a run is flagged when "
+          "any metric of it is a leak")
+    print(f"# {'cycles':>6}  {'leak/cycle':>10}  {'flagged':>9}  {'rss leak':>9}  "
+          f"{'median rss slope':>16}  {'seconds':>7}")
+    for cycles in (int(c) for c in args.cycles.split(",")):
+        for size in (int(s) for s in args.sizes.split(",")):
+            m = measure(args.hmc_run, args.runs, cycles, size, args.transport)
+            slope = "-" if m["slope_median"] is None else f"{m['slope_median'] / 1024:.1f} KiB"
+            print(f"  {cycles:>6}  {(str(size // 1024) + ' KiB') if size else 'none':>10}  "
+                  f"{m['flagged']:>4}/{m['runs']:<4}  {m['resident_leaks']:>4}/{m['runs']:<4}  "
+                  f"{slope:>16}  {m['seconds']:>7}", flush=True)
+            print("# json " + json.dumps(m), flush=True)
+
+
+if __name__ == "__main__":
+    main()
