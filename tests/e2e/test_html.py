@@ -279,6 +279,28 @@ def leak_page():
     check(proc.returncode == 2 and "unknown format 'hmc-scenario/1'" in proc.stderr, output(proc))
 
 
+def real_leak_page():
+    """A run that leaks a descriptor each cycle: the page of hmc-run itself, not a stored one."""
+    scenario = os.path.join(WORK, "leaking.json")
+    with open(scenario, "w") as fh:
+        json.dump({"format": "hmc-scenario/1", "name": "leaking", "world_size": 2,
+                   "device": "cpu", "timeout_s": 20, "steps": [
+                       {"op": "create", "module": "a", "features": 16},
+                       {"op": "forward", "module": "a", "batch": 2},
+                       {"op": "close_all"},
+                       {"op": "fault", "kind": "leak", "resource": "descriptor"}]}, fh)
+    page, report = run_with_html(scenario, "real-leak", "--repetitions", "30", expect_exit=1)
+    trends = report["leak_trends"]
+    check(trends["leaks"], f"the run found no leak: {trends}")
+    dom = load(page, "real-leak")
+    text = text_of(dom)
+    plots = re.findall(r'class="plot trend t-([a-z_]+)"', dom)
+    check(plots and plots[0] == "leak", f"the leak's plot should come first: {plots}")
+    check(trends["leaks"][0] in text, f"{trends['leaks'][0]!r} is not on the page")
+    fitted = [t for t in trends["series"] if t["slope_per_cycle"] is not None]
+    check(dom.count('class="fit"') == len(fitted), "a fitted line missing")
+
+
 def compare_page():
     reports = []
     for name in ("base", "again"):
@@ -399,6 +421,7 @@ def main():
               "$HMC_CHROMIUM); scripts/setup installs Debian's chromium", flush=True)
         return SKIP_CODE
     for function in (the_checks_catch_a_broken_page, pass_page, hang_page, crash_page, leak_page,
+                     real_leak_page,
                      compare_page, output_paths_checked_like_report):
         test(function)
     print(f"{RESULTS['passed']} passed, {RESULTS['failed']} failed, "
