@@ -135,6 +135,10 @@ void addRunOptions(CLI::App& app, RunOptions& options) {
   app.add_option("--trace", options.tracePath,
                  "Write a Chrome trace (one track per rank; opens in Perfetto) here; - for "
                  "standard output");
+  app.add_option("--html", options.htmlPath,
+                 "Write the report as one self-contained HTML page here (a timeline of the steps "
+                 "per rank, the hang's missing ranks, bind times, leaks, the environment; no "
+                 "network needed to view it); - for standard output");
   app.add_option("--log-level", options.logLevel,
                  "Library log level on stderr: trace, debug, info, warn, error, off")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}))
@@ -216,6 +220,8 @@ CommandLine::CommandLine()
       "  hmc-run status --master-port 29500                where each rank of a running job is\n"
       "  hmc-run validate scenarios/*.json                 check files without running them\n"
       "  hmc-run list scenarios/                           names and descriptions\n"
+      "  hmc-run scenarios/quickstart.json --html run.html one page: timeline, hang, binds, leaks\n"
+      "  hmc-run render report.json --html report.html     draw a report written earlier\n"
       "  hmc-run shrink big-failing.json -o minimal.json   the smallest scenario that fails the\n"
       "                                                    same way (docs/shrink.md)\n"
       "\n"
@@ -246,6 +252,7 @@ CommandLine::CommandLine()
   listCommand->add_option("directory", listDirectory, "A directory of scenario files")->required();
 
   compareCommand = addCompareCommand(app, compare);  // app/compare_command.*
+  renderCommand = addRenderCommand(app, render);     // app/render_command.*
 
   shrinkCommand = addShrinkCommand(app, shrink);  // app/shrink_command.hpp
 }
@@ -269,7 +276,7 @@ std::optional<int> CommandLine::parse(int argc, char** argv) {
 
 bool CommandLine::needsTorch() const {
   if (*rankCommand || *shrinkCommand) return true;
-  if (*compareCommand || *validateCommand || *listCommand) return false;
+  if (*compareCommand || *renderCommand || *validateCommand || *listCommand) return false;
   return *statusCommand || !run.paths.empty();
 }
 
@@ -277,6 +284,10 @@ int CommandLine::runWithoutTorch() {
   if (*compareCommand) {
     unblockTerminationSignals();
     return runCompare(compare);  // before logging
+  }
+  if (*renderCommand) {
+    unblockTerminationSignals();
+    return runRender(render);
   }
   setUpLogging(run.logLevel);
   unblockTerminationSignals();

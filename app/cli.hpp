@@ -1,7 +1,7 @@
 #pragma once
 // hmc-run's command line, declared once for both of its programs:
 // - `hmc-run` (front.cpp), the installed command: links no LibTorch, so `--help`, `--version`,
-//   `validate`, `list` and `compare` start in milliseconds; for everything else it execs
+//   `validate`, `list`, `compare` and `render` start in milliseconds; for everything else it execs
 // - `hmc-run-torch` (main.cpp, the runner): scenario runs, the hidden `_rank`, `status`,
 //   with argv unchanged. The runner parses the same command line again and accepts every
 //   command itself, so either program gives the same outputs and exit codes.
@@ -14,6 +14,7 @@
 #include "compare_command.hpp"
 #include "hmc/collective/transport.hpp"
 #include "rank_launch.hpp"
+#include "render_command.hpp"
 #include "shrink_command.hpp"
 #include "status_command.hpp"
 
@@ -32,6 +33,7 @@ struct RunOptions {
   collective::Transport transport = collective::Transport::kAuto;
   std::optional<std::string> reportPath;
   std::optional<std::string> tracePath;
+  std::optional<std::string> htmlPath;  // --html: the report as one self-contained page
   std::string logLevel = "warn";
   bool quiet = false;
   std::optional<std::string> masterAddr;
@@ -53,7 +55,7 @@ struct CommandLine {
   std::optional<int> parse(int argc, char** argv);
   // Whether the parsed command needs LibTorch: a scenario run, `_rank`, `status` or `shrink`.
   bool needsTorch() const;
-  // Runs a parsed command that needs no LibTorch (validate, list, compare, or no command at
+  // Runs a parsed command that needs no LibTorch (validate, list, compare, render, or no command at
   // all: the "no scenario given" usage error) and returns its exit code. Only when
   // !needsTorch().
   int runWithoutTorch();
@@ -63,6 +65,7 @@ struct CommandLine {
   RankLaunch rankLaunch;
   StatusOptions status;
   CompareOptions compare;
+  RenderOptions render;
   ShrinkOptions shrink;
   std::vector<std::string> validateFiles;
   std::optional<int> validateWorldSize;
@@ -73,6 +76,7 @@ struct CommandLine {
   CLI::App* statusCommand = nullptr;
   CLI::App* listCommand = nullptr;
   CLI::App* compareCommand = nullptr;
+  CLI::App* renderCommand = nullptr;
   CLI::App* shrinkCommand = nullptr;
 };
 

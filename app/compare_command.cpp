@@ -10,6 +10,9 @@
 #include "hmc/compare/compare.hpp"
 #include "hmc/compare/statistics.hpp"
 #include "hmc/error.hpp"
+#include "hmc/render/html.hpp"
+#include "hmc/render/markdown.hpp"
+#include "hmc/scenario/output_file.hpp"
 
 namespace {
 
@@ -79,62 +82,74 @@ std::vector<std::string> namesOf(const SampleSet& set) {
   return names;
 }
 
-json toJson(const MetricComparison& m) {
-  json out{{"name", m.name},
-           {"unit", m.unit},
-           {"baseline", {{"samples", m.baselineCount}, {"median", m.baselineMedian}}},
-           {"current", {{"samples", m.currentCount}, {"median", m.currentMedian}}},
-           {"change", m.change ? json(*m.change) : json()},
-           {"p_value", m.pValue ? json(*m.pValue) : json()},
-           {"exact", m.exact},
-           {"verdict", std::string(hmc::compare::toString(m.verdict))},
-           {"regression", m.regression}};
+// One metric of hmc-compare/1, with both sides' samples (`values`) for pictures.
+json toJson(const MetricComparison& m, const SampleSet& baseline, const SampleSet& current) {
+  auto valuesOf = [&](const SampleSet& set) {
+    const auto it = set.series.find(m.name);
+    return it == set.series.end() ? json::array() : json(it->second.values);
+  };
+  json out{
+      {"name", m.name},
+      {"unit", m.unit},
+      {"baseline",
+       {{"samples", m.baselineCount},
+        {"median", m.baselineMedian},
+        {"values", valuesOf(baseline)}}},
+      {"current",
+       {{"samples", m.currentCount}, {"median", m.currentMedian}, {"values", valuesOf(current)}}},
+      {"change", m.change ? json(*m.change) : json()},
+      {"p_value", m.pValue ? json(*m.pValue) : json()},
+      {"exact", m.exact},
+      {"verdict", std::string(hmc::compare::toString(m.verdict))},
+      {"regression", m.regression}};
   if (!m.note.empty()) out["note"] = m.note;
   return out;
 }
 
-void printTable(const Comparison& result, const CompareOptions& options,
+void printTable(std::FILE* to, const Comparison& result, const CompareOptions& options,
                 const hmc::compare::Thresholds& thresholds) {
-  fmt::print(
-      "# hmc-run compare: baseline {}, current {}; two-sided Mann-Whitney U, alpha {:g}, "
-      "max regression {:g}%\n",
-      options.baselinePath, options.currentPath, thresholds.alpha, thresholds.maxRegression * 100);
+  fmt::print(to,
+             "# hmc-run compare: baseline {}, current {}; two-sided Mann-Whitney U, alpha {:g}, "
+             "max regression {:g}%\n",
+             options.baselinePath, options.currentPath, thresholds.alpha,
+             thresholds.maxRegression * 100);
   std::size_t width = 6;
   for (const auto& m : result.metrics) width = std::max(width, m.name.size());
-  fmt::print("# {:<{}}  {:>8}  {:>12}  {:>12}  {:>8}  {:>7}  {}\n", "metric", width - 2, "samples",
-             "baseline", "current", "change", "p", "verdict");
+  fmt::print(to, "# {:<{}}  {:>8}  {:>12}  {:>12}  {:>8}  {:>7}  {}\n", "metric", width - 2,
+             "samples", "baseline", "current", "change", "p", "verdict");
   for (const auto& m : result.metrics) {
     const std::string change = m.change ? fmt::format("{:+.1f}%", *m.change * 100) : "n/a";
     const std::string p = m.pValue ? fmt::format("{:.4f}", *m.pValue) : "n/a";
     std::string verdict(hmc::compare::toString(m.verdict));
     if (m.regression) verdict += " (regression)";
-    fmt::print("{:<{}}  {:>8}  {:>12}  {:>12}  {:>8}  {:>7}  {}\n", m.name, width,
+    fmt::print(to, "{:<{}}  {:>8}  {:>12}  {:>12}  {:>8}  {:>7}  {}\n", m.name, width,
                fmt::format("{}/{}", m.baselineCount, m.currentCount),
                m.baselineCount ? formatSeconds(m.baselineMedian) : "n/a",
                m.currentCount ? formatSeconds(m.currentMedian) : "n/a", change, p, verdict);
   }
   for (const auto& m : result.metrics) {
-    if (!m.note.empty()) fmt::print("# {}: {}\n", m.name, m.note);
+    if (!m.note.empty()) fmt::print(to, "# {}: {}\n", m.name, m.note);
   }
   if (result.geometricMeanRatio) {
-    fmt::print("# geometric mean of current/baseline medians: {:.4f} ({:+.1f}%) over {} metrics\n",
-               *result.geometricMeanRatio, (*result.geometricMeanRatio - 1) * 100,
-               result.metrics.size());
+    fmt::print(
+        to, "# geometric mean of current/baseline medians: {:.4f} ({:+.1f}%) over {} metrics\n",
+        *result.geometricMeanRatio, (*result.geometricMeanRatio - 1) * 100, result.metrics.size());
   }
   if (!result.onlyBaseline.empty()) {
-    fmt::print("# only in the baseline (not compared): {}\n", joinNames(result.onlyBaseline));
+    fmt::print(to, "# only in the baseline (not compared): {}\n", joinNames(result.onlyBaseline));
   }
   if (!result.onlyCurrent.empty()) {
-    fmt::print("# only in the current file (not compared): {}\n", joinNames(result.onlyCurrent));
+    fmt::print(to, "# only in the current file (not compared): {}\n",
+               joinNames(result.onlyCurrent));
   }
-  for (const auto& text : result.newLeaks) {
-    fmt::print("# leak across cycles, new in the current file (regression): {}\n", text);
+  for (const auto& leak : result.newLeaks) {
+    fmt::print(to, "# leak across cycles, new in the current file (regression): {}\n", leak);
   }
-  for (const auto& text : result.keptLeaks) {
-    fmt::print("# leak across cycles, in both files: {}\n", text);
+  for (const auto& leak : result.keptLeaks) {
+    fmt::print(to, "# leak across cycles, in both files: {}\n", leak);
   }
-  for (const auto& text : result.goneLeaks) {
-    fmt::print("# leak across cycles, gone (only in the baseline): {}\n", text);
+  for (const auto& leak : result.goneLeaks) {
+    fmt::print(to, "# leak across cycles, gone (only in the baseline): {}\n", leak);
   }
 }
 
@@ -148,7 +163,18 @@ CLI::App* addCompareCommand(CLI::App& app, CompareOptions& options) {
       "by more than --max-regression with p < --alpha, 2 on bad input");
   sub->add_option("baseline", options.baselinePath, "Baseline file (e.g. from main)")->required();
   sub->add_option("current", options.currentPath, "Current file (from the change)")->required();
-  sub->add_flag("--json", options.json, "Print hmc-compare/1 JSON instead of the table");
+  sub->add_flag("--json", options.json,
+                "Print hmc-compare/1 JSON instead of the table (the same as --format json)");
+  sub->add_option("--format", options.format,
+                  "What to print: table, json (hmc-compare/1) or markdown (a GitHub job-summary "
+                  "table: metric, baseline, candidate, change, p, verdict, and the overall "
+                  "verdict; e.g. >> $GITHUB_STEP_SUMMARY)")
+      ->check(CLI::IsMember({"table", "json", "markdown"}))
+      ->capture_default_str();
+  sub->add_option("--html", options.htmlPath,
+                  "Also write one self-contained HTML page drawing baseline against candidate "
+                  "per metric with the verdict; - for standard output (what is printed then "
+                  "goes to standard error)");
   sub->add_option("--max-regression", options.maxRegression,
                   "Largest slowdown of a median that passes, in percent, e.g. 10% or 2.5")
       ->capture_default_str();
@@ -170,6 +196,22 @@ int runCompare(const CompareOptions& options) {
   Comparison result;
   SampleSet baseline;
   SampleSet current;
+  if (options.json && options.format != "table" && options.format != "json") {
+    fmt::print(stderr, "hmc-run compare: --json and --format {} ask for two outputs: give one\n",
+               options.format);
+    return kExitBadInput;
+  }
+  const std::string format = options.json ? "json" : options.format;
+  // Checked before reading anything, as a run checks --report.
+  if (options.htmlPath) {
+    const std::string problem = hmc::scenario::checkOutputPath(*options.htmlPath);
+    if (!problem.empty()) {
+      fmt::print(stderr, "hmc-run compare: {}\n", problem);
+      return kExitBadInput;
+    }
+  }
+  // With --html - the page is standard output; what would be printed goes to standard error.
+  std::FILE* const text = options.htmlPath && *options.htmlPath == "-" ? stderr : stdout;
   try {
     thresholds.alpha = options.alpha;
     thresholds.maxRegression = parsePercent(options.maxRegression);
@@ -211,35 +253,48 @@ int runCompare(const CompareOptions& options) {
                    : !undecided.empty()                              ? kExitBadInput
                                                                      : 0;
 
-  if (options.json) {
-    json out{{"format", "hmc-compare/1"},
-             {"baseline",
-              {{"file", options.baselinePath},
-               {"kind", std::string(hmc::compare::toString(baseline.format))}}},
-             {"current",
-              {{"file", options.currentPath},
-               {"kind", std::string(hmc::compare::toString(current.format))}}},
-             {"alpha", thresholds.alpha},
-             {"max_regression", thresholds.maxRegression},
-             {"metrics", json::array()},
-             {"only_baseline", result.onlyBaseline},
-             {"only_current", result.onlyCurrent},
-             {"geometric_mean_ratio",
-              result.geometricMeanRatio ? json(*result.geometricMeanRatio) : json()},
-             {"regressions", regressions},
-             {"undecided", undecided},
-             {"leak_trends",
-              {{"new", result.newLeaks}, {"both", result.keptLeaks}, {"gone", result.goneLeaks}}},
-             {"exit_code", code}};
-    for (const auto& m : result.metrics) out["metrics"].push_back(toJson(m));
-    fmt::print("{}\n", out.dump(2));
-  } else {
-    printTable(result, options, thresholds);
+  json out{{"format", "hmc-compare/1"},
+           {"baseline",
+            {{"file", options.baselinePath},
+             {"kind", std::string(hmc::compare::toString(baseline.format))}}},
+           {"current",
+            {{"file", options.currentPath},
+             {"kind", std::string(hmc::compare::toString(current.format))}}},
+           {"alpha", thresholds.alpha},
+           {"max_regression", thresholds.maxRegression},
+           {"metrics", json::array()},
+           {"only_baseline", result.onlyBaseline},
+           {"only_current", result.onlyCurrent},
+           {"geometric_mean_ratio",
+            result.geometricMeanRatio ? json(*result.geometricMeanRatio) : json()},
+           {"regressions", regressions},
+           {"undecided", undecided},
+           {"leak_trends",
+            {{"new", result.newLeaks}, {"both", result.keptLeaks}, {"gone", result.goneLeaks}}},
+           {"exit_code", code}};
+  for (const auto& m : result.metrics) out["metrics"].push_back(toJson(m, baseline, current));
+  if (options.htmlPath) {
+    try {
+      hmc::scenario::writeOutputFile(*options.htmlPath, hmc::render::renderHtmlCompare(out));
+    } catch (const hmc::Error& error) {
+      fmt::print(stderr, "hmc-run compare: {}\n", error.what());
+      return kExitBadInput;
+    }
   }
+  // The table carries its own verdict line on the same stream; JSON and Markdown say it on
+  // standard error (Markdown has it in its last line too).
+  const bool table = format == "table";
+  if (format == "json") {
+    fmt::print(text, "{}\n", out.dump(2));
+  } else if (format == "markdown") {
+    fmt::print(text, "{}", hmc::render::renderMarkdownCompare(out));
+  } else {
+    printTable(text, result, options, thresholds);
+  }
+  std::fflush(text);
 
   if (!regressions.empty()) {
-    fmt::print(options.json ? stderr : stdout,
-               "# FAILED: {} slower by more than {:g}% with p < {:g}: {}\n",
+    fmt::print(table ? text : stderr, "# FAILED: {} slower by more than {:g}% with p < {:g}: {}\n",
                regressions.size() == 1 ? "1 metric" : fmt::format("{} metrics", regressions.size()),
                thresholds.maxRegression * 100, thresholds.alpha, joinNames(regressions));
   }
@@ -252,13 +307,13 @@ int runCompare(const CompareOptions& options) {
                thresholds.alpha, hmc::compare::minimumSamplesPerSide(thresholds.alpha));
   }
   if (!result.newLeaks.empty()) {
-    fmt::print(options.json ? stderr : stdout, "# FAILED: {} across cycles new in {}\n",
+    fmt::print(table ? text : stderr, "# FAILED: {} across cycles new in {}\n",
                result.newLeaks.size() == 1 ? "1 leak"
                                            : fmt::format("{} leaks", result.newLeaks.size()),
                options.currentPath);
   }
   if (code == 0) {
-    fmt::print(options.json ? stderr : stdout,
+    fmt::print(table ? text : stderr,
                "# OK: no metric slower by more than {:g}% "
                "with p < {:g} ({} compared)\n",
                thresholds.maxRegression * 100, thresholds.alpha, result.metrics.size());

@@ -155,11 +155,12 @@ hmc::scenario::RunInfo runInfo(const RunPlan& plan, const hmc::scenario::Scenari
   return info;
 }
 
-// Whether --report - or --trace - puts a JSON document on stdout (the table then goes to
+// Whether --report -, --trace - or --html - puts a document on stdout (the table then goes to
 // stderr).
 bool jsonOnStdout(const RunOptions& options) {
   return (options.reportPath && *options.reportPath == "-") ||
-         (options.tracePath && *options.tracePath == "-");
+         (options.tracePath && *options.tracePath == "-") ||
+         (options.htmlPath && *options.htmlPath == "-");
 }
 
 // The reporters of the reporting process. With --report - the JSON goes to stdout and the
@@ -177,6 +178,7 @@ std::vector<std::unique_ptr<hmc::scenario::Reporter>> makeReporters(
   // report file is what survives.
   if (options.reportPath) reporters.push_back(hmc::scenario::makeJsonReporter(*options.reportPath));
   if (options.tracePath) reporters.push_back(hmc::scenario::makeTraceReporter(*options.tracePath));
+  if (options.htmlPath) reporters.push_back(hmc::scenario::makeHtmlReporter(*options.htmlPath));
   std::ostream& table = console != nullptr      ? *console
                         : jsonOnStdout(options) ? std::cerr
                                                 : std::cout;

@@ -1,6 +1,7 @@
 #include "run_plan.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "hmc/config.hpp"
 #include "hmc/scenario/output_file.hpp"
@@ -73,7 +74,7 @@ int planRun(const RunOptions& options, RunPlan* plan, const collective::EnvLooku
   plan->flightCapacity = options.tracePath ? (1u << 16) : 64u;
   // Output paths are checked before anything runs, so a long run's results are not lost.
   if (plan->reporting) {
-    for (const auto* path : {&options.reportPath, &options.tracePath}) {
+    for (const auto* path : {&options.reportPath, &options.tracePath, &options.htmlPath}) {
       if (!*path) continue;
       const std::string problem = scenario::checkOutputPath(**path);
       if (!problem.empty()) {
@@ -81,9 +82,15 @@ int planRun(const RunOptions& options, RunPlan* plan, const collective::EnvLooku
         return kExitUsage;
       }
     }
-    if (options.reportPath && options.tracePath && *options.reportPath == "-" &&
-        *options.tracePath == "-") {
-      usageError("--report - and --trace - would both write to standard output: give one a file");
+    std::vector<std::string> onStdout;
+    for (const auto& [path, flag] :
+         {std::pair{&options.reportPath, "--report -"}, std::pair{&options.tracePath, "--trace -"},
+          std::pair{&options.htmlPath, "--html -"}}) {
+      if (*path && **path == "-") onStdout.emplace_back(flag);
+    }
+    if (onStdout.size() > 1) {
+      usageError(fmt::format("{} would both write to standard output: give one a file",
+                             fmt::join(onStdout, " and ")));
       return kExitUsage;
     }
   }

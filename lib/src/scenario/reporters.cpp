@@ -8,6 +8,7 @@
 #include <ostream>
 #include <set>
 
+#include "hmc/render/html.hpp"
 #include "hmc/scenario/output_file.hpp"
 #include "hmc/text.hpp"
 
@@ -325,6 +326,22 @@ class JsonReporter final : public Reporter {
   std::vector<ScenarioReport> reports_;
 };
 
+class HtmlReporter final : public Reporter {
+ public:
+  explicit HtmlReporter(std::string path) : path_(std::move(path)) {}
+  void report(const ScenarioReport& report) override { reports_.push_back(report); }
+  void finish(bool interrupted) override {
+    if (reports_.empty()) return;
+    json document = toJson(reports_);
+    if (interrupted && reports_.size() > 1) document["interrupted"] = true;
+    writeOutputFile(path_, render::renderHtmlReport(document));
+  }
+
+ private:
+  std::string path_;
+  std::vector<ScenarioReport> reports_;
+};
+
 class TraceReporter final : public Reporter {
  public:
   explicit TraceReporter(std::string path) : path_(std::move(path)) {}
@@ -451,6 +468,10 @@ std::unique_ptr<Reporter> makeConsoleReporter(std::ostream& out, ConsoleOptions 
 
 std::unique_ptr<Reporter> makeJsonReporter(std::string path) {
   return std::make_unique<JsonReporter>(std::move(path));
+}
+
+std::unique_ptr<Reporter> makeHtmlReporter(std::string path) {
+  return std::make_unique<HtmlReporter>(std::move(path));
 }
 
 std::unique_ptr<Reporter> makeTraceReporter(std::string path) {

@@ -42,6 +42,10 @@ std::unique_ptr<Reporter> makeConsoleReporter(std::ostream& out, ConsoleOptions 
 // scenario, {"format": "hmc-report-set/1", "reports": [...]} for several.
 std::unique_ptr<Reporter> makeJsonReporter(std::string path);
 
+// Writes one self-contained HTML page of every report to `path` on finish(), as
+// makeJsonReporter writes the JSON (the same document, drawn by hmc/render/html.hpp).
+std::unique_ptr<Reporter> makeHtmlReporter(std::string path);
+
 // Chrome trace event JSON (opens in Perfetto / chrome://tracing): one process track per
 // rank, steps and collectives as slices, flow arrows joining one collective across ranks,
 // error and hang markers.

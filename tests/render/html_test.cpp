@@ -1,0 +1,392 @@
+// The renderers of hmc/render: the HTML page of a report (or a set) and of a comparison, and
+// the Markdown table of a comparison, from their JSON documents alone.
+#include "hmc/render/html.hpp"
+
+#include <doctest/doctest.h>
+
+#include <string>
+
+#include "hmc/error.hpp"
+#include "hmc/render/markdown.hpp"
+
+namespace {
+
+using nlohmann::json;
+using namespace hmc::render;
+
+std::size_t count(const std::string& text, const std::string& needle) {
+  std::size_t n = 0;
+  for (std::size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1))
+    ++n;
+  return n;
+}
+
+json step(int index, const char* op, const char* status, bool expected = true) {
+  return {{"index", index},       {"op", op},         {"module", "a"},          {"status", status},
+          {"expected", expected}, {"seconds", 0.001}, {"start_s", 0.01 * index}};
+}
+
+// The report of skipped-close-hang as docs/scenario-format.md shows it, shortened.
+json hangReport() {
+  json hung = step(2, "close_all", "hang", false);
+  hung["error"] = {
+      {"kind", "timeout"},
+      {"message", "'close validation' #1 timed out on rank 0: ranks [1] did not arrive"}};
+  return {
+      {"format", "hmc-report/1"},
+      {"scenario", "skipped-close-hang"},
+      {"world_size", 2},
+      {"outcome", "hang"},
+      {"ranks",
+       {{{"rank", 0},
+         {"host", "node-a"},
+         {"pid", 101},
+         {"steps",
+          {step(0, "create", "ok"), step(1, "forward", "ok"), hung, step(3, "check", "not_run")}}},
+        {{"rank", 1},
+         {"host", "node-b"},
+         {"pid", 202},
+         {"steps",
+          {step(0, "create", "ok"), step(1, "forward", "ok"), step(2, "close_all", "skipped"),
+           step(3, "check", "ok")}}}}},
+      {"mismatches", json::array()},
+      {"leaks",
+       {{"leaked", true},
+        {"ranks",
+         {{{"rank", 0},
+           {"checked", false},
+           {"leaked", true},
+           {"groups", 1},
+           {"reason", "this rank hung: the automatic shutdown was skipped"}}}}}},
+      {"timings",
+       {{"fresh_bind", {{"count", 2}, {"p50", 0.0003}, {"p95", 0.007}, {"max", 0.007}}}}},
+      {"hang",
+       {{"diagnosis",
+         "rank 0 waits in 'close validation' #1 (step 2); rank 1 never arrived: "
+         "last completed 'recycle' #0 (step 1), finished its steps"},
+        {"ranks", json::array()}}},
+      {"samples",
+       {{"repetitions", 1},
+        {"warmup", 0},
+        {"metrics",
+         {{"fresh_bind", {{"unit", "s"}, {"per_repetition", {{0.0003, 0.007}}}}},
+          {"reused_bind", {{"unit", "s"}, {"per_repetition", {{0.00001}}}}}}}}},
+      {"environment",
+       {{"hmc_version", "0.1.0"},
+        {"torch_version", "1.13.0"},
+        {"transport", "threads"},
+        {"host", "node-a"},
+        {"world_size", 2},
+        {"wall_seconds", 2.04},
+        {"command", {"hmc-run", "x.json"}}}}};
+}
+
+json leakTrends() {
+  json values = json::array();
+  for (int c = 0; c < 200; ++c) values.push_back(12 + 0.1 * c);
+  return {{"cycles", 200},
+          {"warmup", 20},
+          {"confidence", 0.99},
+          {"series",
+           {{{"rank", nullptr},
+             {"host", "h1"},
+             {"metric", "open_descriptors"},
+             {"title", "open descriptors"},
+             {"unit", "count"},
+             {"cycle_stride", 1},
+             {"values", json::array({3, 3, 3})},
+             {"slope_per_cycle", 0.0},
+             {"ci_low", -0.01},
+             {"ci_high", 0.01},
+             {"intercept", 3.0},
+             {"threshold_per_cycle", 0.05},
+             {"verdict", "flat"},
+             {"text", "process: open descriptors flat"}},
+            {{"rank", 2},
+             {"host", "h1"},
+             {"metric", "open_descriptors"},
+             {"title", "open descriptors"},
+             {"unit", "count"},
+             {"cycle_stride", 1},
+             {"values", values},
+             {"slope_per_cycle", 0.1},
+             {"ci_low", 0.08},
+             {"ci_high", 0.12},
+             {"intercept", 12.0},
+             {"threshold_per_cycle", 0.05},
+             {"verdict", "leak"},
+             {"text",
+              "rank 2: open descriptors grow 0.10 per cycle (99% CI 0.08-0.12) over 200 "
+              "cycles: leak"}}}},
+          {"leaks",
+           {"rank 2: open descriptors grow 0.10 per cycle (99% CI 0.08-0.12) over 200 "
+            "cycles: leak"}}};
+}
+
+json compareDocument() {
+  auto metric = [](const char* name, const char* verdict, bool regression, double change) {
+    return json{
+        {"name", name},
+        {"unit", "s"},
+        {"baseline",
+         {{"samples", 5}, {"median", 0.001}, {"values", {0.001, 0.0011, 0.0009, 0.001, 0.001}}}},
+        {"current",
+         {{"samples", 5},
+          {"median", 0.001 * (1 + change)},
+          {"values", {0.0013, 0.0013, 0.0012, 0.0014, 0.0013}}}},
+        {"change", change},
+        {"p_value", 0.0079},
+        {"exact", true},
+        {"verdict", verdict},
+        {"regression", regression}};
+  };
+  return {{"format", "hmc-compare/1"},
+          {"baseline", {{"file", "base.json"}, {"kind", "hmc-run report"}}},
+          {"current", {{"file", "new.json"}, {"kind", "hmc-run report"}}},
+          {"alpha", 0.05},
+          {"max_regression", 0.1},
+          {"metrics",
+           {metric("quickstart: repeat/cycle", "slower", true, 0.3),
+            metric("quickstart: fresh|bind <x>", "same", false, 0.01)}},
+          {"only_baseline", json::array()},
+          {"only_current", json::array()},
+          {"geometric_mean_ratio", 1.14},
+          {"regressions", {"quickstart: repeat/cycle"}},
+          {"undecided", json::array()},
+          {"exit_code", 1}};
+}
+
+}  // namespace
+
+TEST_SUITE("render") {
+  TEST_CASE("escapeHtml escapes markup, quotes and control characters") {
+    CHECK(escapeHtml("<a href=\"x\">Tom & 'Jerry'</a>") ==
+          "&lt;a href=&quot;x&quot;&gt;Tom &amp; &#39;Jerry&#39;&lt;/a&gt;");
+    CHECK(escapeHtml(std::string("a\x1b[31mb", 7)) == "a\\x1b[31mb");
+    CHECK(escapeHtml("line\nnext") == "line\nnext");
+    CHECK(escapeHtml("\xff") == "\\xff");
+  }
+
+  TEST_CASE("a report's page escapes every string from the document") {
+    json report = hangReport();
+    report["scenario"] = "<script>alert(1)</script>";
+    report["ranks"][0]["steps"][2]["error"]["message"] = "<img src=x onerror=alert(2)>";
+    report["ranks"][0]["host"] = "\"><b>host</b>";
+    const std::string page = renderHtmlReport(report);
+    CHECK(page.find("<script>alert(1)") == std::string::npos);
+    CHECK(page.find("&lt;script&gt;alert(1)&lt;/script&gt;") != std::string::npos);
+    CHECK(page.find("<img") == std::string::npos);
+    CHECK(page.find("<b>host") == std::string::npos);
+    // The only scripts: the error probe.
+    CHECK(count(page, "<script") == 1);
+  }
+
+  TEST_CASE("a hang's page names the stage, the waiting and the missing ranks first") {
+    const std::string page = renderHtmlReport(hangReport());
+    const auto hang = page.find("id=\"hang\"");
+    REQUIRE(hang != std::string::npos);
+    CHECK(hang < page.find("r0-timeline"));  // before the timeline
+    CHECK(page.find("Hang in &#39;close validation&#39; #1, step 2") != std::string::npos);
+    CHECK(page.find("Missing: rank 1</strong>") != std::string::npos);
+    CHECK(page.find("Waiting: rank 0") != std::string::npos);
+    CHECK(page.find("rank 1 never arrived at this step") != std::string::npos);
+    CHECK(page.find("stroke-dasharray=\"6 4\"") != std::string::npos);      // the hung column
+    CHECK(page.find("missing rank (never arrived)") != std::string::npos);  // in the legend
+  }
+
+  TEST_CASE("a report's page has every section: timeline, bind times, leaks, environment") {
+    const std::string page = renderHtmlReport(hangReport());
+    CHECK(page.rfind("<!DOCTYPE html>", 0) == 0);
+    for (const char* id : {"r0-timeline", "r0-timings", "r0-binds", "r0-leaks", "r0-environment"}) {
+      CAPTURE(id);
+      CHECK(page.find(std::string("id=\"") + id + "\"") != std::string::npos);
+    }
+    CHECK(count(page, "class=\"cell s-") == 8);  // 2 ranks x 4 steps
+    CHECK(page.find("fresh bind") != std::string::npos);
+    CHECK(page.find("reused bind") != std::string::npos);
+    CHECK(page.find("<code>node-b</code>") != std::string::npos);  // hosts per rank
+    CHECK(page.find("LibTorch") != std::string::npos);
+    // Self-contained: nothing to fetch.
+    CHECK(page.find("src=") == std::string::npos);
+    CHECK(page.find("<link") == std::string::npos);
+    CHECK(page.find("@import") == std::string::npos);
+    // No leak trends in an old report.
+    CHECK(page.find("Leak trends") == std::string::npos);
+  }
+
+  TEST_CASE("leak trends are drawn leaks first with the fitted line and the band") {
+    json report = hangReport();
+    report["leak_trends"] = leakTrends();
+    const std::string page = renderHtmlReport(report);
+    CHECK(page.find("id=\"r0-leak-trends\"") != std::string::npos);
+    CHECK(count(page, "class=\"plot trend") == 2);
+    CHECK(page.find("plot trend t-leak") < page.find("plot trend t-flat"));
+    CHECK(count(page, "class=\"fit\"") == 2);
+    CHECK(count(page, "class=\"band\"") == 2);
+    CHECK(page.find(
+              "open descriptors grow 0.10 per cycle (99% CI 0.08-0.12) over 200 cycles: leak") !=
+          std::string::npos);
+    CHECK(page.find("warm-up") != std::string::npos);
+    // Read first: the leak, above the timeline, linking to the plots.
+    const auto summary = page.find("id=\"r0-leak-summary\"");
+    REQUIRE(summary != std::string::npos);
+    CHECK(summary < page.find("r0-timeline"));
+    CHECK(page.find("Leak: 1 series grows over the cycles") != std::string::npos);
+  }
+
+  TEST_CASE("a rank that crashed after some steps is marked where it stopped") {
+    json report = hangReport();
+    report["ranks"][1]["crashed"] = true;
+    report["ranks"][1]["crash_reason"] = "fault crash at step 1";
+    report["ranks"][1]["steps"][2]["status"] = "not_run";
+    report["ranks"][1]["steps"][3]["status"] = "not_run";
+    const std::string page = renderHtmlReport(report);
+    CHECK(count(page, "class=\"crash-mark\"") == 1);
+    CHECK(page.find("rank 1 crashed here: fault crash at step 1") != std::string::npos);
+  }
+
+  TEST_CASE("a crashed rank without steps is drawn as no result, with its reason") {
+    json report = hangReport();
+    report["outcome"] = "fail";
+    report["hang"] = nullptr;
+    report["ranks"][1] = {{"rank", 1},
+                          {"host", "node-b"},
+                          {"pid", nullptr},
+                          {"crashed", true},
+                          {"crash_reason", "exited with status 17 (fault crash)"}};
+    const std::string page = renderHtmlReport(report);
+    CHECK(page.find("id=\"crash\"") != std::string::npos);
+    CHECK(page.find("1 rank crashed") != std::string::npos);
+    CHECK(page.find("exited with status 17 (fault crash)") != std::string::npos);
+    CHECK(page.find("url(#r0-dead)") != std::string::npos);
+    // The legend names what was drawn, and only that.
+    CHECK(page.find("no result (the rank process died)") != std::string::npos);
+    CHECK(page.find("missing rank (never arrived)") == std::string::npos);
+    }
+
+  TEST_CASE("a failed report lists its unexpected steps with their errors first") {
+    json report = hangReport();
+    report["outcome"] = "fail";
+    report["hang"] = nullptr;
+    json& check = report["ranks"][1]["steps"][3];
+    check["status"] = "error";
+    check["expected"] = false;
+    check["error"] = {{"kind", "check_failed"}, {"message", "groups: expected 1, got 2"}};
+    report["ranks"][0]["steps"][2] = step(2, "close_all", "ok");
+    const std::string page = renderHtmlReport(report);
+    const auto box = page.find("id=\"r0-unexpected\"");
+    REQUIRE(box != std::string::npos);
+    CHECK(box < page.find("r0-timeline"));
+    CHECK(page.find("1 step did not meet its expectation") != std::string::npos);
+    CHECK(page.find("rank 1 step 3 check a: error (check_failed): groups: expected 1, got 2") !=
+          std::string::npos);
+  }
+
+  TEST_CASE("an invalid report says what is wrong and draws nothing else") {
+    const json report = {
+        {"format", "hmc-report/1"},
+        {"scenario", nullptr},
+        {"world_size", nullptr},
+        {"outcome", "invalid"},
+        {"ranks", json::array()},
+        {"error", {{"file", "bad.json"}, {"path", "/steps/1"}, {"message", "expected an op"}}}};
+    const std::string page = renderHtmlReport(report);
+    CHECK(page.find("id=\"invalid\"") != std::string::npos);
+    CHECK(page.find("expected an op") != std::string::npos);
+    CHECK(page.find("-timeline") == std::string::npos);
+  }
+
+  TEST_CASE("a report set has one section per report and a table of outcomes") {
+    json pass = hangReport();
+    pass["scenario"] = "quickstart";
+    pass["outcome"] = "pass";
+    pass["hang"] = nullptr;
+    const json set = {{"format", "hmc-report-set/1"}, {"reports", {pass, hangReport()}}};
+    const std::string page = renderHtmlReport(set);
+    CHECK(page.find("id=\"r0\"") != std::string::npos);
+    CHECK(page.find("id=\"r1\"") != std::string::npos);
+    CHECK(page.find("<h1>hmc-run: 2 scenarios<span class=\"badge b-hang\">") != std::string::npos);
+    CHECK(page.find("href=\"#r1\"") != std::string::npos);
+  }
+
+  TEST_CASE("a huge run's page is bounded and says what was left out") {
+    json report = hangReport();
+    json ranks = json::array();
+    json steps = json::array();
+    for (int s = 0; s < 1000; ++s) steps.push_back(step(s, "forward", "ok"));
+    for (int r = 0; r < 1024; ++r)
+      ranks.push_back({{"rank", r}, {"host", "h"}, {"pid", 1000 + r}, {"steps", steps}});
+    ranks[900]["steps"][700]["status"] = "error";
+    ranks[900]["steps"][700]["expected"] = false;
+    report["ranks"] = ranks;
+    report["hang"] = nullptr;
+    json values = json::array();
+    for (int i = 0; i < 100000; ++i) values.push_back(1e-4 + 1e-9 * i);
+    report["samples"]["metrics"]["fresh_bind"]["per_repetition"] = {values};
+    const std::string page = renderHtmlReport(report);
+    CHECK(count(page, "class=\"cell s-") == kMaxTimelineRanks * kMaxTimelineSteps);
+    CHECK(page.find("64 of 1024 ranks drawn") != std::string::npos);
+    CHECK(page.find("steps 600-799 of 1000 drawn") != std::string::npos);  // around the error
+    CHECK(page.find(">rank 900<") != std::string::npos);                   // the rank with it
+    CHECK(page.find("2000 dots drawn") != std::string::npos);
+    CHECK(page.size() < 8u * 1024 * 1024);
+  }
+
+  TEST_CASE("a hang diagnosis that names every rank of a big world is cut, saying so") {
+    json report = hangReport();
+    std::string diagnosis = "rank 0 waits in 'close validation' #1 (step 2)";
+    for (int r = 1; r < 4096; ++r) {
+      diagnosis += "; rank " + std::to_string(r) +
+                   " never arrived: last completed 'recycle' #0 (step 1), finished its steps";
+    }
+    report["hang"]["diagnosis"] = diagnosis;
+    const std::string page = renderHtmlReport(report);
+    CHECK(page.find("more characters in the JSON report") != std::string::npos);
+    CHECK(page.find("rank 4095 never arrived") == std::string::npos);
+    CHECK(page.find("Missing: ranks 1-4095</strong>") != std::string::npos);
+    CHECK(page.size() < 8u * 1024 * 1024);
+  }
+
+  TEST_CASE("renderers refuse a document of another format") {
+    CHECK_THROWS_AS(renderHtmlReport(json{{"format", "hmc-compare/1"}}), hmc::ValueError);
+    CHECK_THROWS_AS(renderHtmlCompare(json{{"format", "hmc-report/1"}}), hmc::ValueError);
+    CHECK_THROWS_AS(renderMarkdownCompare(json::array()), hmc::ValueError);
+  }
+
+  TEST_CASE("a comparison's page draws each metric with its verdict, regressions first") {
+    const std::string page = renderHtmlCompare(compareDocument());
+    CHECK(page.find("data-verdict=\"FAILED\"") != std::string::npos);
+    CHECK(
+        page.find("1 metric slower by more than 10% with p &lt; 0.05: quickstart: repeat/cycle") !=
+        std::string::npos);
+    CHECK(count(page, "class=\"plot metric") == 2);
+    CHECK(page.find("plot metric v-slower") < page.find("plot metric v-same"));
+    CHECK(page.find("fresh|bind &lt;x&gt;") != std::string::npos);
+    CHECK(count(page, "<circle") == 20);  // 5 + 5 samples per metric
+    // The gate (baseline median + 10%) on each axis.
+    CHECK(count(page, "class=\"gate\"") == 2);
+    CHECK(page.find("a candidate median above 1.10 ms (+10%) fails") != std::string::npos);
+    CHECK(page.find("+30.0%") != std::string::npos);
+  }
+
+  TEST_CASE("the Markdown table has a row per metric and the overall verdict") {
+    const std::string md = renderMarkdownCompare(compareDocument());
+    CHECK(md.find("### hmc-run compare: FAILED\n") == 0);
+    CHECK(md.find("| metric | baseline | candidate | change | p | verdict |\n") !=
+          std::string::npos);
+    CHECK(md.find("| quickstart: repeat/cycle | 1.00 ms | 1.30 ms | +30.0% | 0.0079 | **slower "
+                  "(regression)** |") != std::string::npos);
+    // A pipe or markup in a name cannot break the table.
+    CHECK(md.find("| quickstart: fresh\\|bind &lt;x&gt; |") != std::string::npos);
+    CHECK(md.find("\n**FAILED**: 1 metric slower by more than 10% with p < 0.05: quickstart: "
+                  "repeat/cycle\n") == std::string::npos);  // '<' is an entity in Markdown
+    CHECK(md.find("\n**FAILED**: 1 metric slower by more than 10% with p &lt; 0.05: quickstart: "
+                  "repeat/cycle\n") != std::string::npos);
+    json ok = compareDocument();
+    ok["regressions"] = json::array();
+    ok["metrics"][0]["regression"] = false;
+    CHECK(renderMarkdownCompare(ok).find("**OK**: no metric slower by more than 10% with p &lt; "
+                                         "0.05 (2 compared)") != std::string::npos);
+  }
+
+}  // TEST_SUITE
