@@ -127,9 +127,15 @@ std::optional<ProcessSample> sampleProcessEvery(std::chrono::nanoseconds cycle) 
   static std::mutex mutex;
   static std::optional<std::chrono::nanoseconds> cost;
   static std::chrono::nanoseconds since{0};
+  static int skipped = 0;
   std::lock_guard<std::mutex> lock(mutex);
   since += cycle;
-  if (cost && since < 100 * *cost) return std::nullopt;
+  // At least every fourth cycle, whatever the cost: a trend needs its points.
+  if (cost && since < 100 * *cost && skipped < 3) {
+    ++skipped;
+    return std::nullopt;
+  }
+  skipped = 0;
   if (!cost) sampleProcess();  // the first one is cold (page faults, dentries): not timed
   const auto began = std::chrono::steady_clock::now();
   auto sample = sampleProcess();

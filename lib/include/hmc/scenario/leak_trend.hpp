@@ -37,8 +37,9 @@ struct ProcessSample {
 std::optional<ProcessSample> sampleProcess();
 // sampleProcess at most about 1% of the time, for the end of every cycle (`cycle`: how long the
 // cycle took): samples when the cycles since the last sample took at least 100 times what a
-// sample costs (the cheapest one so far; the first call always samples), else nullopt. A cycle of 0.5 ms is sampled
-// about every third time, one of 2 ms or more every time. Thread-safe (one state per process).
+// sample costs (the cheapest one so far; the first call always samples), and at least every
+// fourth cycle whatever the cost, else nullopt. A cycle of 0.5 ms is sampled about every other
+// time, one of 2 ms or more every time. Thread-safe (one state per process).
 std::optional<ProcessSample> sampleProcessEvery(std::chrono::nanoseconds cycle);
 
 // A Theil-Sen fit of y against x: the median pairwise slope, the median intercept, and Sen's
