@@ -299,6 +299,8 @@ def real_leak_page():
     check(trends["leaks"][0] in text, f"{trends['leaks'][0]!r} is not on the page")
     fitted = [t for t in trends["series"] if t["slope_per_cycle"] is not None]
     check(dom.count('class="fit"') == len(fitted), "a fitted line missing")
+    check("Every step met its expectation; the leak trend failed the run" in text,
+          "the page does not say that the leak failed the run")
 
 
 def compare_page():

@@ -291,6 +291,16 @@ void summaryCallouts(std::string& out, const json& report, const HangFacts& fact
         failed.push_back(std::move(line));
       }
     }
+    // A run failed by its leak trend alone has no such step: the leak's box says why.
+    const json* trends = child(report, "leak_trends");
+    const std::string trendFailure = trends ? textOf(*trends, "failure") : std::string();
+    if (unexpected == 0 && !trendFailure.empty()) {
+      out += "<div class=\"callout fail\" id=\"" + id +
+             "-unexpected\"><strong class=\"head\">Every step met its expectation; the leak "
+             "trend failed the run</strong><div>" +
+             esc(clip(trendFailure, 600)) + "</div></div>\n";
+      return;
+    }
     out += fmt::format(
         "<div class=\"callout fail\" id=\"{}-unexpected\"><strong class=\"head\">{} step{} did not "
         "meet {} expectation</strong>",
