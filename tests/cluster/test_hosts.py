@@ -572,7 +572,7 @@ def torchrun_skipped_close_across_hosts_hangs_naming_rank_and_stage(box):
 # deadline is announced gone (app/result_gatherer.hpp, SilentRanks), and a rank cut off from
 # the store's host learns it within 1.5 s of its first unanswered request (the out-of-band
 # store's request deadline and TCP handshake, lib/src/collective/store_transport.cpp): those
-# cases pass. The cases still marked known_failure fail for the reasons their marks give.
+# cases pass. A case hmc gets wrong would be marked known_failure (none is now).
 # The test sees the others waiting for rank 0 (hmc-run status from a host) only while rank 0
 # stalls: each status is a process that loads LibTorch, 1.7 s on a loaded machine, and with a
 # 3 s stall and a 4 s deadline three cases of one full run beside two busy loops missed the
