@@ -131,18 +131,7 @@ TEST_SUITE("result gatherer") {
     // Ranks 1 and 2 both last beat 'waiting' in the same collective; rank 2's process ended
     // (its connection with rank 0 closed), rank 1 still waits.
     MemoryStore kv;
-    for (int rank : {1, 2}) {
-      hmc::diagnostics::Heartbeat beat;
-      beat.rank = rank;
-      beat.state = hmc::diagnostics::RankState::kWaiting;
-      beat.step = 3;
-      hmc::diagnostics::FlightEntry current;
-      current.sequence = 4;
-      current.stage = "barrier";
-      current.step = 3;
-      beat.current = current;
-      kv.set(hmc::diagnostics::heartbeatKey(rank), beat.toJson().dump());
-    }
+    for (int rank : {1, 2}) writeWaiting(kv, rank, 1, 0.5);
     int asked = 0;
     const auto closedPeers = [&asked] {
       ++asked;
@@ -157,7 +146,7 @@ TEST_SUITE("result gatherer") {
     CHECK(merged[0][2].crashReason ==
           "no result from rank 2: its connection with rank 0 had closed: its process ended "
           "(killed, crashed, or stopped by the same teardown; did its node fail?); last "
-          "heartbeat (waiting): in step 3");
+          "heartbeat (waiting): in step 2");
     // Nobody missing: not asked.
     kv.set(hmc::app::keys::result(1), hmc::app::rankResultsDocument({resultOf(1)}));
     kv.set(hmc::app::keys::result(2), hmc::app::rankResultsDocument({resultOf(2)}));
