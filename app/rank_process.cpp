@@ -111,7 +111,14 @@ void RankRun::joinWorld() {
     local_ = EvidenceFolder::create(placement_.rank);
     handOff_.setFolder(local_);
   }
-  transport_.emplace(formWorld());
+  try {
+    transport_.emplace(formWorld());
+  } catch (...) {
+    // Rank 0 made the folder for a world that never formed: nobody else knows of it, and it
+    // holds only rank 0's pid (a failed start under a launcher left one in /tmp each time).
+    local_.remove();
+    throw;
+  }
   kv_ = transport_->control->keyValueStore();
   handOff_.setStore(transport_->control->keyValueStore());  // the watcher's own connection
   handOff_.setClosedPeers(transport_->collective->closedPeers());

@@ -57,6 +57,9 @@ class Skip(Exception):
 
 def clean_env(extra=None):
     env = {k: v for k, v in os.environ.items() if not LAUNCH_VARS.match(k)}
+    # What the launches leave in TMPDIR (torchrun's torchelastic_* logs, evidence folders of a
+    # killed run) goes with TMP, unless a case gives its own folder to check.
+    env["TMPDIR"] = TMP
     env.update(extra or {})
     return env
 
@@ -593,11 +596,18 @@ def store_ranks_on_several_hosts_meet_at_a_master_that_is_not_127_0_0_1():
 
 def one_rank(env, timeout_s, bound):
     began = time.monotonic()
+    tmpdir = tempfile.mkdtemp(prefix="one-rank-", dir=TMP)
     # Connecting is part of joining: the join deadline bounds it (its default is minutes).
-    (code, out, err), = launch_ranks(1, lambda _: env, [QUICKSTART, "--timeout", str(timeout_s),
-                                                        "--join-timeout", str(timeout_s)],
+    (code, out, err), = launch_ranks(1, lambda _: dict(env, TMPDIR=tmpdir),
+                                     [QUICKSTART, "--timeout", str(timeout_s),
+                                      "--join-timeout", str(timeout_s)],
                                      bound=bound)
-    return code, out, err, time.monotonic() - began
+    seconds = time.monotonic() - began
+    # A rank that could not form its world leaves nothing behind: rank 0 made its evidence
+    # folder before joining, and left it in /tmp whenever the join failed.
+    left = os.listdir(tmpdir)
+    assert not left, f"left in TMPDIR by a rank that did not join: {left}\n{err}"
+    return code, out, err, seconds
 
 
 # Without the connect probe c10d waits far longer than the deadline (a silent listener blocked
