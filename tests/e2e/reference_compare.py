@@ -170,12 +170,16 @@ def run_hmc(hmc_run, scenario_path, report_path, extra=()):
 
 def run_reference(oracle, scenario_path, report_path, python="/usr/bin/python3", timeout=300):
     """Runs the reference runner; returns (exit code, report or None, output)."""
-    try:
-        proc = subprocess.run([python, oracle, scenario_path, "--report", report_path],
-                              capture_output=True, text=True, timeout=timeout)
-        code, output = proc.returncode, proc.stdout + proc.stderr
-    except subprocess.TimeoutExpired as error:
-        code, output = -1, f"the reference runner took longer than {timeout} s: {error}"
+    # The reference keeps its ranks' files in a mkdtemp folder it never removes: give it a
+    # TMPDIR of its own, removed after it.
+    with tempfile.TemporaryDirectory(prefix="hmc-reference-") as tmpdir:
+        try:
+            proc = subprocess.run([python, oracle, scenario_path, "--report", report_path],
+                                  capture_output=True, text=True, timeout=timeout,
+                                  env=dict(os.environ, TMPDIR=tmpdir))
+            code, output = proc.returncode, proc.stdout + proc.stderr
+        except subprocess.TimeoutExpired as error:
+            code, output = -1, f"the reference runner took longer than {timeout} s: {error}"
     report = None
     if os.path.exists(report_path):
         with open(report_path) as fh:

@@ -13,6 +13,7 @@ scenario with a stall in its cycle. Prints one line per check and a closing
 """
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -265,6 +266,10 @@ def main():
         test(function)
     print(f"{RESULTS['passed']} passed, {RESULTS['failed']} failed, "
           f"{RESULTS['skipped']} skipped")
+    if RESULTS["failed"] == 0:
+        shutil.rmtree(WORK, ignore_errors=True)  # kept after a failure, to look at
+    else:
+        print(f"# scenarios and reports kept in {WORK}", flush=True)
     return 1 if RESULTS["failed"] else 0
 
 

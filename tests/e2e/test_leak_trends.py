@@ -15,6 +15,7 @@ import json
 import os
 import pty
 import select
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -239,6 +240,10 @@ def main():
             print(f"FAIL {fn.__name__} ({time.monotonic() - began:.1f} s)", flush=True)
             traceback.print_exc()
     print(f"{RESULTS['passed']} passed, {RESULTS['failed']} failed, {RESULTS['skipped']} skipped")
+    if RESULTS["failed"] == 0:
+        shutil.rmtree(WORK, ignore_errors=True)  # kept after a failure, to look at
+    else:
+        print(f"# scenarios and reports kept in {WORK}", flush=True)
     return 1 if RESULTS["failed"] else 0
 
 

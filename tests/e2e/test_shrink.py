@@ -15,6 +15,7 @@ closing "N passed, N failed, N skipped"; exits 1 on any failure.
 import json
 import os
 import signal
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -271,6 +272,10 @@ def main():
         test(function)
     print(f"{RESULTS['passed']} passed, {RESULTS['failed']} failed, "
           f"{RESULTS['skipped']} skipped")
+    if RESULTS["failed"] == 0:
+        shutil.rmtree(WORK, ignore_errors=True)  # kept after a failure, to look at
+    else:
+        print(f"# scenarios and reports kept in {WORK}", flush=True)
     return 1 if RESULTS["failed"] else 0
 
 

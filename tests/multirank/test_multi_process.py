@@ -16,6 +16,7 @@ import os
 import re
 import signal
 import socket
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -601,6 +602,10 @@ def main():
             print(f"FAIL {fn.__name__} ({time.monotonic() - began:.1f} s)", flush=True)
             traceback.print_exc()
     print(f"{passed} passed, {failed} failed")
+    if failed == 0:
+        shutil.rmtree(TMP, ignore_errors=True)  # kept after a failure, to look at
+    else:
+        print(f"# scenarios and reports kept in {TMP}", flush=True)
     return 0 if failed == 0 and passed > 0 else 1
 
 
