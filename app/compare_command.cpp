@@ -153,6 +153,110 @@ void printTable(std::FILE* to, const Comparison& result, const CompareOptions& o
   }
 }
 
+// The gate: which metrics regressed, which cannot be decided, and the exit code.
+struct Gate {
+  std::vector<std::string> regressions;
+  std::vector<std::string> undecided;
+  int code = 0;
+};
+
+Gate gateOf(const Comparison& result) {
+  Gate gate;
+  for (const auto& m : result.metrics) {
+    if (m.regression) gate.regressions.push_back(m.name);
+    if (m.verdict == Verdict::kUndecided) gate.undecided.push_back(m.name);
+  }
+  // A regression found is a result; metrics that cannot be decided make the gate unusable.
+  gate.code = !gate.regressions.empty() || !result.newLeaks.empty() ? kExitRegression
+              : !gate.undecided.empty()                             ? kExitBadInput
+                                                                    : 0;
+  return gate;
+}
+
+// No metric of the two files matches: say what each has (under --metric, what matches it).
+void sayNothingInCommon(const CompareOptions& options, const SampleSet& baseline,
+                        const SampleSet& current) {
+  auto selected = [&](std::vector<std::string> names) {
+    if (options.metricGlob.empty()) return names;
+    std::vector<std::string> kept;
+    for (auto& name : names) {
+      if (hmc::compare::globMatch(options.metricGlob, name)) kept.push_back(name);
+    }
+    return kept;
+  };
+  fmt::print(stderr,
+             "hmc-run compare: no metric in common{}.\n  {} has: {}\n  {} has: {}\n"
+             "Compare files of the same scenarios or benchmarks{}.\n",
+             options.metricGlob.empty() ? "" : " matching '" + options.metricGlob + "'",
+             options.baselinePath, joinNames(selected(namesOf(baseline))), options.currentPath,
+             joinNames(selected(namesOf(current))),
+             options.metricGlob.empty() ? "" : ", or change --metric");
+}
+
+// The hmc-compare/1 document (--format json, and what the HTML and Markdown pages draw).
+json comparisonDocument(const CompareOptions& options, const hmc::compare::Thresholds& thresholds,
+                        const Comparison& result, const SampleSet& baseline,
+                        const SampleSet& current, const Gate& gate) {
+  const auto& regressions = gate.regressions;
+  const auto& undecided = gate.undecided;
+  const int code = gate.code;
+  json out{{"format", "hmc-compare/1"},
+           {"baseline",
+            {{"file", options.baselinePath},
+             {"kind", std::string(hmc::compare::toString(baseline.format))}}},
+           {"current",
+            {{"file", options.currentPath},
+             {"kind", std::string(hmc::compare::toString(current.format))}}},
+           {"alpha", thresholds.alpha},
+           {"max_regression", thresholds.maxRegression},
+           {"metrics", json::array()},
+           {"only_baseline", result.onlyBaseline},
+           {"only_current", result.onlyCurrent},
+           {"geometric_mean_ratio",
+            result.geometricMeanRatio ? json(*result.geometricMeanRatio) : json()},
+           {"regressions", regressions},
+           {"undecided", undecided},
+           {"leak_trends",
+            {{"new", result.newLeaks}, {"both", result.keptLeaks}, {"gone", result.goneLeaks}}},
+           {"exit_code", code}};
+  for (const auto& m : result.metrics) out["metrics"].push_back(toJson(m, baseline, current));
+  return out;
+}
+
+// The verdict lines after the table (on `to`), or on standard error after JSON or Markdown; the
+// undecided metrics always on standard error.
+void printVerdicts(std::FILE* to, const CompareOptions& options,
+                   const hmc::compare::Thresholds& thresholds, const Comparison& result,
+                   const Gate& gate) {
+  const auto& regressions = gate.regressions;
+  const auto& undecided = gate.undecided;
+  if (!regressions.empty()) {
+    fmt::print(to, "# FAILED: {} slower by more than {:g}% with p < {:g}: {}\n",
+               regressions.size() == 1 ? "1 metric" : fmt::format("{} metrics", regressions.size()),
+               thresholds.maxRegression * 100, thresholds.alpha, joinNames(regressions));
+  }
+  if (!undecided.empty()) {
+    fmt::print(stderr,
+               "hmc-run compare: too few samples to decide {}: at least {} per side are needed "
+               "for p < {:g}. Run hmc-run with --repetitions N (N - warm-up >= {}), or "
+               "--benchmark_repetitions; or leave these metrics out with --metric.\n",
+               joinNames(undecided), hmc::compare::minimumSamplesPerSide(thresholds.alpha),
+               thresholds.alpha, hmc::compare::minimumSamplesPerSide(thresholds.alpha));
+  }
+  if (!result.newLeaks.empty()) {
+    fmt::print(
+        to, "# FAILED: {} across cycles new in {}\n",
+        result.newLeaks.size() == 1 ? "1 leak" : fmt::format("{} leaks", result.newLeaks.size()),
+        options.currentPath);
+  }
+  if (gate.code == 0) {
+    fmt::print(to,
+               "# OK: no metric slower by more than {:g}% "
+               "with p < {:g} ({} compared)\n",
+               thresholds.maxRegression * 100, thresholds.alpha, result.metrics.size());
+  }
+}
+
 }  // namespace
 
 CLI::App* addCompareCommand(CLI::App& app, CompareOptions& options) {
@@ -224,55 +328,11 @@ int runCompare(const CompareOptions& options) {
     return kExitBadInput;
   }
   if (result.metrics.empty()) {
-    auto selected = [&](std::vector<std::string> names) {
-      if (options.metricGlob.empty()) return names;
-      std::vector<std::string> kept;
-      for (auto& name : names) {
-        if (hmc::compare::globMatch(options.metricGlob, name)) kept.push_back(name);
-      }
-      return kept;
-    };
-    fmt::print(stderr,
-               "hmc-run compare: no metric in common{}.\n  {} has: {}\n  {} has: {}\n"
-               "Compare files of the same scenarios or benchmarks{}.\n",
-               options.metricGlob.empty() ? "" : " matching '" + options.metricGlob + "'",
-               options.baselinePath, joinNames(selected(namesOf(baseline))), options.currentPath,
-               joinNames(selected(namesOf(current))),
-               options.metricGlob.empty() ? "" : ", or change --metric");
+    sayNothingInCommon(options, baseline, current);
     return kExitBadInput;
   }
-
-  std::vector<std::string> regressions;
-  std::vector<std::string> undecided;
-  for (const auto& m : result.metrics) {
-    if (m.regression) regressions.push_back(m.name);
-    if (m.verdict == Verdict::kUndecided) undecided.push_back(m.name);
-  }
-  // A regression found is a result; metrics that cannot be decided make the gate unusable.
-  const int code = !regressions.empty() || !result.newLeaks.empty() ? kExitRegression
-                   : !undecided.empty()                              ? kExitBadInput
-                                                                     : 0;
-
-  json out{{"format", "hmc-compare/1"},
-           {"baseline",
-            {{"file", options.baselinePath},
-             {"kind", std::string(hmc::compare::toString(baseline.format))}}},
-           {"current",
-            {{"file", options.currentPath},
-             {"kind", std::string(hmc::compare::toString(current.format))}}},
-           {"alpha", thresholds.alpha},
-           {"max_regression", thresholds.maxRegression},
-           {"metrics", json::array()},
-           {"only_baseline", result.onlyBaseline},
-           {"only_current", result.onlyCurrent},
-           {"geometric_mean_ratio",
-            result.geometricMeanRatio ? json(*result.geometricMeanRatio) : json()},
-           {"regressions", regressions},
-           {"undecided", undecided},
-           {"leak_trends",
-            {{"new", result.newLeaks}, {"both", result.keptLeaks}, {"gone", result.goneLeaks}}},
-           {"exit_code", code}};
-  for (const auto& m : result.metrics) out["metrics"].push_back(toJson(m, baseline, current));
+  const Gate gate = gateOf(result);
+  const json out = comparisonDocument(options, thresholds, result, baseline, current, gate);
   if (options.htmlPath) {
     try {
       hmc::scenario::writeOutputFile(*options.htmlPath, hmc::render::renderHtmlCompare(out));
@@ -293,30 +353,6 @@ int runCompare(const CompareOptions& options) {
   }
   std::fflush(text);
 
-  if (!regressions.empty()) {
-    fmt::print(table ? text : stderr, "# FAILED: {} slower by more than {:g}% with p < {:g}: {}\n",
-               regressions.size() == 1 ? "1 metric" : fmt::format("{} metrics", regressions.size()),
-               thresholds.maxRegression * 100, thresholds.alpha, joinNames(regressions));
-  }
-  if (!undecided.empty()) {
-    fmt::print(stderr,
-               "hmc-run compare: too few samples to decide {}: at least {} per side are needed "
-               "for p < {:g}. Run hmc-run with --repetitions N (N - warm-up >= {}), or "
-               "--benchmark_repetitions; or leave these metrics out with --metric.\n",
-               joinNames(undecided), hmc::compare::minimumSamplesPerSide(thresholds.alpha),
-               thresholds.alpha, hmc::compare::minimumSamplesPerSide(thresholds.alpha));
-  }
-  if (!result.newLeaks.empty()) {
-    fmt::print(table ? text : stderr, "# FAILED: {} across cycles new in {}\n",
-               result.newLeaks.size() == 1 ? "1 leak"
-                                           : fmt::format("{} leaks", result.newLeaks.size()),
-               options.currentPath);
-  }
-  if (code == 0) {
-    fmt::print(table ? text : stderr,
-               "# OK: no metric slower by more than {:g}% "
-               "with p < {:g} ({} compared)\n",
-               thresholds.maxRegression * 100, thresholds.alpha, result.metrics.size());
-  }
-  return code;
+  printVerdicts(table ? text : stderr, options, thresholds, result, gate);
+  return gate.code;
 }

@@ -229,9 +229,9 @@ void say(const std::string& line) {
   std::fflush(stdout);
 }
 
-}  // namespace
-
-int runShrink(const ShrinkOptions& options, const std::string& executable) {
+// 0, or the exit code of the usage error it printed: -o is given, is not the input, and is a
+// file hmc-run may write.
+int checkOutput(const ShrinkOptions& options) {
   namespace fs = std::filesystem;
   if (!options.signatureOnly && options.output.empty()) {
     usageError(
@@ -253,142 +253,196 @@ int runShrink(const ShrinkOptions& options, const std::string& executable) {
       return kExitUsage;
     }
   }
+  return 0;
+}
+
+// The scenario to shrink, as its JSON document (what the shrinker edits) and its own deadline.
+struct ShrinkInput {
   json document;
-  scenario::Scenario original;
+  double ownTimeout = 0;
+};
+
+// nullopt after the usage error it printed: the file does not read or does not parse.
+std::optional<ShrinkInput> readInput(const ShrinkOptions& options) {
   try {
     const std::string text = scenario::readScenarioFile(options.input);
-    original = scenario::parseScenarioText(text, options.input);
-    document = json::parse(text);
+    const scenario::Scenario original = scenario::parseScenarioText(text, options.input);
+    return ShrinkInput{json::parse(text), original.timeoutS};
   } catch (const ScenarioError& error) {
     usageError(fmt::format("shrink: {}; fix the file (hmc-run validate {}) and run shrink again",
                            error.what(), printable(options.input)));
-    return kExitUsage;
+    return std::nullopt;
   }
-  const double ownTimeout = original.timeoutS;
-  const auto same = parseEnum<scenario::SameLevel>(options.same);
+}
 
-  TrialRunner runner(options, executable);
-  if (const int code = runner.plan(); code != 0) return code;
-  scenario::limitTorchThreads(1);
-  SignalScope signals;
-  unblockTerminationSignals();
-  runner.watchSignals();
-  const auto start = Clock::now();
-  auto elapsed = [&start] { return std::chrono::duration<double>(Clock::now() - start).count(); };
+// One shrink, from the first run (the failure to keep) to the written file. The trials run on
+// `runner`; the signals are the caller's.
+class ShrinkSession {
+ public:
+  ShrinkSession(const ShrinkOptions& options, TrialRunner& runner, ShrinkInput input)
+      : options_(options),
+        runner_(runner),
+        document_(std::move(input.document)),
+        ownTimeout_(input.ownTimeout),
+        same_(parseEnum<scenario::SameLevel>(options.same)),
+        from_(sizeText(document_)) {}
 
-  // The failure to keep: a run with the scenario's own deadline.
-  const Trial reference = runner.run(document, ownTimeout);
-  if (reference.interrupted) {
-    fmt::print(stderr,
-               "hmc-run: shrink: interrupted by signal {} ({}) during the first run; "
-               "nothing written\n",
-               pendingSignal(), strsignal(pendingSignal()));
-    return kExitInterrupted;
+  // The exit code: 0 written (or the signature printed), 1 not confirmed, 2 not failing or not
+  // writable, 130 interrupted.
+  int run() {
+    start_ = Clock::now();
+    if (const int code = keepFirstFailure(); code >= 0) return code;
+    chooseTrialDeadline();
+    say(
+        fmt::format("# shrinking {}: trials on {} with a {:g} s deadline, at most {:g} s "
+                    "(--max-seconds), matching at --same {}",
+                    from_, runner_.transport(), trialTimeout_, options_.maxSeconds, options_.same));
+    shrink();
+    if (interrupted_) return interruptedAfter("while shrinking");
+    return confirmAndWrite();
   }
-  const scenario::FailureSignature signature = scenario::failureSignature(reference.report);
-  if (!signature.fails()) {
-    usageError(fmt::format(
-        "shrink: {} does not fail: every step met its expectation on every rank and nothing "
-        "leaked ({}, {} transport, outcome {}); shrink needs a scenario that fails. Run it with "
-        "'hmc-run {}' to see its results; a step whose expect already names the failure (e.g. "
-        "expect \"hang\") does not count as failing",
-        printable(options.input), sizeText(document), runner.transport(),
-        scenario::toString(reference.report.outcome), printable(options.input)));
-    return kExitUsage;
-  }
-  say(fmt::format("# failure: {}", signature.describe()));
-  if (options.signatureOnly) {
-    say(fmt::format("# signature: {}", signature.toJson().dump()));
-    return 0;
+
+ private:
+  double elapsed() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
+
+  // The failure to keep: a run with the scenario's own deadline. -1 to go on, else the exit code.
+  int keepFirstFailure() {
+    const Trial reference = runner_.run(document_, ownTimeout_);
+    if (reference.interrupted) {
+      fmt::print(stderr,
+                 "hmc-run: shrink: interrupted by signal {} ({}) during the first run; "
+                 "nothing written\n",
+                 pendingSignal(), strsignal(pendingSignal()));
+      return kExitInterrupted;
+    }
+    signature_ = scenario::failureSignature(reference.report);
+    if (!signature_.fails()) {
+      usageError(fmt::format(
+          "shrink: {} does not fail: every step met its expectation on every rank and nothing "
+          "leaked ({}, {} transport, outcome {}); shrink needs a scenario that fails. Run it "
+          "with 'hmc-run {}' to see its results; a step whose expect already names the failure "
+          "(e.g. expect \"hang\") does not count as failing",
+          printable(options_.input), from_, runner_.transport(),
+          scenario::toString(reference.report.outcome), printable(options_.input)));
+      return kExitUsage;
+    }
+    say(fmt::format("# failure: {}", signature_.describe()));
+    if (options_.signatureOnly) {
+      say(fmt::format("# signature: {}", signature_.toJson().dump()));
+      return 0;
+    }
+    return -1;
   }
 
   // Trials with a short deadline, unless the failure needs the scenario's own.
-  double trialTimeout = std::min(options.trialTimeoutS, ownTimeout);
-  if (trialTimeout < ownTimeout) {
-    const Trial quick = runner.run(document, trialTimeout);
-    if (!quick.interrupted && !scenario::failureSignature(quick.report).sameAs(signature, same)) {
-      say(fmt::format(
-          "# with a {:g} s deadline it fails differently ({}); trials use the "
-          "scenario's own {:g} s",
-          trialTimeout, scenario::failureSignature(quick.report).describe(), ownTimeout));
-      trialTimeout = ownTimeout;
+  void chooseTrialDeadline() {
+    trialTimeout_ = std::min(options_.trialTimeoutS, ownTimeout_);
+    if (trialTimeout_ >= ownTimeout_) return;
+    const Trial quick = runner_.run(document_, trialTimeout_);
+    if (quick.interrupted || scenario::failureSignature(quick.report).sameAs(signature_, same_)) {
+      return;
     }
+    say(fmt::format(
+        "# with a {:g} s deadline it fails differently ({}); trials use the "
+        "scenario's own {:g} s",
+        trialTimeout_, scenario::failureSignature(quick.report).describe(), ownTimeout_));
+    trialTimeout_ = ownTimeout_;
   }
-  say(fmt::format(
-      "# shrinking {}: trials on {} with a {:g} s deadline, at most {:g} s "
-      "(--max-seconds), matching at --same {}",
-      sizeText(document), runner.transport(), trialTimeout, options.maxSeconds, options.same));
 
-  ShrinkProgress progress(isatty(STDERR_FILENO) != 0);
-  bool interrupted = false;
-  bool outOfTime = false;
-  std::size_t trials = 0;
-  const json* best = &document;
-  scenario::Shrinker shrinker(
-      document,
-      [&](const json& candidate) {
-        ++trials;
-        progress.show(trials, candidate, *best, elapsed());
-        const Trial trial = runner.run(candidate, trialTimeout);
-        if (trial.interrupted) {
-          interrupted = true;
-          return false;
-        }
-        return scenario::failureSignature(trial.report).sameAs(signature, same);
-      },
-      [&] {
-        if (pendingSignal() != 0) interrupted = true;
-        if (elapsed() > options.maxSeconds) outOfTime = true;
-        return interrupted || outOfTime;
-      });
-  best = &shrinker.best();
-  shrinker.run();
-  progress.clear();
-  json result = shrinker.best();
-  const double shrinkSeconds = elapsed();
+  // Runs the shrinker until it is done, interrupted or out of --max-seconds.
+  void shrink() {
+    ShrinkProgress progress(isatty(STDERR_FILENO) != 0);
+    const json* best = &document_;
+    scenario::Shrinker shrinker(
+        document_,
+        [&](const json& candidate) {
+          ++trials_;
+          progress.show(trials_, candidate, *best, elapsed());
+          const Trial trial = runner_.run(candidate, trialTimeout_);
+          if (trial.interrupted) {
+            interrupted_ = true;
+            return false;
+          }
+          return scenario::failureSignature(trial.report).sameAs(signature_, same_);
+        },
+        [&] {
+          if (pendingSignal() != 0) interrupted_ = true;
+          if (elapsed() > options_.maxSeconds) outOfTime_ = true;
+          return interrupted_ || outOfTime_;
+        });
+    best = &shrinker.best();
+    shrinker.run();
+    progress.clear();
+    result_ = shrinker.best();
+    shrinkSeconds_ = elapsed();
+  }
 
-  auto write = [&](const json& scenario) -> bool {
+  bool write(const json& scenario) {
     try {
-      scenario::writeOutputFile(options.output, formatOrdered(scenario));
+      scenario::writeOutputFile(options_.output, formatOrdered(scenario));
       return true;
     } catch (const Error& error) {
       usageError(fmt::format("shrink: {}", error.what()));
       return false;
     }
-  };
-  const std::string from = sizeText(document);
-  auto interruptedAfter = [&](const char* when) {
-    if (!write(result)) return kExitUsage;
+  }
+
+  int interruptedAfter(const char* when) {
+    if (!write(result_)) return kExitUsage;
     fmt::print(stderr,
                "hmc-run: shrink: interrupted by signal {} ({}) {} after {} trials ({:.0f} s): "
                "wrote the best so far, {} (from {}), to {}; it failed the same way with the {:g} s "
                "trial deadline and was not confirmed with the scenario's own\n",
-               pendingSignal(), strsignal(pendingSignal()), when, trials, shrinkSeconds,
-               sizeText(result), from, printable(options.output), trialTimeout);
+               pendingSignal(), strsignal(pendingSignal()), when, trials_, shrinkSeconds_,
+               sizeText(result_), from_, printable(options_.output), trialTimeout_);
     return kExitInterrupted;
-  };
-  if (interrupted) return interruptedAfter("while shrinking");
-
-  // Confirm once with the scenario's own deadline before writing.
-  const Trial confirm = runner.run(result, ownTimeout);
-  const scenario::FailureSignature got = scenario::failureSignature(confirm.report);
-  if (confirm.interrupted) return interruptedAfter("while confirming");
-  if (!got.sameAs(signature, same)) {
-    fmt::print(stderr,
-               "hmc-run: shrink: the shrunk scenario ({}) did not fail the same way with the "
-               "scenario's own {:g} s deadline (it gave: {}); nothing written. Trials ran with a "
-               "{:g} s deadline: rerun with a larger one, e.g. --trial-timeout {:g}\n",
-               sizeText(result), ownTimeout, got.describe(), trialTimeout,
-               std::min(ownTimeout, trialTimeout * 4));
-    return kExitFailed;
   }
-  std::string description =
-      fmt::format("Shrunk by hmc-run shrink from {} ({}); fails: {}",
-                  fs::path(options.input).filename().string(), from, got.describe());
-  if (options.asTest) {
-    result = scenario::asTest(result, confirm.report.ranks);
-    result["description"] = description + ". Every step expects what it did (--as-test)";
-    const Trial green = runner.run(result, ownTimeout);
+
+  // Confirms the result once with the scenario's own deadline, then writes it.
+  int confirmAndWrite() {
+    namespace fs = std::filesystem;
+    const Trial confirm = runner_.run(result_, ownTimeout_);
+    const scenario::FailureSignature got = scenario::failureSignature(confirm.report);
+    if (confirm.interrupted) return interruptedAfter("while confirming");
+    if (!got.sameAs(signature_, same_)) {
+      fmt::print(stderr,
+                 "hmc-run: shrink: the shrunk scenario ({}) did not fail the same way with the "
+                 "scenario's own {:g} s deadline (it gave: {}); nothing written. Trials ran with "
+                 "a {:g} s deadline: rerun with a larger one, e.g. --trial-timeout {:g}\n",
+                 sizeText(result_), ownTimeout_, got.describe(), trialTimeout_,
+                 std::min(ownTimeout_, trialTimeout_ * 4));
+      return kExitFailed;
+    }
+    const std::string description =
+        fmt::format("Shrunk by hmc-run shrink from {} ({}); fails: {}",
+                    fs::path(options_.input).filename().string(), from_, got.describe());
+    if (options_.asTest) {
+      if (const int code = makeTest(confirm, description); code != 0) return code;
+    } else {
+      result_["description"] = description;
+    }
+    if (!write(result_)) return kExitUsage;
+    if (outOfTime_) {
+      say(
+          fmt::format("# stopped at --max-seconds {:g}: wrote the best so far; a longer run may "
+                      "shrink it further",
+                      options_.maxSeconds));
+    }
+    if (confirm.report.hang && !confirm.report.hang->diagnosis.empty()) {
+      say(fmt::format("# hang: {}", confirm.report.hang->diagnosis));
+    }
+    say(fmt::format("shrunk {} to {} in {} trials ({:.0f} s); same failure: {}; wrote {}", from_,
+                    sizeText(result_), grouped(trials_), elapsed(), got.summary(),
+                    printable(options_.output)));
+    return 0;
+  }
+
+  // --as-test: every step expects what it did; the file must pass when run again. 0, or the
+  // exit code.
+  int makeTest(const Trial& confirm, const std::string& description) {
+    result_ = scenario::asTest(result_, confirm.report.ranks);
+    result_["description"] = description + ". Every step expects what it did (--as-test)";
+    const Trial green = runner_.run(result_, ownTimeout_);
     if (green.interrupted || green.report.outcome != scenario::Outcome::kPass) {
       fmt::print(stderr,
                  "hmc-run: shrink: the --as-test file of the shrunk scenario did not pass when "
@@ -397,27 +451,42 @@ int runShrink(const ShrinkOptions& options, const std::string& executable) {
                  green.interrupted ? "interrupted" : scenario::toString(green.report.outcome));
       return kExitFailed;
     }
-    if (signature.kind == scenario::FailureKind::kLeak) {
+    if (signature_.kind == scenario::FailureKind::kLeak) {
       say("# note: a leak is not an expectation of hmc-scenario/1: the --as-test file passes "
           "whether or not it leaks; check the report's leaks section in CI");
     }
-  } else {
-    result["description"] = description;
+    return 0;
   }
-  if (!write(result)) return kExitUsage;
-  if (outOfTime) {
-    say(
-        fmt::format("# stopped at --max-seconds {:g}: wrote the best so far; a longer run may "
-                    "shrink it further",
-                    options.maxSeconds));
-  }
-  if (confirm.report.hang && !confirm.report.hang->diagnosis.empty()) {
-    say(fmt::format("# hang: {}", confirm.report.hang->diagnosis));
-  }
-  say(fmt::format("shrunk {} to {} in {} trials ({:.0f} s); same failure: {}; wrote {}", from,
-                  sizeText(result), grouped(trials), elapsed(), got.summary(),
-                  printable(options.output)));
-  return 0;
+
+  const ShrinkOptions& options_;
+  TrialRunner& runner_;
+  const json document_;
+  const double ownTimeout_;
+  const scenario::SameLevel same_;
+  const std::string from_;  // the input's size, "1,003 steps x 16 ranks"
+  Clock::time_point start_;
+  scenario::FailureSignature signature_;
+  double trialTimeout_ = 0;
+  std::size_t trials_ = 0;
+  bool interrupted_ = false;
+  bool outOfTime_ = false;
+  json result_;
+  double shrinkSeconds_ = 0;
+};
+
+}  // namespace
+
+int runShrink(const ShrinkOptions& options, const std::string& executable) {
+  if (const int code = checkOutput(options); code != 0) return code;
+  std::optional<ShrinkInput> input = readInput(options);
+  if (!input) return kExitUsage;
+  TrialRunner runner(options, executable);
+  if (const int code = runner.plan(); code != 0) return code;
+  scenario::limitTorchThreads(1);
+  SignalScope signals;
+  unblockTerminationSignals();
+  runner.watchSignals();
+  return ShrinkSession(options, runner, std::move(*input)).run();
 }
 
 }  // namespace hmc::app

@@ -205,6 +205,166 @@ struct TcpTransportState {
 
 }  // namespace hmc::detail
 
+namespace hmc::detail {
+namespace {
+
+// One rank setting up its connections: part of forming the world, so bounded by the join
+// deadline, not the collective one.
+struct SetUp {
+  TcpTransportState& s;
+  int self = 0;
+  int world = 0;
+  std::chrono::milliseconds joinTimeout{0};
+  Clock::time_point deadline;
+  std::string what;  // "rank 3 setting up the tcp transport"
+
+  TcpPeer& slot(int peer) const { return s.peers[peer < self ? peer : peer - 1]; }
+  std::string addressKey(int peer) const { return fmt::format("{}/addr/{}", s.options.name, peer); }
+  TimeoutError timedOut(const std::vector<int>& ranks, const char* how) const {
+    return TimeoutError(fmt::format(
+        "rank {} timed out after {} forming the world (--join-timeout) setting up the tcp "
+        "transport: ranks {} {}; start them (or see why they exited), or raise --join-timeout",
+        self, formatSeconds(joinTimeout), collective::formatRankList(ranks), how));
+  }
+};
+
+// Binds and listens on this rank's address; returns the listener and the "host port" to
+// publish.
+std::pair<Socket, std::string> listenForPeers(const SetUp& up) {
+  // The address this rank binds and announces: options.host, else HMC_ADVERTISE_ADDR, else
+  // the interface that routes to the store's host (as torch chooses a rank's address).
+  const auto advertised = collective::processEnvironment()(collective::kAdvertiseAddrVariable);
+  std::string origin;
+  if (!up.s.options.host.empty()) {
+    up.s.host = up.s.options.host;
+    origin = "the tcp transport's host option";
+  } else {
+    up.s.host = collective::advertiseAddress(up.s.control->host(), up.s.control->port());
+    origin = advertised && !advertised->empty()
+                 ? fmt::format("{}={}", collective::kAdvertiseAddrVariable, *advertised)
+                 : fmt::format("the local address that routes to the store's host {}",
+                               up.s.control->host());
+  }
+
+  const Address bindAddress = resolve(
+      up.s.host, 0, SOCK_STREAM, fmt::format("{}: the address to listen on ({})", up.what, origin));
+  Socket listener(::socket(bindAddress.storage.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (listener.get() < 0)
+    throw BackendError(fmt::format("{}: socket: {}", up.what, osReason(errno)));
+  if (::bind(listener.get(), bindAddress.get(), bindAddress.length) != 0) {
+    const int error = errno;
+    throw BackendError(fmt::format(
+        "{}: cannot listen on {} ({}): {}{}", up.what, up.s.host, origin, osReason(error),
+        error == EADDRNOTAVAIL
+            ? fmt::format("; it is not an address of this host: set {} to one that is (ip -brief "
+                          "address lists them) or unset it",
+                          collective::kAdvertiseAddrVariable)
+            : std::string()));
+  }
+  if (::listen(listener.get(), SOMAXCONN) != 0) {
+    throw BackendError(fmt::format("{}: listen: {}", up.what, osReason(errno)));
+  }
+  setNonBlocking(listener.get(), up.what);
+  Address bound;
+  bound.length = sizeof(bound.storage);
+  ::getsockname(listener.get(), reinterpret_cast<sockaddr*>(&bound.storage), &bound.length);
+  const auto [boundHost, boundPort] = numeric(bound);
+  up.s.port = boundPort;
+  hmc::logger()->info("rank {} of the tcp transport listens on {} port {} ({})", up.self, boundHost,
+                      boundPort, origin);
+  return {std::move(listener), fmt::format("{} {}", boundHost, boundPort)};
+}
+
+// Connects to every higher rank: each listens before it publishes, so the kernel completes
+// the connection from its backlog without waiting for the peer to accept.
+void connectToHigherRanks(const SetUp& up, collective::KeyValueStore& kv) {
+  const std::string helloBytes = hello(up.self, up.world);
+  for (int peer = up.self + 1; peer < up.world; ++peer) {
+    Bytes published;
+    try {
+      published = kv.get(up.addressKey(peer),
+                         std::max(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                      up.deadline - Clock::now()),
+                                  std::chrono::milliseconds(1)));
+    } catch (const TimeoutError&) {
+      std::vector<int> missing;
+      for (int other = peer; other < up.world; ++other) {
+        if (!kv.check({up.addressKey(other)})) missing.push_back(other);
+      }
+      throw up.timedOut(missing, "did not publish their address");
+    }
+    const auto space = published.find(' ');
+    const std::string peerHost = published.substr(0, space);
+    const int peerPort = space == Bytes::npos ? 0 : std::atoi(published.c_str() + space + 1);
+    const std::string to =
+        fmt::format("{} connecting to rank {} at {} port {}", up.what, peer, peerHost, peerPort);
+    const Address remote = resolve(peerHost, peerPort, SOCK_STREAM, to);
+    Socket socket(::socket(remote.storage.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    if (socket.get() < 0) throw BackendError(fmt::format("{}: socket: {}", to, osReason(errno)));
+    setNonBlocking(socket.get(), to);
+    if (::connect(socket.get(), remote.get(), remote.length) != 0) {
+      if (errno != EINPROGRESS) throw BackendError(fmt::format("{}: {}", to, osReason(errno)));
+      pollfd p{socket.get(), POLLOUT, 0};
+      while (::poll(&p, 1, pollMillis(up.deadline)) < 0 && errno == EINTR) {
+      }
+      if ((p.revents & (POLLOUT | POLLERR | POLLHUP)) == 0)
+        throw up.timedOut({peer}, "did not accept");
+      int error = 0;
+      socklen_t length = sizeof(error);
+      ::getsockopt(socket.get(), SOL_SOCKET, SO_ERROR, &error, &length);
+      if (error != 0) throw BackendError(fmt::format("{}: {}", to, osReason(error)));
+    }
+    setNoDelay(socket.get(), to);
+    if (!writeAll(socket.get(), helloBytes.data(), helloBytes.size(), up.deadline, to)) {
+      throw up.timedOut({peer}, "did not accept");
+    }
+    up.slot(peer).socket = std::move(socket);
+  }
+}
+
+// Accepts one connection from every lower rank; anything else that connects is dropped.
+void acceptLowerRanks(const SetUp& up, const Socket& listener) {
+  int waiting = up.self;
+  while (waiting > 0) {
+    pollfd p{listener.get(), POLLIN, 0};
+    const int ready = ::poll(&p, 1, pollMillis(up.deadline));
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready <= 0 && Clock::now() >= up.deadline) {
+      std::vector<int> missing;
+      for (int peer = 0; peer < up.self; ++peer) {
+        if (up.slot(peer).socket.get() < 0) missing.push_back(peer);
+      }
+      throw up.timedOut(missing, "did not connect");
+    }
+    Socket socket(::accept4(listener.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
+    if (socket.get() < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNABORTED)
+        continue;
+      throw BackendError(fmt::format("{}: accept: {}", up.what, osReason(errno)));
+    }
+    std::uint32_t fields[3] = {};
+    try {
+      if (!readAll(socket.get(), reinterpret_cast<char*>(fields), kHelloBytes, up.deadline,
+                   up.what)) {
+        continue;  // the loop reports the timeout
+      }
+    } catch (const BackendError&) {
+      continue;  // not one of ours
+    }
+    const int peer = static_cast<int>(fields[1]);
+    if (fields[0] != kHelloMagic || static_cast<int>(fields[2]) != up.world || peer >= up.self ||
+        up.slot(peer).socket.get() >= 0) {
+      continue;
+    }
+    setNoDelay(socket.get(), up.what);
+    up.slot(peer).socket = std::move(socket);
+    --waiting;
+  }
+}
+
+}  // namespace
+}  // namespace hmc::detail
+
 namespace hmc::collective {
 
 using hmc::detail::TcpPeer;
@@ -239,146 +399,21 @@ TcpTransport::TcpTransport(const TcpTransportOptions& options,
   const int world = worldSize();
   // Setting up is part of forming the world: the join deadline, not the collective one.
   const auto joinTimeout = s.control->joinTimeout();
-  const auto deadline = Clock::now() + joinTimeout;
-  const std::string what = fmt::format("rank {} setting up the tcp transport", self);
-  // The address this rank binds and announces: options.host, else HMC_ADVERTISE_ADDR, else
-  // the interface that routes to the store's host (as torch chooses a rank's address).
-  const auto advertised = collective::processEnvironment()(collective::kAdvertiseAddrVariable);
-  std::string origin;
-  if (!options.host.empty()) {
-    s.host = options.host;
-    origin = "the tcp transport's host option";
-  } else {
-    s.host = collective::advertiseAddress(s.control->host(), s.control->port());
-    origin = advertised && !advertised->empty()
-                 ? fmt::format("{}={}", collective::kAdvertiseAddrVariable, *advertised)
-                 : fmt::format("the local address that routes to the store's host {}",
-                               s.control->host());
-  }
-
-  const Address bindAddress = resolve(
-      s.host, 0, SOCK_STREAM, fmt::format("{}: the address to listen on ({})", what, origin));
-  Socket listener(::socket(bindAddress.storage.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (listener.get() < 0) throw BackendError(fmt::format("{}: socket: {}", what, osReason(errno)));
-  if (::bind(listener.get(), bindAddress.get(), bindAddress.length) != 0) {
-    const int error = errno;
-    throw BackendError(fmt::format(
-        "{}: cannot listen on {} ({}): {}{}", what, s.host, origin, osReason(error),
-        error == EADDRNOTAVAIL
-            ? fmt::format("; it is not an address of this host: set {} to one that is (ip -brief "
-                          "address lists them) or unset it",
-                          collective::kAdvertiseAddrVariable)
-            : std::string()));
-  }
-  if (::listen(listener.get(), SOMAXCONN) != 0) {
-    throw BackendError(fmt::format("{}: listen: {}", what, osReason(errno)));
-  }
-  setNonBlocking(listener.get(), what);
-  Address bound;
-  bound.length = sizeof(bound.storage);
-  ::getsockname(listener.get(), reinterpret_cast<sockaddr*>(&bound.storage), &bound.length);
-  const auto [boundHost, boundPort] = numeric(bound);
-  s.port = boundPort;
-  hmc::logger()->info("rank {} of the tcp transport listens on {} port {} ({})", self, boundHost,
-                      boundPort, origin);
-
+  const SetUp up{s,
+                 self,
+                 world,
+                 joinTimeout,
+                 Clock::now() + joinTimeout,
+                 fmt::format("rank {} setting up the tcp transport", self)};
+  const auto [listener, address] = listenForPeers(up);
   s.peers.resize(world - 1);
   for (int peer = 0, i = 0; peer < world; ++peer) {
     if (peer != self) s.peers[i++].rank = peer;
   }
-  auto peerSlot = [&](int peer) -> TcpPeer& { return s.peers[peer < self ? peer : peer - 1]; };
-  const auto timedOut = [&](const std::vector<int>& ranks, const char* how) {
-    return TimeoutError(fmt::format(
-        "rank {} timed out after {} forming the world (--join-timeout) setting up the tcp "
-        "transport: ranks {} {}; start them (or see why they exited), or raise --join-timeout",
-        self, formatSeconds(joinTimeout), formatRankList(ranks), how));
-  };
-
   auto kv = s.control->keyValueStore();
-  const auto addressKey = [&](int peer) { return fmt::format("{}/addr/{}", s.options.name, peer); };
-  kv->set(addressKey(self), fmt::format("{} {}", boundHost, boundPort));
-
-  // Connect to every higher rank: each listens before it publishes, so the kernel completes
-  // the connection from its backlog without waiting for the peer to accept.
-  const std::string helloBytes = hello(self, world);
-  for (int peer = self + 1; peer < world; ++peer) {
-    Bytes published;
-    try {
-      published = kv->get(
-          addressKey(peer),
-          std::max(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()),
-                   std::chrono::milliseconds(1)));
-    } catch (const TimeoutError&) {
-      std::vector<int> missing;
-      for (int other = peer; other < world; ++other) {
-        if (!kv->check({addressKey(other)})) missing.push_back(other);
-      }
-      throw timedOut(missing, "did not publish their address");
-    }
-    const auto space = published.find(' ');
-    const std::string peerHost = published.substr(0, space);
-    const int peerPort = space == Bytes::npos ? 0 : std::atoi(published.c_str() + space + 1);
-    const std::string to =
-        fmt::format("{} connecting to rank {} at {} port {}", what, peer, peerHost, peerPort);
-    const Address remote = resolve(peerHost, peerPort, SOCK_STREAM, to);
-    Socket socket(::socket(remote.storage.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
-    if (socket.get() < 0) throw BackendError(fmt::format("{}: socket: {}", to, osReason(errno)));
-    setNonBlocking(socket.get(), to);
-    if (::connect(socket.get(), remote.get(), remote.length) != 0) {
-      if (errno != EINPROGRESS) throw BackendError(fmt::format("{}: {}", to, osReason(errno)));
-      pollfd p{socket.get(), POLLOUT, 0};
-      while (::poll(&p, 1, pollMillis(deadline)) < 0 && errno == EINTR) {
-      }
-      if ((p.revents & (POLLOUT | POLLERR | POLLHUP)) == 0)
-        throw timedOut({peer}, "did not accept");
-      int error = 0;
-      socklen_t length = sizeof(error);
-      ::getsockopt(socket.get(), SOL_SOCKET, SO_ERROR, &error, &length);
-      if (error != 0) throw BackendError(fmt::format("{}: {}", to, osReason(error)));
-    }
-    setNoDelay(socket.get(), to);
-    if (!writeAll(socket.get(), helloBytes.data(), helloBytes.size(), deadline, to)) {
-      throw timedOut({peer}, "did not accept");
-    }
-    peerSlot(peer).socket = std::move(socket);
-  }
-
-  // Accept one connection from every lower rank; anything else that connects is dropped.
-  int waiting = self;
-  while (waiting > 0) {
-    pollfd p{listener.get(), POLLIN, 0};
-    const int ready = ::poll(&p, 1, pollMillis(deadline));
-    if (ready < 0 && errno == EINTR) continue;
-    if (ready <= 0 && Clock::now() >= deadline) {
-      std::vector<int> missing;
-      for (int peer = 0; peer < self; ++peer) {
-        if (peerSlot(peer).socket.get() < 0) missing.push_back(peer);
-      }
-      throw timedOut(missing, "did not connect");
-    }
-    Socket socket(::accept4(listener.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
-    if (socket.get() < 0) {
-      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNABORTED)
-        continue;
-      throw BackendError(fmt::format("{}: accept: {}", what, osReason(errno)));
-    }
-    std::uint32_t fields[3] = {};
-    try {
-      if (!readAll(socket.get(), reinterpret_cast<char*>(fields), kHelloBytes, deadline, what)) {
-        continue;  // the loop reports the timeout
-      }
-    } catch (const BackendError&) {
-      continue;  // not one of ours
-    }
-    const int peer = static_cast<int>(fields[1]);
-    if (fields[0] != kHelloMagic || static_cast<int>(fields[2]) != world || peer >= self ||
-        peerSlot(peer).socket.get() >= 0) {
-      continue;
-    }
-    setNoDelay(socket.get(), what);
-    peerSlot(peer).socket = std::move(socket);
-    --waiting;
-  }
+  kv->set(up.addressKey(self), address);
+  connectToHigherRanks(up, *kv);
+  acceptLowerRanks(up, listener);
   for (const TcpPeer& peer : s.peers) {
     s.watched->rankAndFd.emplace_back(peer.rank, peer.socket.get());
   }
