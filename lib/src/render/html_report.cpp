@@ -152,54 +152,55 @@ std::string rangesOf(std::vector<long long> ranks) {
   return out;
 }
 
-// What a reader needs first: the hang (who waits where, who is missing), crashes, mismatches.
-void summaryCallouts(std::string& out, const json& report, const HangFacts& facts,
-                     const std::string& id) {
-  const std::string outcome = outcomeOf(report);
-  if (outcome == "invalid") {
-    const json& error = objectOf(child(report, "error"));
-    out +=
-        "<div class=\"callout invalid\" id=\"invalid\"><strong class=\"head\">The scenario "
-        "could not run</strong><code>" +
-        esc(textOf(error, "file")) + "</code>";
-    const std::string path = textOf(error, "path");
-    if (!path.empty()) out += " at <code>" + esc(path) + "</code>";
-    out += ": " + esc(textOf(error, "message")) + "</div>\n";
-    return;
+// Why the scenario could not run: the file, where in it, and what is wrong.
+void invalidCallout(std::string& out, const json& report) {
+  const json& error = objectOf(child(report, "error"));
+  out +=
+      "<div class=\"callout invalid\" id=\"invalid\"><strong class=\"head\">The scenario "
+      "could not run</strong><code>" +
+      esc(textOf(error, "file")) + "</code>";
+  const std::string path = textOf(error, "path");
+  if (!path.empty()) out += " at <code>" + esc(path) + "</code>";
+  out += ": " + esc(textOf(error, "message")) + "</div>\n";
+}
+
+// The hang: where, which ranks wait, which never arrived, and the diagnosis word for word.
+void hangCallout(std::string& out, const json& report, const json& hang, const HangFacts& facts) {
+  std::vector<long long> waiting;
+  std::vector<long long> missing;
+  for (const auto& [rank, role] : facts.roles) {
+    if (role == Role::kWaiting) waiting.push_back(rank);
+    if (role == Role::kMissing) missing.push_back(rank);
   }
-  if (const json* hang = child(report, "hang"); hang != nullptr && hang->is_object()) {
-    std::vector<long long> waiting;
-    std::vector<long long> missing;
-    for (const auto& [rank, role] : facts.roles) {
-      if (role == Role::kWaiting) waiting.push_back(rank);
-      if (role == Role::kMissing) missing.push_back(rank);
-    }
-    bool unexpected = false;
-    if (const json* ranks = arrayOf(report, "ranks")) {
-      for (const auto& rank : *ranks) {
-        for (const auto& step : objectOf(arrayOf(rank, "steps"))) {
-          if (textOf(step, "status") == "hang" && !flag(step, "expected")) unexpected = true;
-        }
+  bool unexpected = false;
+  if (const json* ranks = arrayOf(report, "ranks")) {
+    for (const auto& rank : *ranks) {
+      for (const auto& step : objectOf(arrayOf(rank, "steps"))) {
+        if (textOf(step, "status") == "hang" && !flag(step, "expected")) unexpected = true;
       }
     }
-    out += "<div class=\"callout hang\" id=\"hang\"><strong class=\"head\">" +
-           std::string(unexpected ? "Hang" : "Hang (expected by the scenario)");
-    if (!facts.stage.empty()) out += " in " + esc(facts.stage);
-    if (!facts.hangSteps.empty()) {
-      std::vector<long long> steps(facts.hangSteps.begin(), facts.hangSteps.end());
-      out += fmt::format(", step{} {}", steps.size() > 1 ? "s" : "", esc(rangesOf(steps)));
-    }
-    out += "</strong>";
-    if (!waiting.empty())
-      out += "Waiting: rank" + std::string(waiting.size() > 1 ? "s " : " ") +
-             esc(rangesOf(waiting)) + ". ";
-    if (!missing.empty()) {
-      out += "<strong>Missing: rank" + std::string(missing.size() > 1 ? "s " : " ") +
-             esc(rangesOf(missing)) + "</strong> (never arrived). ";
-    }
-    out += "<br><span class=\"mono\">" + esc(clip(textOf(*hang, "diagnosis"), 600)) +
-           "</span></div>\n";
   }
+  out += "<div class=\"callout hang\" id=\"hang\"><strong class=\"head\">" +
+         std::string(unexpected ? "Hang" : "Hang (expected by the scenario)");
+  if (!facts.stage.empty()) out += " in " + esc(facts.stage);
+  if (!facts.hangSteps.empty()) {
+    std::vector<long long> steps(facts.hangSteps.begin(), facts.hangSteps.end());
+    out += fmt::format(", step{} {}", steps.size() > 1 ? "s" : "", esc(rangesOf(steps)));
+  }
+  out += "</strong>";
+  if (!waiting.empty())
+    out += "Waiting: rank" + std::string(waiting.size() > 1 ? "s " : " ") + esc(rangesOf(waiting)) +
+           ". ";
+  if (!missing.empty()) {
+    out += "<strong>Missing: rank" + std::string(missing.size() > 1 ? "s " : " ") +
+           esc(rangesOf(missing)) + "</strong> (never arrived). ";
+  }
+  out +=
+      "<br><span class=\"mono\">" + esc(clip(textOf(hang, "diagnosis"), 600)) + "</span></div>\n";
+}
+
+// "rank 3: <why>" for each rank that crashed.
+std::vector<std::string> crashesOf(const json& report) {
   std::vector<std::string> crashes;
   if (const json* ranks = arrayOf(report, "ranks")) {
     for (const auto& rank : *ranks) {
@@ -208,39 +209,48 @@ void summaryCallouts(std::string& out, const json& report, const HangFacts& fact
                                     clip(textOf(rank, "crash_reason", "crashed"), 400)));
     }
   }
-  if (!crashes.empty()) {
-    out += fmt::format(
-        "<div class=\"callout crash\" id=\"crash\"><strong class=\"head\">{} "
-        "rank{} crashed</strong>",
-        crashes.size(), crashes.size() > 1 ? "s" : "");
-    for (std::size_t i = 0; i < crashes.size() && i < kMaxTableRanks; ++i) {
-      out += "<div class=\"mono\">" + esc(crashes[i]) + "</div>";
-    }
-    if (crashes.size() > kMaxTableRanks) {
-      out += fmt::format("<div class=\"note\">{} more not listed</div>",
-                         crashes.size() - kMaxTableRanks);
-    }
-    out += "</div>\n";
+  return crashes;
+}
+
+void crashCallout(std::string& out, const std::vector<std::string>& crashes) {
+  if (crashes.empty()) return;
+  out += fmt::format(
+      "<div class=\"callout crash\" id=\"crash\"><strong class=\"head\">{} "
+      "rank{} crashed</strong>",
+      crashes.size(), crashes.size() > 1 ? "s" : "");
+  for (std::size_t i = 0; i < crashes.size() && i < kMaxTableRanks; ++i) {
+    out += "<div class=\"mono\">" + esc(crashes[i]) + "</div>";
   }
-  if (const json* mismatches = arrayOf(report, "mismatches"); mismatches && !mismatches->empty()) {
-    out += fmt::format(
-        "<div class=\"callout fail\" id=\"mismatches\"><strong class=\"head\">{} "
-        "collective mismatch{}</strong>",
-        mismatches->size(), mismatches->size() > 1 ? "es" : "");
-    std::size_t shown = 0;
-    for (const auto& m : *mismatches) {
-      if (++shown > 16) break;
-      out += fmt::format("<div class=\"mono\">rank {} step {}: {}</div>",
-                         integerOf(m, "rank").value_or(-1), integerOf(m, "step").value_or(-1),
-                         esc(clip(textOf(m, "message"), 400)));
-    }
-    if (mismatches->size() > 16) {
-      out += fmt::format("<div class=\"note\">{} more in the JSON report</div>",
-                         mismatches->size() - 16);
-    }
-    out += "</div>\n";
+  if (crashes.size() > kMaxTableRanks) {
+    out += fmt::format("<div class=\"note\">{} more not listed</div>",
+                       crashes.size() - kMaxTableRanks);
   }
-  // Leaks: what a run left behind, and what grew over its cycles (details further down).
+  out += "</div>\n";
+}
+
+void mismatchCallout(std::string& out, const json& report) {
+  const json* mismatches = arrayOf(report, "mismatches");
+  if (mismatches == nullptr || mismatches->empty()) return;
+  out += fmt::format(
+      "<div class=\"callout fail\" id=\"mismatches\"><strong class=\"head\">{} "
+      "collective mismatch{}</strong>",
+      mismatches->size(), mismatches->size() > 1 ? "es" : "");
+  std::size_t shown = 0;
+  for (const auto& m : *mismatches) {
+    if (++shown > 16) break;
+    out += fmt::format("<div class=\"mono\">rank {} step {}: {}</div>",
+                       integerOf(m, "rank").value_or(-1), integerOf(m, "step").value_or(-1),
+                       esc(clip(textOf(m, "message"), 400)));
+  }
+  if (mismatches->size() > 16) {
+    out += fmt::format("<div class=\"note\">{} more in the JSON report</div>",
+                       mismatches->size() - 16);
+  }
+  out += "</div>\n";
+}
+
+// Leaks: what a run left behind, and what grew over its cycles (details further down).
+void leakCallouts(std::string& out, const json& report, const std::string& id) {
   const json& leakSection = objectOf(child(report, "leaks"));
   if (flag(leakSection, "leaked")) {
     std::vector<long long> leaking;
@@ -253,63 +263,83 @@ void summaryCallouts(std::string& out, const json& report, const HangFacts& fact
         "(<a href=\"#{}-leaks\">leaks</a>).</div>\n",
         leaking.size() == 1 ? "" : "s", esc(rangesOf(leaking)), id);
   }
-  if (const json* trends = child(report, "leak_trends")) {
-    if (const json* texts = arrayOf(*trends, "leaks"); texts && !texts->empty()) {
-      out += fmt::format(
-          "<div class=\"callout leak\" id=\"{}-leak-summary\"><strong "
-          "class=\"head\">Leak: {} series grow{} over the cycles</strong>",
-          id, texts->size(), texts->size() == 1 ? "s" : "");
-      std::size_t shown = 0;
-      for (const auto& text : *texts) {
-        if (shown++ >= 8) break;
-        out += "<div>" + esc(text.is_string() ? text.get<std::string>() : text.dump()) + "</div>";
+  const json* trends = child(report, "leak_trends");
+  if (trends == nullptr) return;
+  const json* texts = arrayOf(*trends, "leaks");
+  if (texts == nullptr || texts->empty()) return;
+  out += fmt::format(
+      "<div class=\"callout leak\" id=\"{}-leak-summary\"><strong "
+      "class=\"head\">Leak: {} series grow{} over the cycles</strong>",
+      id, texts->size(), texts->size() == 1 ? "s" : "");
+  std::size_t shown = 0;
+  for (const auto& text : *texts) {
+    if (shown++ >= 8) break;
+    out += "<div>" + esc(text.is_string() ? text.get<std::string>() : text.dump()) + "</div>";
+  }
+  if (texts->size() > 8) out += fmt::format("<div class=\"note\">{} more</div>", texts->size() - 8);
+  out += fmt::format("<a href=\"#{}-leak-trends\">the trend plots</a></div>\n", id);
+}
+
+// The unexpected steps themselves, the first few: what failed, where, and its message.
+void unexpectedCallout(std::string& out, const json& report, const std::string& id) {
+  std::vector<std::string> failed;
+  std::size_t unexpected = 0;
+  for (const auto& rank : objectOf(arrayOf(report, "ranks"))) {
+    for (const auto& step : objectOf(arrayOf(rank, "steps"))) {
+      if (flag(step, "expected")) continue;
+      if (++unexpected > 8) continue;
+      std::string line = fmt::format("rank {} step {} {}", integerOf(rank, "rank").value_or(-1),
+                                     integerOf(step, "index").value_or(-1), textOf(step, "op"));
+      if (!textOf(step, "module").empty()) line += " " + textOf(step, "module");
+      line += ": " + textOf(step, "status");
+      if (const json* error = child(step, "error")) {
+        line += " (" + textOf(*error, "kind") + "): " + clip(textOf(*error, "message"), 300);
       }
-      if (texts->size() > 8)
-        out += fmt::format("<div class=\"note\">{} more</div>", texts->size() - 8);
-      out += fmt::format("<a href=\"#{}-leak-trends\">the trend plots</a></div>\n", id);
+      failed.push_back(std::move(line));
     }
   }
+  // A run failed by its leak trend alone has no such step: the leak's box says why.
+  const json* trends = child(report, "leak_trends");
+  const std::string trendFailure = trends ? textOf(*trends, "failure") : std::string();
+  if (unexpected == 0 && !trendFailure.empty()) {
+    out += "<div class=\"callout fail\" id=\"" + id +
+           "-unexpected\"><strong class=\"head\">Every step met its expectation; the leak "
+           "trend failed the run</strong><div>" +
+           esc(clip(trendFailure, 600)) + "</div></div>\n";
+    return;
+  }
+  out += fmt::format(
+      "<div class=\"callout fail\" id=\"{}-unexpected\"><strong class=\"head\">{} step{} did not "
+      "meet {} expectation</strong>",
+      id, unexpected, unexpected == 1 ? "" : "s", unexpected == 1 ? "its" : "their");
+  for (const auto& line : failed) out += "<div class=\"mono\">" + esc(line) + "</div>";
+  if (unexpected > failed.size()) {
+    out += fmt::format("<div class=\"note\">{} more</div>", unexpected - failed.size());
+  }
+  out += "<div class=\"note\">Outlined in black in the timeline below.</div></div>\n";
+}
+
+// What a reader needs first: the hang (who waits where, who is missing), crashes, mismatches.
+void summaryCallouts(std::string& out, const json& report, const HangFacts& facts,
+                     const std::string& id) {
+  const std::string outcome = outcomeOf(report);
+  if (outcome == "invalid") {
+    invalidCallout(out, report);
+    return;
+  }
+  if (const json* hang = child(report, "hang"); hang != nullptr && hang->is_object()) {
+    hangCallout(out, report, *hang, facts);
+  }
+  const std::vector<std::string> crashes = crashesOf(report);
+  crashCallout(out, crashes);
+  mismatchCallout(out, report);
+  leakCallouts(out, report, id);
   if (outcome == "pass" && child(report, "hang") == nullptr && crashes.empty()) {
     out +=
         "<div class=\"callout pass\"><strong class=\"head\">Every step on every rank met its "
         "expectation</strong></div>\n";
   } else if (outcome == "fail" && crashes.empty()) {
-    // The unexpected steps themselves, the first few: what failed, where, and its message.
-    std::vector<std::string> failed;
-    std::size_t unexpected = 0;
-    for (const auto& rank : objectOf(arrayOf(report, "ranks"))) {
-      for (const auto& step : objectOf(arrayOf(rank, "steps"))) {
-        if (flag(step, "expected")) continue;
-        if (++unexpected > 8) continue;
-        std::string line = fmt::format("rank {} step {} {}", integerOf(rank, "rank").value_or(-1),
-                                       integerOf(step, "index").value_or(-1), textOf(step, "op"));
-        if (!textOf(step, "module").empty()) line += " " + textOf(step, "module");
-        line += ": " + textOf(step, "status");
-        if (const json* error = child(step, "error")) {
-          line += " (" + textOf(*error, "kind") + "): " + clip(textOf(*error, "message"), 300);
-        }
-        failed.push_back(std::move(line));
-      }
-    }
-    // A run failed by its leak trend alone has no such step: the leak's box says why.
-    const json* trends = child(report, "leak_trends");
-    const std::string trendFailure = trends ? textOf(*trends, "failure") : std::string();
-    if (unexpected == 0 && !trendFailure.empty()) {
-      out += "<div class=\"callout fail\" id=\"" + id +
-             "-unexpected\"><strong class=\"head\">Every step met its expectation; the leak "
-             "trend failed the run</strong><div>" +
-             esc(clip(trendFailure, 600)) + "</div></div>\n";
-      return;
-    }
-    out += fmt::format(
-        "<div class=\"callout fail\" id=\"{}-unexpected\"><strong class=\"head\">{} step{} did not "
-        "meet {} expectation</strong>",
-        id, unexpected, unexpected == 1 ? "" : "s", unexpected == 1 ? "its" : "their");
-    for (const auto& line : failed) out += "<div class=\"mono\">" + esc(line) + "</div>";
-    if (unexpected > failed.size()) {
-      out += fmt::format("<div class=\"note\">{} more</div>", unexpected - failed.size());
-    }
-    out += "<div class=\"note\">Outlined in black in the timeline below.</div></div>\n";
+    unexpectedCallout(out, report, id);
   }
 }
 
@@ -355,95 +385,135 @@ void timelineLegend(std::string& out, const Drawn& drawn) {
   out += "</div>\n";
 }
 
-// One column per step, one row per rank, each cell coloured by the step's status.
-void timeline(std::string& out, const json& report, const HangFacts& facts, const std::string& id) {
-  const json* ranks = arrayOf(report, "ranks");
-  if (ranks == nullptr || ranks->empty()) return;
-  // The steps' outline: from the first rank that has each step.
+// The steps' outline: from the first rank that has each step.
+std::vector<const json*> stepOutline(const json& ranks) {
   std::vector<const json*> outline;
-  for (const auto& rank : *ranks) {
+  for (const auto& rank : ranks) {
     const json* steps = arrayOf(rank, "steps");
     if (steps == nullptr) continue;
     for (std::size_t i = outline.size(); i < steps->size(); ++i) outline.push_back(&(*steps)[i]);
   }
-  const std::size_t stepCount = outline.size();
-  // Ranks with something to see first, then the others in rank order, within the bound.
-  auto problem = [&](const json& rank) {
-    if (flag(rank, "crashed")) return true;
-    const long long r = integerOf(rank, "rank").value_or(-1);
-    if (facts.roles.count(r) != 0) return true;
-    for (const auto& step : objectOf(arrayOf(rank, "steps"))) {
-      if (!flag(step, "expected") || textOf(step, "status") == "hang" ||
-          textOf(step, "status") == "error") {
-        return true;
+  return outline;
+}
+
+// Whether a rank's row has something to see: a crash, a part in the hang, a step that failed.
+bool hasProblem(const json& rank, const HangFacts& facts) {
+  if (flag(rank, "crashed")) return true;
+  const long long r = integerOf(rank, "rank").value_or(-1);
+  if (facts.roles.count(r) != 0) return true;
+  for (const auto& step : objectOf(arrayOf(rank, "steps"))) {
+    if (!flag(step, "expected") || textOf(step, "status") == "hang" ||
+        textOf(step, "status") == "error") {
+      return true;
+    }
+  }
+  return false;
+}
+
+// The ranks a timeline draws, as indices into the report's ranks, in rank order.
+struct ShownRanks {
+  std::vector<std::size_t> indices;
+  std::size_t problems = 0;  // how many of them were taken for a problem
+};
+
+// Ranks with something to see first, then the others in rank order, within the bound.
+ShownRanks shownRanksOf(const json& ranks, const HangFacts& facts) {
+  ShownRanks shown;
+  for (std::size_t i = 0; i < ranks.size() && shown.indices.size() < kMaxTimelineRanks; ++i) {
+    if (hasProblem(ranks[i], facts)) shown.indices.push_back(i);
+  }
+  shown.problems = shown.indices.size();
+  for (std::size_t i = 0; i < ranks.size() && shown.indices.size() < kMaxTimelineRanks; ++i) {
+    if (!hasProblem(ranks[i], facts)) shown.indices.push_back(i);
+  }
+  std::sort(shown.indices.begin(), shown.indices.end());
+  return shown;
+}
+
+// The first step drawn: a window of steps around the first problem when there are too many.
+std::size_t firstStepShown(const json& ranks, const std::vector<std::size_t>& shownRanks,
+                           std::size_t stepCount) {
+  if (stepCount <= kMaxTimelineSteps) return 0;
+  std::size_t firstProblem = 0;
+  bool found = false;
+  for (const auto index : shownRanks) {
+    for (const auto& step : objectOf(arrayOf(ranks[index], "steps"))) {
+      if (!flag(step, "expected") || textOf(step, "status") == "hang") {
+        const auto at =
+            static_cast<std::size_t>(std::max<long long>(0, integerOf(step, "index").value_or(0)));
+        if (!found || at < firstProblem) firstProblem = at;
+        found = true;
+        break;
       }
     }
-    return false;
-  };
-  std::vector<std::size_t> shownRanks;
-  for (std::size_t i = 0; i < ranks->size() && shownRanks.size() < kMaxTimelineRanks; ++i) {
-    if (problem((*ranks)[i])) shownRanks.push_back(i);
   }
-  const std::size_t problems = shownRanks.size();
-  for (std::size_t i = 0; i < ranks->size() && shownRanks.size() < kMaxTimelineRanks; ++i) {
-    if (!problem((*ranks)[i])) shownRanks.push_back(i);
+  if (found && firstProblem >= kMaxTimelineSteps / 2) {
+    return std::min(firstProblem - kMaxTimelineSteps / 2, stepCount - kMaxTimelineSteps);
   }
-  std::sort(shownRanks.begin(), shownRanks.end());
-  // A window of steps around the first problem when there are too many.
-  std::size_t firstStep = 0;
-  if (stepCount > kMaxTimelineSteps) {
-    std::size_t firstProblem = 0;
-    bool found = false;
-    for (const auto index : shownRanks) {
-      for (const auto& step : objectOf(arrayOf((*ranks)[index], "steps"))) {
-        if (!flag(step, "expected") || textOf(step, "status") == "hang") {
-          const auto at = static_cast<std::size_t>(
-              std::max<long long>(0, integerOf(step, "index").value_or(0)));
-          if (!found || at < firstProblem) firstProblem = at;
-          found = true;
-          break;
-        }
-      }
-    }
-    if (found && firstProblem >= kMaxTimelineSteps / 2) {
-      firstStep = std::min(firstProblem - kMaxTimelineSteps / 2, stepCount - kMaxTimelineSteps);
-    }
-  }
-  const std::size_t shownSteps = std::min(stepCount, kMaxTimelineSteps);
-  const std::size_t rows = shownRanks.size();
+  return 0;
+}
 
-  const double labelW = 170;
-  const double noteW = 390;
-  const double cellW =
-      std::clamp(820.0 / static_cast<double>(std::max<std::size_t>(1, shownSteps)), 6.0, 110.0);
-  const double cellH = rows <= 12 ? 30 : rows <= 32 ? 18 : 11;
-  const bool wide = cellW >= 64;
-  const double topH = wide ? 56 : 36;
-  const double gridW = cellW * static_cast<double>(std::max<std::size_t>(1, shownSteps));
-  const double width = labelW + gridW + noteW;
-  const double height = topH + cellH * static_cast<double>(rows) + 12;
-  const double fontSize = cellH >= 18 ? 13 : 10;
+// What a timeline draws and where: its window of steps, its rows and the sizes of its parts,
+// shared by the functions that draw them.
+struct TimelineGrid {
+  std::size_t stepCount = 0;   // the run's top-level steps, drawn or not
+  std::size_t firstStep = 0;   // the step in the first column
+  std::size_t shownSteps = 0;  // columns
+  std::size_t rows = 0;
+  double labelW = 170;  // the ranks' labels, at the left
+  double noteW = 390;   // what the hang diagnosis says of each rank, at the right
+  double cellW = 0;
+  double cellH = 0;
+  bool wide = false;  // room for each step's op and module above its column
+  double topH = 0;
+  double gridW = 0;
+  double width = 0;
+  double height = 0;
+  double fontSize = 0;
+};
 
+TimelineGrid timelineGrid(std::size_t stepCount, std::size_t firstStep, std::size_t rows) {
+  TimelineGrid grid;
+  grid.stepCount = stepCount;
+  grid.firstStep = firstStep;
+  grid.shownSteps = std::min(stepCount, kMaxTimelineSteps);
+  grid.rows = rows;
+  grid.cellW = std::clamp(820.0 / static_cast<double>(std::max<std::size_t>(1, grid.shownSteps)),
+                          6.0, 110.0);
+  grid.cellH = rows <= 12 ? 30 : rows <= 32 ? 18 : 11;
+  grid.wide = grid.cellW >= 64;
+  grid.topH = grid.wide ? 56 : 36;
+  grid.gridW = grid.cellW * static_cast<double>(std::max<std::size_t>(1, grid.shownSteps));
+  grid.width = grid.labelW + grid.gridW + grid.noteW;
+  grid.height = grid.topH + grid.cellH * static_cast<double>(rows) + 12;
+  grid.fontSize = grid.cellH >= 18 ? 13 : 10;
+  return grid;
+}
+
+// The picture's start and its column headers: the step index, and op and module when there
+// is room.
+void timelineHeader(std::string& out, const TimelineGrid& grid,
+                    const std::vector<const json*>& outline, const std::string& id) {
   out += "<div class=\"scroll\"><svg id=\"" + id + "-timeline\" class=\"timeline\" role=\"img\" " +
-         "aria-label=\"per-rank timeline of the steps\" width=\"" + px(width) + "\" height=\"" +
-         px(height) + "\" viewBox=\"0 0 " + px(width) + " " + px(height) +
-         "\" xmlns=\"http://www.w3.org/2000/svg\">\n";
+         "aria-label=\"per-rank timeline of the steps\" width=\"" + px(grid.width) +
+         "\" height=\"" + px(grid.height) + "\" viewBox=\"0 0 " + px(grid.width) + " " +
+         px(grid.height) + "\" xmlns=\"http://www.w3.org/2000/svg\">\n";
   out += "<defs><pattern id=\"" + id +
          "-dead\" width=\"6\" height=\"6\" patternUnits=\"userSpaceOnUse\" "
          "patternTransform=\"rotate(45)\"><rect width=\"6\" height=\"6\" fill=\"#fff\"/><rect "
          "width=\"2\" height=\"6\" fill=\"#9aa0a6\"/></pattern></defs>\n";
-  // Column headers: the step index, and op and module when there is room.
-  const std::size_t every = cellW >= 22 ? 1 : static_cast<std::size_t>(std::ceil(22.0 / cellW));
-  for (std::size_t s = 0; s < shownSteps; ++s) {
-    const std::size_t index = firstStep + s;
-    const double x = labelW + cellW * static_cast<double>(s) + cellW / 2;
-    if (index % every == 0 || wide) {
+  const std::size_t every =
+      grid.cellW >= 22 ? 1 : static_cast<std::size_t>(std::ceil(22.0 / grid.cellW));
+  for (std::size_t s = 0; s < grid.shownSteps; ++s) {
+    const std::size_t index = grid.firstStep + s;
+    const double x = grid.labelW + grid.cellW * static_cast<double>(s) + grid.cellW / 2;
+    if (index % every == 0 || grid.wide) {
       out += fmt::format(
           "<text x=\"{}\" y=\"{}\" font-size=\"12\" text-anchor=\"middle\" "
           "fill=\"#57606a\">{}</text>",
-          px(x), px(wide ? 18 : topH - 8), index);
+          px(x), px(grid.wide ? 18 : grid.topH - 8), index);
     }
-    if (wide) {
+    if (grid.wide) {
       const json& step = *outline[index];
       std::string name = textOf(step, "op");
       const std::string module = textOf(step, "module");
@@ -460,174 +530,212 @@ void timeline(std::string& out, const json& report, const HangFacts& facts, cons
     }
   }
   out += fmt::format("<text x=\"4\" y=\"{}\" font-size=\"12\" fill=\"#57606a\">step</text>\n",
-                     px(wide ? 18 : topH - 8));
-  // Rows.
-  Drawn drawn;
-  for (std::size_t row = 0; row < rows; ++row) {
-    const json& rank = (*ranks)[shownRanks[row]];
-    const long long r = integerOf(rank, "rank").value_or(static_cast<long long>(shownRanks[row]));
-    const double y = topH + cellH * static_cast<double>(row);
-    const auto role = facts.roles.count(r) ? facts.roles.at(r) : Role::kNone;
-    std::string label = fmt::format("rank {}", r);
-    const std::string host = textOf(rank, "host");
-    if (!host.empty() && cellH >= 18)
-      label += " \u00b7 " + (host.size() > 14 ? host.substr(0, 13) + "\u2026" : host);
-    out += fmt::format("<text x=\"4\" y=\"{}\" font-size=\"{}\" font-weight=\"{}\">{}</text>",
-                       px(y + cellH / 2 + fontSize / 2 - 2), fontSize,
-                       role == Role::kNone ? "400" : "700", esc(label));
-    const json* steps = arrayOf(rank, "steps");
-    if (steps == nullptr || steps->empty()) {
-      drawn.dead = true;
-      out += fmt::format(
-          "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"url(#{}-dead)\" "
-          "stroke=\"#57606a\"><title>{}</title></rect>",
-          px(labelW), px(y + 1), px(gridW), px(cellH - 2), id,
-          esc(fmt::format("rank {}: no result ({})", r,
-                          clip(textOf(rank, "crash_reason", "no steps reported"), 400))));
-    } else {
-      for (std::size_t s = 0; s < shownSteps && firstStep + s < steps->size(); ++s) {
-        const json& step = (*steps)[firstStep + s];
-        const std::string status = textOf(step, "status", "?");
-        const StatusStyle& style = styleOf(status);
-        const double x = labelW + cellW * static_cast<double>(s);
-        const bool expected = flag(step, "expected");
-        drawn.statuses.insert(status);
-        drawn.unexpected = drawn.unexpected || !expected;
-        std::string tip =
-            fmt::format("rank {} \u00b7 step {} {}", r, firstStep + s, textOf(step, "op"));
-        if (!textOf(step, "module").empty()) tip += " " + textOf(step, "module");
-        tip += fmt::format(": {}{}", status, expected ? "" : " (UNEXPECTED)");
-        if (const auto seconds = numberOf(step, "seconds"); seconds && *seconds > 0) {
-          tip += " in " + formatSeconds(*seconds);
-        }
-        if (const json* error = child(step, "error")) {
-          tip += "\n" + textOf(*error, "kind") + ": " + clip(textOf(*error, "message"), 400);
-        }
-        if (!textOf(step, "label").empty()) tip += "\nlabel: " + textOf(step, "label");
-        const double inset = expected ? 1 : 2.5;
-        out += fmt::format(
-            "<rect class=\"cell s-{}\" x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" "
-            "fill=\"{}\"{}><title>{}</title></rect>",
-            esc(status), px(x + inset), px(y + inset), px(cellW - 2 * inset), px(cellH - 2 * inset),
-            style.fill, expected ? "" : " stroke=\"#000\" stroke-width=\"3\"", esc(tip));
-        if (*style.mark != '\0' && cellW >= 14 && cellH >= 14) {
-          out += fmt::format(
-              "<text x=\"{}\" y=\"{}\" font-size=\"{}\" text-anchor=\"middle\" "
-              "fill=\"{}\" pointer-events=\"none\">{}</text>",
-              px(x + cellW / 2), px(y + cellH / 2 + fontSize / 2 - 1), fontSize, style.ink,
-              style.mark);
-        }
-        // A missing rank at a hung step: it never arrived there.
-        if (role == Role::kMissing &&
-            facts.hangSteps.count(static_cast<long long>(firstStep + s))) {
-          drawn.missing = true;
-          out += fmt::format(
-              "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"#fff\" "
-              "stroke=\"#000\" stroke-width=\"2\" stroke-dasharray=\"4 3\"><title>"
-              "rank {} never arrived at this step's collective</title></rect>",
-              px(x + 3), px(y + 3), px(cellW - 6), px(cellH - 6), r);
-          if (cellW >= 14 && cellH >= 14) {
-            out += fmt::format(
-                "<text x=\"{}\" y=\"{}\" font-size=\"{}\" font-weight=\"700\" "
-                "text-anchor=\"middle\">?</text>",
-                px(x + cellW / 2), px(y + cellH / 2 + fontSize / 2 - 1), fontSize);
-          }
-        }
-      }
-    }
-    // Where a rank that crashed stopped: after the last step it ran.
-    if (flag(rank, "crashed") && steps != nullptr && !steps->empty()) {
-      long long last = -1;
-      for (const auto& step : *steps) {
-        const std::string status = textOf(step, "status");
-        if (status != "skipped" && status != "not_run")
-          last = integerOf(step, "index").value_or(last);
-      }
-      const long long column = last - static_cast<long long>(firstStep);
-      if (column >= 0 && column < static_cast<long long>(shownSteps)) {
-        const double x = labelW + cellW * static_cast<double>(column + 1);
-        drawn.crash = true;
-        out += fmt::format(
-            "<rect class=\"crash-mark\" x=\"{}\" y=\"{}\" width=\"5\" "
-            "height=\"{}\" fill=\"#D55E00\" stroke=\"#000\" stroke-width=\"0.8\">"
-            "<title>rank {} crashed here: {}</title></rect>",
-            px(x - 2.5), px(y - 2), px(cellH + 4), r,
-            esc(clip(textOf(rank, "crash_reason", "crashed"), 400)));
-      }
-    }
-    // What the hang diagnosis says of this rank, or its crash, at the right.
-    std::string note;
-    if (facts.byRank.count(r)) {
-      note = facts.byRank.at(r);
-    } else if (flag(rank, "crashed")) {
-      note = "crashed: " + clip(textOf(rank, "crash_reason"), 400);
-    }
-    if (!note.empty() && cellH >= 11) {
-      const double noteFont = std::min(fontSize, 12.0);
-      const auto room = static_cast<std::size_t>(noteW / (noteFont * 0.55));
-      // Two lines where the row has room for them, cut at a word.
-      std::vector<std::string> lines;
-      std::string rest = note;
-      const std::size_t maxLines = cellH >= 26 ? 2 : 1;
-      while (!rest.empty() && lines.size() < maxLines) {
-        if (rest.size() <= room) {
-          lines.push_back(rest);
-          rest.clear();
-          break;
-        }
-        std::size_t cut = rest.rfind(' ', room);
-        if (cut == std::string::npos || cut < room / 2) cut = room;
-        lines.push_back(rest.substr(0, cut));
-        rest = rest.substr(std::min(rest.size(), cut + 1));
-      }
-      if (!rest.empty() && !lines.empty()) {
-        auto& last = lines.back();
-        while (!last.empty() && (last.back() & 0xC0) == 0x80) last.pop_back();  // UTF-8 whole
-        if (last.size() + 1 > room && !last.empty()) last.pop_back();
-        last += "\u2026";
-      }
-      const char* colour = role == Role::kMissing   ? "#000"
-                           : role == Role::kWaiting ? "#8E3B74"
-                           : role == Role::kCrashed ? "#A33C00"
-                                                    : "#57606a";
-      const double first =
-          y + cellH / 2 + noteFont / 2 - 2 - (lines.size() > 1 ? noteFont * 0.55 : 0);
-      out += fmt::format(
-          "<text x=\"{}\" y=\"{}\" font-size=\"{}\" fill=\"{}\" font-weight=\"{}\">"
-          "<title>{}</title>",
-          px(labelW + gridW + 10), px(first), noteFont, colour,
-          role == Role::kMissing ? "700" : "400", esc(note));
-      for (std::size_t l = 0; l < lines.size(); ++l) {
-        out += fmt::format("<tspan x=\"{}\" dy=\"{}\">{}</tspan>", px(labelW + gridW + 10),
-                           l == 0 ? "0" : px(noteFont * 1.15), esc(lines[l]));
-      }
-      out += "</text>";
-    }
-    out += "\n";
+                     px(grid.wide ? 18 : grid.topH - 8));
+}
+
+// One rank's row of a timeline: the rank, the top of its row, its part in the hang.
+struct TimelineRow {
+  const json& rank;
+  long long r;
+  double y;
+  Role role;
+};
+
+// A cell's tooltip: the step, its status and time, its error and label.
+std::string cellTip(const json& step, long long r, std::size_t index) {
+  const std::string status = textOf(step, "status", "?");
+  const bool expected = flag(step, "expected");
+  std::string tip = fmt::format("rank {} \u00b7 step {} {}", r, index, textOf(step, "op"));
+  if (!textOf(step, "module").empty()) tip += " " + textOf(step, "module");
+  tip += fmt::format(": {}{}", status, expected ? "" : " (UNEXPECTED)");
+  if (const auto seconds = numberOf(step, "seconds"); seconds && *seconds > 0) {
+    tip += " in " + formatSeconds(*seconds);
   }
-  // The hung steps' columns.
-  for (const long long hung : facts.hangSteps) {
-    if (hung < static_cast<long long>(firstStep) ||
-        hung >= static_cast<long long>(firstStep) + static_cast<long long>(shownSteps)) {
-      continue;
+  if (const json* error = child(step, "error")) {
+    tip += "\n" + textOf(*error, "kind") + ": " + clip(textOf(*error, "message"), 400);
+  }
+  if (!textOf(step, "label").empty()) tip += "\nlabel: " + textOf(step, "label");
+  return tip;
+}
+
+// A rank's cells, coloured by status, marked, and outlined in black where unexpected.
+void timelineCells(std::string& out, const TimelineGrid& grid, const TimelineRow& row,
+                   const json& steps, const HangFacts& facts, Drawn& drawn) {
+  const double y = row.y;
+  for (std::size_t s = 0; s < grid.shownSteps && grid.firstStep + s < steps.size(); ++s) {
+    const json& step = steps[grid.firstStep + s];
+    const std::string status = textOf(step, "status", "?");
+    const StatusStyle& style = styleOf(status);
+    const double x = grid.labelW + grid.cellW * static_cast<double>(s);
+    const bool expected = flag(step, "expected");
+    drawn.statuses.insert(status);
+    drawn.unexpected = drawn.unexpected || !expected;
+    const double inset = expected ? 1 : 2.5;
+    out += fmt::format(
+        "<rect class=\"cell s-{}\" x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" "
+        "fill=\"{}\"{}><title>{}</title></rect>",
+        esc(status), px(x + inset), px(y + inset), px(grid.cellW - 2 * inset),
+        px(grid.cellH - 2 * inset), style.fill,
+        expected ? "" : " stroke=\"#000\" stroke-width=\"3\"",
+        esc(cellTip(step, row.r, grid.firstStep + s)));
+    if (*style.mark != '\0' && grid.cellW >= 14 && grid.cellH >= 14) {
+      out += fmt::format(
+          "<text x=\"{}\" y=\"{}\" font-size=\"{}\" text-anchor=\"middle\" "
+          "fill=\"{}\" pointer-events=\"none\">{}</text>",
+          px(x + grid.cellW / 2), px(y + grid.cellH / 2 + grid.fontSize / 2 - 1), grid.fontSize,
+          style.ink, style.mark);
     }
-    const double x = labelW + cellW * static_cast<double>(hung - static_cast<long long>(firstStep));
+    // A missing rank at a hung step: it never arrived there.
+    if (row.role == Role::kMissing &&
+        facts.hangSteps.count(static_cast<long long>(grid.firstStep + s))) {
+      drawn.missing = true;
+      out += fmt::format(
+          "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"#fff\" "
+          "stroke=\"#000\" stroke-width=\"2\" stroke-dasharray=\"4 3\"><title>"
+          "rank {} never arrived at this step's collective</title></rect>",
+          px(x + 3), px(y + 3), px(grid.cellW - 6), px(grid.cellH - 6), row.r);
+      if (grid.cellW >= 14 && grid.cellH >= 14) {
+        out += fmt::format(
+            "<text x=\"{}\" y=\"{}\" font-size=\"{}\" font-weight=\"700\" "
+            "text-anchor=\"middle\">?</text>",
+            px(x + grid.cellW / 2), px(y + grid.cellH / 2 + grid.fontSize / 2 - 1), grid.fontSize);
+      }
+    }
+  }
+}
+
+// Where a rank that crashed stopped: after the last step it ran.
+void crashMark(std::string& out, const TimelineGrid& grid, const TimelineRow& row,
+               const json& steps, Drawn& drawn) {
+  long long last = -1;
+  for (const auto& step : steps) {
+    const std::string status = textOf(step, "status");
+    if (status != "skipped" && status != "not_run") last = integerOf(step, "index").value_or(last);
+  }
+  const long long column = last - static_cast<long long>(grid.firstStep);
+  if (column < 0 || column >= static_cast<long long>(grid.shownSteps)) return;
+  const double x = grid.labelW + grid.cellW * static_cast<double>(column + 1);
+  drawn.crash = true;
+  out += fmt::format(
+      "<rect class=\"crash-mark\" x=\"{}\" y=\"{}\" width=\"5\" "
+      "height=\"{}\" fill=\"#D55E00\" stroke=\"#000\" stroke-width=\"0.8\">"
+      "<title>rank {} crashed here: {}</title></rect>",
+      px(x - 2.5), px(row.y - 2), px(grid.cellH + 4), row.r,
+      esc(clip(textOf(row.rank, "crash_reason", "crashed"), 400)));
+}
+
+// `note` in at most `maxLines` lines of `room` bytes, cut at a word where one is near the end,
+// with an ellipsis where something was left out.
+std::vector<std::string> noteLines(const std::string& note, std::size_t room,
+                                   std::size_t maxLines) {
+  std::vector<std::string> lines;
+  std::string rest = note;
+  while (!rest.empty() && lines.size() < maxLines) {
+    if (rest.size() <= room) {
+      lines.push_back(rest);
+      rest.clear();
+      break;
+    }
+    std::size_t cut = rest.rfind(' ', room);
+    if (cut == std::string::npos || cut < room / 2) cut = room;
+    lines.push_back(rest.substr(0, cut));
+    rest = rest.substr(std::min(rest.size(), cut + 1));
+  }
+  if (!rest.empty() && !lines.empty()) {
+    auto& last = lines.back();
+    while (!last.empty() && (last.back() & 0xC0) == 0x80) last.pop_back();  // UTF-8 whole
+    if (last.size() + 1 > room && !last.empty()) last.pop_back();
+    last += "\u2026";
+  }
+  return lines;
+}
+
+// What the hang diagnosis says of this rank, or its crash, at the right.
+void rowNote(std::string& out, const TimelineGrid& grid, const TimelineRow& row,
+             const HangFacts& facts) {
+  std::string note;
+  if (facts.byRank.count(row.r)) {
+    note = facts.byRank.at(row.r);
+  } else if (flag(row.rank, "crashed")) {
+    note = "crashed: " + clip(textOf(row.rank, "crash_reason"), 400);
+  }
+  if (note.empty() || grid.cellH < 11) return;
+  const double noteFont = std::min(grid.fontSize, 12.0);
+  const auto room = static_cast<std::size_t>(grid.noteW / (noteFont * 0.55));
+  // Two lines where the row has room for them.
+  const std::vector<std::string> lines = noteLines(note, room, grid.cellH >= 26 ? 2 : 1);
+  const char* colour = row.role == Role::kMissing   ? "#000"
+                       : row.role == Role::kWaiting ? "#8E3B74"
+                       : row.role == Role::kCrashed ? "#A33C00"
+                                                    : "#57606a";
+  const double first =
+      row.y + grid.cellH / 2 + noteFont / 2 - 2 - (lines.size() > 1 ? noteFont * 0.55 : 0);
+  const double x = grid.labelW + grid.gridW + 10;
+  out += fmt::format(
+      "<text x=\"{}\" y=\"{}\" font-size=\"{}\" fill=\"{}\" font-weight=\"{}\">"
+      "<title>{}</title>",
+      px(x), px(first), noteFont, colour, row.role == Role::kMissing ? "700" : "400", esc(note));
+  for (std::size_t l = 0; l < lines.size(); ++l) {
+    out += fmt::format("<tspan x=\"{}\" dy=\"{}\">{}</tspan>", px(x),
+                       l == 0 ? "0" : px(noteFont * 1.15), esc(lines[l]));
+  }
+  out += "</text>";
+}
+
+// A rank's row: its label, its cells (a hatched bar where it reported no step), where it
+// crashed, and the diagnosis's note on it.
+void timelineRow(std::string& out, const TimelineGrid& grid, const TimelineRow& row,
+                 const HangFacts& facts, const std::string& id, Drawn& drawn) {
+  std::string label = fmt::format("rank {}", row.r);
+  const std::string host = textOf(row.rank, "host");
+  if (!host.empty() && grid.cellH >= 18)
+    label += " \u00b7 " + (host.size() > 14 ? host.substr(0, 13) + "\u2026" : host);
+  out += fmt::format("<text x=\"4\" y=\"{}\" font-size=\"{}\" font-weight=\"{}\">{}</text>",
+                     px(row.y + grid.cellH / 2 + grid.fontSize / 2 - 2), grid.fontSize,
+                     row.role == Role::kNone ? "400" : "700", esc(label));
+  const json* steps = arrayOf(row.rank, "steps");
+  if (steps == nullptr || steps->empty()) {
+    drawn.dead = true;
+    out += fmt::format(
+        "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"url(#{}-dead)\" "
+        "stroke=\"#57606a\"><title>{}</title></rect>",
+        px(grid.labelW), px(row.y + 1), px(grid.gridW), px(grid.cellH - 2), id,
+        esc(fmt::format("rank {}: no result ({})", row.r,
+                        clip(textOf(row.rank, "crash_reason", "no steps reported"), 400))));
+  } else {
+    timelineCells(out, grid, row, *steps, facts, drawn);
+    if (flag(row.rank, "crashed")) crashMark(out, grid, row, *steps, drawn);
+  }
+  rowNote(out, grid, row, facts);
+  out += "\n";
+}
+
+// The hung steps' columns, outlined across every row.
+void hungColumns(std::string& out, const TimelineGrid& grid, const HangFacts& facts, Drawn& drawn) {
+  const auto first = static_cast<long long>(grid.firstStep);
+  for (const long long hung : facts.hangSteps) {
+    if (hung < first || hung >= first + static_cast<long long>(grid.shownSteps)) continue;
+    const double x = grid.labelW + grid.cellW * static_cast<double>(hung - first);
     drawn.hung = true;
     out += fmt::format(
         "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" "
         "stroke=\"#8E3B74\" stroke-width=\"2.5\" stroke-dasharray=\"6 4\"/>",
-        px(x - 1), px(topH - 3), px(cellW + 2), px(cellH * static_cast<double>(rows) + 6));
+        px(x - 1), px(grid.topH - 3), px(grid.cellW + 2),
+        px(grid.cellH * static_cast<double>(grid.rows) + 6));
   }
-  out += "</svg></div>\n";
-  timelineLegend(out, drawn);
+}
+
+// How to read the timeline, and what it left out.
+void timelineNote(std::string& out, const TimelineGrid& grid, std::size_t rankCount,
+                  std::size_t problems) {
   std::string left;
-  if (ranks->size() > rows) {
-    left += fmt::format("{} of {} ranks drawn (every rank with a problem first: {}); ", rows,
-                        ranks->size(), problems);
+  if (rankCount > grid.rows) {
+    left += fmt::format("{} of {} ranks drawn (every rank with a problem first: {}); ", grid.rows,
+                        rankCount, problems);
   }
-  if (stepCount > shownSteps) {
-    left +=
-        fmt::format("steps {}-{} of {} drawn; ", firstStep, firstStep + shownSteps - 1, stepCount);
+  if (grid.stepCount > grid.shownSteps) {
+    left += fmt::format("steps {}-{} of {} drawn; ", grid.firstStep,
+                        grid.firstStep + grid.shownSteps - 1, grid.stepCount);
   }
   out +=
       "<p class=\"note\">One column per top-level step in order (not to scale in time; hover a "
@@ -637,22 +745,45 @@ void timeline(std::string& out, const json& report, const HangFacts& facts, cons
   out += "</p>\n";
 }
 
-// Fresh against reused binds: every measured value as a dot on a log axis, the middle half
-// as a box, the median as a bar.
-void timingDistributions(std::string& out, const json& report, const std::string& id) {
-  const json& samples = objectOf(child(report, "samples"));
+// One column per step, one row per rank, each cell coloured by the step's status.
+void timeline(std::string& out, const json& report, const HangFacts& facts, const std::string& id) {
+  const json* ranks = arrayOf(report, "ranks");
+  if (ranks == nullptr || ranks->empty()) return;
+  const std::vector<const json*> outline = stepOutline(*ranks);
+  const ShownRanks shown = shownRanksOf(*ranks, facts);
+  const TimelineGrid grid = timelineGrid(
+      outline.size(), firstStepShown(*ranks, shown.indices, outline.size()), shown.indices.size());
+  timelineHeader(out, grid, outline, id);
+  Drawn drawn;
+  for (std::size_t row = 0; row < grid.rows; ++row) {
+    const json& rank = (*ranks)[shown.indices[row]];
+    const long long r =
+        integerOf(rank, "rank").value_or(static_cast<long long>(shown.indices[row]));
+    const Role role = facts.roles.count(r) ? facts.roles.at(r) : Role::kNone;
+    const TimelineRow drawnRow{rank, r, grid.topH + grid.cellH * static_cast<double>(row), role};
+    timelineRow(out, grid, drawnRow, facts, id, drawn);
+  }
+  hungColumns(out, grid, facts, drawn);
+  out += "</svg></div>\n";
+  timelineLegend(out, drawn);
+  timelineNote(out, grid, ranks->size(), shown.problems);
+}
+
+// One kind of bind's measured times, warm-up repetitions left out.
+struct BindTimes {
+  std::string name, title;
+  std::vector<double> values;
+};
+
+// Fresh binds, then reused binds.
+std::vector<BindTimes> bindTimesOf(const json& samples, long long warmup) {
   const json& metrics = objectOf(child(samples, "metrics"));
-  const long long warmup = integerOf(samples, "warmup").value_or(0);
-  struct Row {
-    std::string name, title;
-    std::vector<double> values;
-  };
-  std::vector<Row> rows;
+  std::vector<BindTimes> rows;
   for (const auto& [name, title] : {std::pair<std::string, std::string>{"fresh_bind", "fresh bind"},
                                     {"reused_bind", "reused bind"}}) {
     const json* metric = child(metrics, name);
     const json* reps = metric != nullptr ? arrayOf(*metric, "per_repetition") : nullptr;
-    Row row{name, title, {}};
+    BindTimes row{name, title, {}};
     if (reps != nullptr) {
       for (std::size_t r = 0; r < reps->size(); ++r) {
         if (static_cast<long long>(r) < warmup && static_cast<long long>(reps->size()) > warmup)
@@ -664,104 +795,115 @@ void timingDistributions(std::string& out, const json& report, const std::string
     }
     rows.push_back(std::move(row));
   }
-  out += "<h3 id=\"" + id + "-timings\">Bind times: fresh vs reused</h3>\n";
-  const bool any =
-      std::any_of(rows.begin(), rows.end(), [](const Row& r) { return !r.values.empty(); });
-  if (!any) {
-    out +=
-        "<p class=\"note\">No bind was timed (the report has no samples of fresh_bind or "
-        "reused_bind).</p>\n";
-  } else {
-    double low = 1e300, high = 0;
-    for (const auto& row : rows) {
-      for (const double v : row.values) {
-        low = std::min(low, v);
-        high = std::max(high, v);
-      }
-    }
-    low /= 1.5;
-    high *= 1.5;
-    const double width = 900, labelW = 110, rowH = 60, topH = 10, axisH = 34, statsW = 230;
-    Axis axis{low, high, labelW, width - statsW - 10, true};
-    const double height = topH + rowH * static_cast<double>(rows.size()) + axisH;
-    out += "<svg id=\"" + id +
-           "-binds\" class=\"dist\" role=\"img\" aria-label=\"fresh and reused "
-           "bind times\" width=\"" +
-           px(width) + "\" height=\"" + px(height) + "\" viewBox=\"0 0 " + px(width) + " " +
-           px(height) + "\" xmlns=\"http://www.w3.org/2000/svg\">\n";
-    const char* colours[] = {"#0072B2", "#E69F00"};
-    const double plotBottom = topH + rowH * static_cast<double>(rows.size());
-    for (const double tick : axis.ticks(5)) {
-      const double x = axis(tick);
-      out += fmt::format(
-          "<line x1=\"{0}\" x2=\"{0}\" y1=\"{1}\" y2=\"{2}\" stroke=\"#e4e7eb\"/>"
-          "<text x=\"{0}\" y=\"{3}\" font-size=\"12\" text-anchor=\"middle\" "
-          "fill=\"#57606a\">{4}</text>",
-          px(x), px(topH), px(plotBottom + 4), px(plotBottom + 18), esc(formatSeconds(tick)));
-    }
-    out += fmt::format(
-        "<text x=\"{}\" y=\"{}\" font-size=\"12\" text-anchor=\"middle\" "
-        "fill=\"#57606a\">seconds per bind (log scale)</text>\n",
-        px((axis.x0 + axis.x1) / 2), px(plotBottom + 32));
-    for (std::size_t i = 0; i < rows.size(); ++i) {
-      const Row& row = rows[i];
-      const double mid = topH + rowH * (static_cast<double>(i) + 0.5);
-      out += fmt::format(
-          "<text x=\"4\" y=\"{}\" font-size=\"14\" font-weight=\"600\" fill=\"{}\">"
-          "{}</text>",
-          px(mid + 5), colours[i % 2], esc(row.title));
-      if (row.values.empty()) {
-        out +=
-            fmt::format("<text x=\"{}\" y=\"{}\" font-size=\"13\" fill=\"#57606a\">no {}s</text>",
-                        px(labelW + 4), px(mid + 5), esc(row.title));
-        continue;
-      }
-      const double q1 = quantile(row.values, 0.25), q2 = quantile(row.values, 0.5),
-                   q3 = quantile(row.values, 0.75), p95 = quantile(row.values, 0.95);
-      if (row.values.size() >= 5) {  // a box of fewer values says nothing the dots do not
-        out += fmt::format(
-            "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"{}\" "
-            "fill-opacity=\"0.15\" stroke=\"{}\"/>",
-            px(axis(q1)), px(mid - 18), px(std::max(1.0, axis(q3) - axis(q1))), px(36),
-            colours[i % 2], colours[i % 2]);
-      }
-      const auto dots = thinned(row.values, kMaxDots);
-      for (std::size_t d = 0; d < dots.size(); ++d) {
-        out +=
-            fmt::format("<circle cx=\"{}\" cy=\"{}\" r=\"2.6\" fill=\"{}\" fill-opacity=\"0.7\"/>",
-                        px(axis(dots[d])), px(mid + jitter(d + i * 7919) * 14), colours[i % 2]);
-      }
-      out += fmt::format(
-          "<line x1=\"{0}\" x2=\"{0}\" y1=\"{1}\" y2=\"{2}\" stroke=\"#1b1f24\" "
-          "stroke-width=\"3\"><title>median {3}</title></line>",
-          px(axis(q2)), px(mid - 22), px(mid + 22), esc(formatSeconds(q2)));
-      out += fmt::format(
-          "<text x=\"{}\" y=\"{}\" font-size=\"13\">n={} \u00b7 median {}</text>"
-          "<text x=\"{}\" y=\"{}\" font-size=\"12\" fill=\"#57606a\">p95 {}{}</text>",
-          px(width - statsW + 6), px(mid - 2), row.values.size(), esc(formatSeconds(q2)),
-          px(width - statsW + 6), px(mid + 15), esc(formatSeconds(p95)),
-          dots.size() < row.values.size() ? fmt::format(" \u00b7 {} dots drawn", dots.size()) : "");
-    }
-    out += "</svg>\n";
-    out +=
-        "<div class=\"legend\"><span><span class=\"sw\" style=\"background:#0072B2\"></span>"
-        "fresh bind (a new workspace)</span><span><span class=\"sw\" style=\"background:"
-        "#E69F00\"></span>reused bind (a recycled idle workspace)</span><span><span class=\"sw\" "
-        "style=\"background:#1b1f24;width:4px\"></span>median</span><span><span class=\"sw\" "
-        "style=\"background:#0072B226\"></span>middle half (25th-75th percentile)</span></div>\n";
-    std::string note = "Every bind of every rank";
-    if (warmup > 0)
-      note += fmt::format(", without the {} warm-up repetition{}", warmup, warmup > 1 ? "s" : "");
-    out += "<p class=\"note\">" + esc(note) + ".";
-    if (const auto speedup = numberOf(objectOf(child(report, "timings")), "reuse_speedup_p50")) {
-      out += fmt::format(
-          " Reuse speed-up at the median (fresh p50 / reused p50): <strong>{:.2f}x"
-          "</strong>.",
-          *speedup);
-    }
-    out += "</p>\n";
+  return rows;
+}
+
+// The sizes of the bind-time plot: a row per kind of bind, the time axis under them, each
+// row's count, median and p95 at the right.
+struct BindPlot {
+  double width = 900, labelW = 110, rowH = 60, topH = 10, axisH = 34, statsW = 230;
+};
+constexpr const char* kBindColours[] = {"#0072B2", "#E69F00"};
+
+// The i-th kind of bind: its name, its dots, its middle half as a box, its median as a bar.
+void bindRow(std::string& out, const BindPlot& plot, const Axis& axis, const BindTimes& row,
+             std::size_t i) {
+  const char* colour = kBindColours[i % 2];
+  const double mid = plot.topH + plot.rowH * (static_cast<double>(i) + 0.5);
+  out += fmt::format(
+      "<text x=\"4\" y=\"{}\" font-size=\"14\" font-weight=\"600\" fill=\"{}\">"
+      "{}</text>",
+      px(mid + 5), colour, esc(row.title));
+  if (row.values.empty()) {
+    out += fmt::format("<text x=\"{}\" y=\"{}\" font-size=\"13\" fill=\"#57606a\">no {}s</text>",
+                       px(plot.labelW + 4), px(mid + 5), esc(row.title));
+    return;
   }
-  // The summary table of every timing the report has.
+  const double q1 = quantile(row.values, 0.25), q2 = quantile(row.values, 0.5),
+               q3 = quantile(row.values, 0.75), p95 = quantile(row.values, 0.95);
+  if (row.values.size() >= 5) {  // a box of fewer values says nothing the dots do not
+    out += fmt::format(
+        "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"{}\" "
+        "fill-opacity=\"0.15\" stroke=\"{}\"/>",
+        px(axis(q1)), px(mid - 18), px(std::max(1.0, axis(q3) - axis(q1))), px(36), colour, colour);
+  }
+  const auto dots = thinned(row.values, kMaxDots);
+  for (std::size_t d = 0; d < dots.size(); ++d) {
+    out += fmt::format("<circle cx=\"{}\" cy=\"{}\" r=\"2.6\" fill=\"{}\" fill-opacity=\"0.7\"/>",
+                       px(axis(dots[d])), px(mid + jitter(d + i * 7919) * 14), colour);
+  }
+  out += fmt::format(
+      "<line x1=\"{0}\" x2=\"{0}\" y1=\"{1}\" y2=\"{2}\" stroke=\"#1b1f24\" "
+      "stroke-width=\"3\"><title>median {3}</title></line>",
+      px(axis(q2)), px(mid - 22), px(mid + 22), esc(formatSeconds(q2)));
+  const double statsX = plot.width - plot.statsW + 6;
+  out += fmt::format(
+      "<text x=\"{}\" y=\"{}\" font-size=\"13\">n={} \u00b7 median {}</text>"
+      "<text x=\"{}\" y=\"{}\" font-size=\"12\" fill=\"#57606a\">p95 {}{}</text>",
+      px(statsX), px(mid - 2), row.values.size(), esc(formatSeconds(q2)), px(statsX), px(mid + 15),
+      esc(formatSeconds(p95)),
+      dots.size() < row.values.size() ? fmt::format(" \u00b7 {} dots drawn", dots.size()) : "");
+}
+
+// Every kind of bind on one log axis of seconds.
+void bindPlot(std::string& out, const std::vector<BindTimes>& rows, const std::string& id) {
+  double low = 1e300, high = 0;
+  for (const auto& row : rows) {
+    for (const double v : row.values) {
+      low = std::min(low, v);
+      high = std::max(high, v);
+    }
+  }
+  low /= 1.5;
+  high *= 1.5;
+  const BindPlot plot{};
+  const Axis axis{low, high, plot.labelW, plot.width - plot.statsW - 10, true};
+  const double height = plot.topH + plot.rowH * static_cast<double>(rows.size()) + plot.axisH;
+  out += "<svg id=\"" + id +
+         "-binds\" class=\"dist\" role=\"img\" aria-label=\"fresh and reused "
+         "bind times\" width=\"" +
+         px(plot.width) + "\" height=\"" + px(height) + "\" viewBox=\"0 0 " + px(plot.width) + " " +
+         px(height) + "\" xmlns=\"http://www.w3.org/2000/svg\">\n";
+  const double plotBottom = plot.topH + plot.rowH * static_cast<double>(rows.size());
+  for (const double tick : axis.ticks(5)) {
+    const double x = axis(tick);
+    out += fmt::format(
+        "<line x1=\"{0}\" x2=\"{0}\" y1=\"{1}\" y2=\"{2}\" stroke=\"#e4e7eb\"/>"
+        "<text x=\"{0}\" y=\"{3}\" font-size=\"12\" text-anchor=\"middle\" "
+        "fill=\"#57606a\">{4}</text>",
+        px(x), px(plot.topH), px(plotBottom + 4), px(plotBottom + 18), esc(formatSeconds(tick)));
+  }
+  out += fmt::format(
+      "<text x=\"{}\" y=\"{}\" font-size=\"12\" text-anchor=\"middle\" "
+      "fill=\"#57606a\">seconds per bind (log scale)</text>\n",
+      px((axis.x0 + axis.x1) / 2), px(plotBottom + 32));
+  for (std::size_t i = 0; i < rows.size(); ++i) bindRow(out, plot, axis, rows[i], i);
+  out += "</svg>\n";
+}
+
+// The plot's legend, and what it shows: which repetitions, and the speed-up of reuse.
+void bindNote(std::string& out, const json& report, long long warmup) {
+  out +=
+      "<div class=\"legend\"><span><span class=\"sw\" style=\"background:#0072B2\"></span>"
+      "fresh bind (a new workspace)</span><span><span class=\"sw\" style=\"background:"
+      "#E69F00\"></span>reused bind (a recycled idle workspace)</span><span><span class=\"sw\" "
+      "style=\"background:#1b1f24;width:4px\"></span>median</span><span><span class=\"sw\" "
+      "style=\"background:#0072B226\"></span>middle half (25th-75th percentile)</span></div>\n";
+  std::string note = "Every bind of every rank";
+  if (warmup > 0)
+    note += fmt::format(", without the {} warm-up repetition{}", warmup, warmup > 1 ? "s" : "");
+  out += "<p class=\"note\">" + esc(note) + ".";
+  if (const auto speedup = numberOf(objectOf(child(report, "timings")), "reuse_speedup_p50")) {
+    out += fmt::format(
+        " Reuse speed-up at the median (fresh p50 / reused p50): <strong>{:.2f}x"
+        "</strong>.",
+        *speedup);
+  }
+  out += "</p>\n";
+}
+
+// The summary table of every timing the report has.
+void timingTable(std::string& out, const json& report) {
   const json& timings = objectOf(child(report, "timings"));
   bool header = false;
   for (const char* name : {"fresh_bind", "reused_bind", "close", "exchange"}) {
@@ -783,22 +925,59 @@ void timingDistributions(std::string& out, const json& report, const std::string
         name, integerOf(*t, "count").value_or(0), esc(cell("p50")), esc(cell("p95")),
         esc(cell("max")));
   }
-  if (header) {
-    out += "</table>\n";
-    if (flag(timings, "approximate")) {
-      out +=
-          "<p class=\"note\">p50 and p95 are approximate (within 1%): the run kept more values "
-          "than the report holds.</p>\n";
-    }
+  if (!header) return;
+  out += "</table>\n";
+  if (flag(timings, "approximate")) {
+    out +=
+        "<p class=\"note\">p50 and p95 are approximate (within 1%): the run kept more values "
+        "than the report holds.</p>\n";
   }
 }
 
-// One small plot of a leak trend: values as dots, warm-up greyed, the fitted line and the band
-// between the slopes of the confidence interval through the median fitted point.
-void trendPlot(std::string& out, const json& series, long long cycles, long long warmup,
-               double confidence) {
-  const std::string verdict = textOf(series, "verdict", "?");
-  const std::string unit = textOf(series, "unit", "count");
+// Fresh against reused binds: every measured value as a dot on a log axis, the middle half
+// as a box, the median as a bar.
+void timingDistributions(std::string& out, const json& report, const std::string& id) {
+  const json& samples = objectOf(child(report, "samples"));
+  const long long warmup = integerOf(samples, "warmup").value_or(0);
+  const std::vector<BindTimes> rows = bindTimesOf(samples, warmup);
+  out += "<h3 id=\"" + id + "-timings\">Bind times: fresh vs reused</h3>\n";
+  const bool any =
+      std::any_of(rows.begin(), rows.end(), [](const BindTimes& r) { return !r.values.empty(); });
+  if (!any) {
+    out +=
+        "<p class=\"note\">No bind was timed (the report has no samples of fresh_bind or "
+        "reused_bind).</p>\n";
+  } else {
+    bindPlot(out, rows, id);
+    bindNote(out, report, warmup);
+  }
+  timingTable(out, report);
+}
+
+// A leak trend series as drawn: its points (at most kMaxDots of its values) and its fit.
+struct Trend {
+  std::string verdict, unit;
+  long long warmup = 0;
+  std::vector<std::pair<double, double>> points;  // (cycle, value)
+  std::size_t values = 0;                         // before thinning
+  std::size_t step = 1;                           // one point drawn per `step` values
+  double lastCycle = 1;
+  double fitFrom = 0;      // the first cycle fitted, after the warm-up
+  double medianCycle = 0;  // where the band's slopes cross the fitted line
+  std::optional<double> slope, intercept, ciLow, ciHigh;
+
+  double fitted(double cycle) const { return *slope * cycle + *intercept; }
+  // On the line of slope `s` through the median fitted point: an edge of the band.
+  double banded(double s, double cycle) const {
+    return fitted(medianCycle) + s * (cycle - medianCycle);
+  }
+};
+
+Trend trendOf(const json& series, long long cycles, long long warmup) {
+  Trend trend;
+  trend.verdict = textOf(series, "verdict", "?");
+  trend.unit = textOf(series, "unit", "count");
+  trend.warmup = warmup;
   const double stride = std::max(1.0, numberOf(series, "cycle_stride").value_or(1));
   const std::vector<double> all = numbersOf(arrayOf(series, "values"));
   // Each point's cycle: the report's `cycles` (a process sampled every few cycles), else one
@@ -807,31 +986,45 @@ void trendPlot(std::string& out, const json& series, long long cycles, long long
   const auto cycleOf = [&](std::size_t i) {
     return at.size() == all.size() ? at[i] : static_cast<double>(i) * stride;
   };
-  std::vector<std::pair<double, double>> points;  // (cycle, value)
-  const std::size_t step = all.size() > kMaxDots ? (all.size() + kMaxDots - 1) / kMaxDots : 1;
-  for (std::size_t i = 0; i < all.size(); i += step) points.emplace_back(cycleOf(i), all[i]);
-  const double lastCycle =
-      std::max<double>({1.0, static_cast<double>(cycles > 0 ? cycles - 1 : 0),
-                        all.empty() ? 0.0 : cycleOf(all.size() - 1)});
-  const auto slope = numberOf(series, "slope_per_cycle");
-  const auto intercept = numberOf(series, "intercept");
-  const auto ciLow = numberOf(series, "ci_low");
-  const auto ciHigh = numberOf(series, "ci_high");
-  const double fitFrom = std::clamp(static_cast<double>(warmup), 0.0, lastCycle);
-  const double medianCycle = (fitFrom + lastCycle) / 2;
+  trend.values = all.size();
+  trend.step = all.size() > kMaxDots ? (all.size() + kMaxDots - 1) / kMaxDots : 1;
+  for (std::size_t i = 0; i < all.size(); i += trend.step) {
+    trend.points.emplace_back(cycleOf(i), all[i]);
+  }
+  trend.lastCycle = std::max<double>({1.0, static_cast<double>(cycles > 0 ? cycles - 1 : 0),
+                                      all.empty() ? 0.0 : cycleOf(all.size() - 1)});
+  trend.slope = numberOf(series, "slope_per_cycle");
+  trend.intercept = numberOf(series, "intercept");
+  trend.ciLow = numberOf(series, "ci_low");
+  trend.ciHigh = numberOf(series, "ci_high");
+  trend.fitFrom = std::clamp(static_cast<double>(warmup), 0.0, trend.lastCycle);
+  trend.medianCycle = (trend.fitFrom + trend.lastCycle) / 2;
+  return trend;
+}
+
+// Where a trend plot draws: its size and margins, its cycle axis and its value scale.
+struct TrendFrame {
+  double width = 420, height = 220, left = 62, right = 12, top = 10, bottom = 36;
+  Axis x;
+  double low = 0, high = 1;
+
+  double y(double v) const { return top + (high - v) / (high - low) * (height - top - bottom); }
+};
+
+// Values from every point, the fitted line and the band's corners, with a margin.
+TrendFrame trendFrame(const Trend& trend) {
   double low = 1e300, high = -1e300;
-  for (const auto& [c, v] : points) {
+  for (const auto& [c, v] : trend.points) {
     low = std::min(low, v);
     high = std::max(high, v);
   }
-  auto fitted = [&](double cycle) { return *slope * cycle + *intercept; };
-  if (slope && intercept) {
-    for (const double c : {fitFrom, lastCycle}) {
-      low = std::min(low, fitted(c));
-      high = std::max(high, fitted(c));
-      if (ciLow && ciHigh) {
-        for (const double s : {*ciLow, *ciHigh}) {
-          const double v = fitted(medianCycle) + s * (c - medianCycle);
+  if (trend.slope && trend.intercept) {
+    for (const double c : {trend.fitFrom, trend.lastCycle}) {
+      low = std::min(low, trend.fitted(c));
+      high = std::max(high, trend.fitted(c));
+      if (trend.ciLow && trend.ciHigh) {
+        for (const double s : {*trend.ciLow, *trend.ciHigh}) {
+          const double v = trend.banded(s, c);
           low = std::min(low, v);
           high = std::max(high, v);
         }
@@ -847,89 +1040,111 @@ void trendPlot(std::string& out, const json& series, long long cycles, long long
     high += 1;
   }
   const double pad = (high - low) * 0.08;
-  low -= pad;
-  high += pad;
-  const double width = 420, height = 220, left = 62, right = 12, top = 10, bottom = 36;
-  const Axis x{0, lastCycle, left, width - right, false};
-  auto y = [&](double v) { return top + (high - v) / (high - low) * (height - top - bottom); };
-  out += "<div class=\"plot trend t-" + esc(verdict) + "\"><h4>";
-  badge(out, verdict);
-  out += " " + esc(textOf(series, "text", textOf(series, "title"))) + "</h4>\n";
-  out += "<svg role=\"img\" aria-label=\"leak trend\" width=\"" + px(width) + "\" height=\"" +
-         px(height) + "\" viewBox=\"0 0 " + px(width) + " " + px(height) +
-         "\" xmlns=\"http://www.w3.org/2000/svg\">";
-  // Warm-up, greyed.
-  if (warmup > 0) {
+  TrendFrame frame;
+  frame.x = Axis{0, trend.lastCycle, frame.left, frame.width - frame.right, false};
+  frame.low = low - pad;
+  frame.high = high + pad;
+  return frame;
+}
+
+// The plot's background: the warm-up greyed, the ticks of both axes, the border.
+void trendAxes(std::string& out, const TrendFrame& f, const Trend& trend) {
+  if (trend.warmup > 0) {
     out += fmt::format(
         "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"#eceff1\"/>"
         "<text x=\"{}\" y=\"{}\" font-size=\"11\" fill=\"#57606a\">warm-up</text>",
-        px(x(0)), px(top), px(std::max(0.0, x(fitFrom) - x(0))), px(height - top - bottom),
-        px(x(0) + 3), px(top + 12));
+        px(f.x(0)), px(f.top), px(std::max(0.0, f.x(trend.fitFrom) - f.x(0))),
+        px(f.height - f.top - f.bottom), px(f.x(0) + 3), px(f.top + 12));
   }
-  for (const double tick : linearTicks(low, high, 4)) {
+  for (const double tick : linearTicks(f.low, f.high, 4)) {
     out += fmt::format(
         "<line x1=\"{0}\" x2=\"{1}\" y1=\"{2}\" y2=\"{2}\" stroke=\"#e4e7eb\"/>"
         "<text x=\"{3}\" y=\"{4}\" font-size=\"11\" text-anchor=\"end\" "
         "fill=\"#57606a\">{5}</text>",
-        px(left), px(width - right), px(y(tick)), px(left - 4), px(y(tick) + 4),
-        esc(formatValue(tick, unit)));
+        px(f.left), px(f.width - f.right), px(f.y(tick)), px(f.left - 4), px(f.y(tick) + 4),
+        esc(formatValue(tick, trend.unit)));
   }
-  for (const double tick : x.ticks(5)) {
+  for (const double tick : f.x.ticks(5)) {
     out += fmt::format(
         "<text x=\"{}\" y=\"{}\" font-size=\"11\" text-anchor=\"middle\" "
         "fill=\"#57606a\">{:g}</text>",
-        px(x(tick)), px(height - bottom + 14), tick);
+        px(f.x(tick)), px(f.height - f.bottom + 14), tick);
   }
   out += fmt::format(
       "<text x=\"{}\" y=\"{}\" font-size=\"11\" text-anchor=\"middle\" "
       "fill=\"#57606a\">cycle</text>",
-      px((left + width - right) / 2), px(height - 4));
+      px((f.left + f.width - f.right) / 2), px(f.height - 4));
   out += fmt::format(
       "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" "
       "stroke=\"#d0d7de\"/>",
-      px(left), px(top), px(width - left - right), px(height - top - bottom));
-  const bool leak = verdict == "leak";
+      px(f.left), px(f.top), px(f.width - f.left - f.right), px(f.height - f.top - f.bottom));
+}
+
+// The data over the background: the slope's confidence band, the values, the fitted line.
+void trendMarks(std::string& out, const TrendFrame& f, const Trend& trend, double confidence) {
+  const bool leak = trend.verdict == "leak";
   const char* lineColour = leak ? "#D55E00" : "#0072B2";
-  if (slope && intercept && ciLow && ciHigh) {
-    const double m = fitted(medianCycle);
-    auto at = [&](double s, double c) { return m + s * (c - medianCycle); };
+  const double from = trend.fitFrom, to = trend.lastCycle;
+  if (trend.slope && trend.intercept && trend.ciLow && trend.ciHigh) {
+    const double low = *trend.ciLow, high = *trend.ciHigh;
     out += fmt::format(
         "<polygon class=\"band\" points=\"{},{} {},{} {},{} {},{}\" fill=\"{}\" "
         "fill-opacity=\"0.18\"><title>{:g}% confidence interval of the slope: "
         "{:.4g} to {:.4g} per cycle</title></polygon>",
-        px(x(fitFrom)), px(y(at(*ciLow, fitFrom))), px(x(lastCycle)), px(y(at(*ciLow, lastCycle))),
-        px(x(lastCycle)), px(y(at(*ciHigh, lastCycle))), px(x(fitFrom)),
-        px(y(at(*ciHigh, fitFrom))), lineColour, confidence * 100, *ciLow, *ciHigh);
+        px(f.x(from)), px(f.y(trend.banded(low, from))), px(f.x(to)),
+        px(f.y(trend.banded(low, to))), px(f.x(to)), px(f.y(trend.banded(high, to))), px(f.x(from)),
+        px(f.y(trend.banded(high, from))), lineColour, confidence * 100, low, high);
   }
-  for (std::size_t i = 0; i < points.size(); ++i) {
-    const bool warm = points[i].first < static_cast<double>(warmup);
-    out +=
-        fmt::format("<circle cx=\"{}\" cy=\"{}\" r=\"2.2\" fill=\"{}\"/>", px(x(points[i].first)),
-                    px(y(points[i].second)), warm ? "#9aa0a6" : "#1b1f24");
+  for (const auto& [cycle, value] : trend.points) {
+    const bool warm = cycle < static_cast<double>(trend.warmup);
+    out += fmt::format("<circle cx=\"{}\" cy=\"{}\" r=\"2.2\" fill=\"{}\"/>", px(f.x(cycle)),
+                       px(f.y(value)), warm ? "#9aa0a6" : "#1b1f24");
   }
-  if (slope && intercept) {
+  if (trend.slope && trend.intercept) {
     out += fmt::format(
         "<line class=\"fit\" x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"{}\" "
         "stroke-width=\"2.5\"><title>fitted: {:.4g} per cycle</title></line>",
-        px(x(fitFrom)), px(y(fitted(fitFrom))), px(x(lastCycle)), px(y(fitted(lastCycle))),
-        lineColour, *slope);
+        px(f.x(from)), px(f.y(trend.fitted(from))), px(f.x(to)), px(f.y(trend.fitted(to))),
+        lineColour, *trend.slope);
   }
-  out += "</svg>\n";
+}
+
+// Under the plot: the slope and its interval, the threshold, how many values were drawn.
+void trendFacts(std::string& out, const json& series, const Trend& trend, double confidence) {
+  const std::string& unit = trend.unit;
   std::string facts;
-  if (slope) facts += fmt::format("slope {} per cycle", formatValue(*slope, unit));
-  if (ciLow && ciHigh) {
-    facts += fmt::format(" ({:g}% CI {} to {})", confidence * 100, formatValue(*ciLow, unit),
-                         formatValue(*ciHigh, unit));
+  if (trend.slope) facts += fmt::format("slope {} per cycle", formatValue(*trend.slope, unit));
+  if (trend.ciLow && trend.ciHigh) {
+    facts += fmt::format(" ({:g}% CI {} to {})", confidence * 100, formatValue(*trend.ciLow, unit),
+                         formatValue(*trend.ciHigh, unit));
   }
   if (const auto threshold = numberOf(series, "threshold_per_cycle")) {
     facts += fmt::format("{}a leak above {} per cycle", facts.empty() ? "" : "; ",
                          formatValue(*threshold, unit));
   }
-  if (step > 1) {
-    facts += fmt::format("{}{} of {} values drawn", facts.empty() ? "" : "; ", points.size(),
-                         all.size());
+  if (trend.step > 1) {
+    facts += fmt::format("{}{} of {} values drawn", facts.empty() ? "" : "; ", trend.points.size(),
+                         trend.values);
   }
   if (!facts.empty()) out += "<div class=\"note\">" + esc(facts) + "</div>";
+}
+
+// One small plot of a leak trend: values as dots, warm-up greyed, the fitted line and the band
+// between the slopes of the confidence interval through the median fitted point.
+void trendPlot(std::string& out, const json& series, long long cycles, long long warmup,
+               double confidence) {
+  const Trend trend = trendOf(series, cycles, warmup);
+  const TrendFrame frame = trendFrame(trend);
+  out += "<div class=\"plot trend t-" + esc(trend.verdict) + "\"><h4>";
+  badge(out, trend.verdict);
+  out += " " + esc(textOf(series, "text", textOf(series, "title"))) + "</h4>\n";
+  out += "<svg role=\"img\" aria-label=\"leak trend\" width=\"" + px(frame.width) + "\" height=\"" +
+         px(frame.height) + "\" viewBox=\"0 0 " + px(frame.width) + " " + px(frame.height) +
+         "\" xmlns=\"http://www.w3.org/2000/svg\">";
+  trendAxes(out, frame, trend);
+  trendMarks(out, frame, trend, confidence);
+  out += "</svg>\n";
+  trendFacts(out, series, trend, confidence);
   out += "</div>\n";
 }
 
