@@ -23,6 +23,10 @@ Which cells exist (the rest are "n/a", counted and printed with the reason):
   rank sleeps in a `sleep` step before the stage's step: the pids come from the launcher's
   HMC_LAUNCH_PID_FILE hook, the moment from `hmc-run status --json` (every rank in the sleep
   step). kill -9 of rank 0 (the c10d store's host) only with --include-store-host-death.
+  The window is a 5 s sleep, and a status attach loads LibTorch: on a busy machine the answer
+  can come after the ranks left it. The report shows that (every rank completed the stage's
+  step, which a peer of a killed or stopped rank cannot); such a cell runs once more with a
+  30 s window.
 
 Each cell checks:
 - the outcome and exit code, the status (and error kind/message) of the stage's step on every
