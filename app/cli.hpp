@@ -13,14 +13,13 @@
 
 #include "compare_command.hpp"
 #include "hmc/collective/transport.hpp"
+#include "exit_codes.hpp"
 #include "rank_launch.hpp"
 #include "render_command.hpp"
 #include "shrink_command.hpp"
 #include "status_command.hpp"
 
 namespace hmc::app {
-
-constexpr int kExitUsage = 2;
 
 // Set by the front to its own path before it execs the runner; the runner starts its rank
 // processes through it (`hmc-run _rank ...`).

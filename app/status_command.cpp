@@ -16,12 +16,12 @@
 #include "hmc/diagnostics/job_status.hpp"
 #include "hmc/error.hpp"
 #include "hmc/text.hpp"
+#include "exit_codes.hpp"
 
 namespace hmc::app {
 namespace {
 
 constexpr int kExitProgressing = 0;
-constexpr int kExitUsage = 2;
 constexpr int kExitHung = 3;
 
 // Connects a plain TCP socket to host:port within `timeout`; "" on success, else why not.

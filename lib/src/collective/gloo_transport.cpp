@@ -13,6 +13,7 @@
 #include "c10d_compat.hpp"
 #include "hmc/error.hpp"
 #include "store_transport_state.hpp"
+#include "wait_text.hpp"
 
 namespace hmc::detail {
 
@@ -160,9 +161,7 @@ namespace {
 
 constexpr std::size_t kLengthBytes = 8;
 
-std::string formatSeconds(std::chrono::milliseconds duration) {
-  return fmt::format("{:g} s", static_cast<double>(duration.count()) / 1000.0);
-}
+using detail::formatSeconds;
 
 // One allgather of `slot`-byte frames: [u64 length][bytes, zero padded]. `running` is set
 // when it throws because `wait` passed while the allgather still runs.

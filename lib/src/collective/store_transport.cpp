@@ -23,6 +23,7 @@
 #include "hmc/error.hpp"
 #include "socket_guards.hpp"
 #include "store_transport_state.hpp"
+#include "wait_text.hpp"
 
 namespace hmc::collective {
 
@@ -35,9 +36,7 @@ std::chrono::milliseconds remainingUntil(Clock::time_point deadline) {
   return std::max(left, std::chrono::milliseconds(1));
 }
 
-std::string formatSeconds(std::chrono::milliseconds duration) {
-  return fmt::format("{:g} s", static_cast<double>(duration.count()) / 1000.0);
-}
+using detail::formatSeconds;
 
 }  // namespace
 
@@ -76,16 +75,6 @@ namespace hmc::detail {
 namespace {
 
 using collective::Clock;
-
-std::string osReason(int error) { return std::system_category().message(error); }
-
-// Milliseconds until `deadline` for poll(), rounded up so that poll never returns early.
-int pollMillis(Clock::time_point deadline) {
-  const auto left = deadline - Clock::now();
-  if (left <= Clock::duration::zero()) return 0;
-  return static_cast<int>(
-      std::min<std::int64_t>(std::chrono::ceil<std::chrono::milliseconds>(left).count(), INT_MAX));
-}
 
 struct Fd {
   int fd = -1;

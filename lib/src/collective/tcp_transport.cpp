@@ -22,6 +22,7 @@
 #include "hmc/collective/launch_env.hpp"
 #include "hmc/error.hpp"
 #include "hmc/log.hpp"
+#include "wait_text.hpp"
 
 namespace hmc::detail {
 namespace {
@@ -33,20 +34,6 @@ constexpr std::uint32_t kHelloMagic = 0x746d6368;  // "hcmt"
 constexpr std::size_t kHelloBytes = 12;            // magic, rank, world size
 constexpr std::size_t kHeaderBytes = 16;           // sequence, length
 constexpr std::size_t kChunk = 64 * 1024;
-
-std::string osReason(int error) { return std::system_category().message(error); }
-
-std::string formatSeconds(std::chrono::milliseconds duration) {
-  return fmt::format("{:g} s", static_cast<double>(duration.count()) / 1000.0);
-}
-
-// Milliseconds until `deadline` for poll(), rounded up so that poll never returns early.
-int pollMillis(Clock::time_point deadline) {
-  const auto left = deadline - Clock::now();
-  if (left <= Clock::duration::zero()) return 0;
-  const auto ms = std::chrono::ceil<std::chrono::milliseconds>(left).count();
-  return static_cast<int>(std::min<std::int64_t>(ms, INT_MAX));
-}
 
 class Socket {
  public:

@@ -19,7 +19,7 @@ static_assert(std::atomic<int>::is_always_lock_free, "the signal handler needs a
 
 extern "C" void onFlightDumpSignal(int) { gDumpRequests.fetch_add(1, std::memory_order_relaxed); }
 
-std::string stepText(int step) {
+std::string dumpStepText(int step) {
   return step < 0 ? std::string("outside the steps") : fmt::format("step {}", step);
 }
 
@@ -45,10 +45,10 @@ std::string formatFlightDump(const FlightRecorder& recorder, int rank, std::stri
   std::string where;
   if (beat.state == RankState::kWaiting) {
     where = fmt::format("waiting in '{}' #{} ({}) for {:.1f} s", beat.current->stage,
-                        beat.current->sequence, stepText(beat.current->step), beat.inStageS);
+                        beat.current->sequence, dumpStepText(beat.current->step), beat.inStageS);
   } else {
     where = fmt::format("{} ({}), {:.1f} s since its last collective", toString(beat.state),
-                        stepText(beat.step), beat.inStageS);
+                        dumpStepText(beat.step), beat.inStageS);
   }
   const auto entries = recorder.entries();
   std::string out = fmt::format(

@@ -10,7 +10,7 @@
 namespace hmc::diagnostics {
 namespace {
 
-std::string stepText(int step) {
+std::string statusStepText(int step) {
   return step < 0 ? std::string("after its steps") : fmt::format("step {}", step);
 }
 
@@ -26,7 +26,7 @@ std::string problemOf(const RankStatus& status, double deadlineS) {
                           status.inStageS > deadlineS
                               ? fmt::format(", past its {:g} s deadline,", deadlineS)
                               : std::string(","))
-            : fmt::format("was {} ({}),", toString(beat.state), stepText(beat.step));
+            : fmt::format("was {} ({}),", toString(beat.state), statusStepText(beat.step));
     return fmt::format(
         "rank {} {} and wrote no heartbeat for {:.1f} s: its process is stopped, "
         "frozen or gone",
@@ -122,7 +122,7 @@ JobStatus assessJob(const JobMeta& meta, const std::vector<std::optional<Heartbe
           place.elsewhere = "has not begun its steps";
           break;
         default:
-          place.elsewhere = fmt::format("runs {}", stepText(beat.step));
+          place.elsewhere = fmt::format("runs {}", statusStepText(beat.step));
       }
     } else {
       place.elsewhere = "wrote no heartbeat yet";
