@@ -27,6 +27,10 @@ REPO = os.path.abspath(sys.argv[2]) if len(sys.argv) > 2 else os.path.normpath(
     os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 SCENARIOS = os.path.join(REPO, "scenarios")
 DATA = os.path.join(REPO, "tests", "e2e", "data")
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+import shard  # noqa: E402
+SHARD = shard.parse(sys.argv)  # --shard K/N: every N-th check, from the K-th
 WORK = tempfile.mkdtemp(prefix="hmc-e2e-")
 
 RESULTS = {"passed": 0, "failed": 0}
@@ -626,7 +630,7 @@ def main():
         print("0 passed, 1 failed")
         return 1
     start = time.monotonic()
-    for function in (test_every_library_scenario_passes_with_exit_0,
+    for function in shard.pick((test_every_library_scenario_passes_with_exit_0,
                      test_library_scenarios_are_described_and_small,
                      test_directory_runs_every_scenario_into_a_report_set,
                      test_failed_expectation_exits_1,
@@ -640,7 +644,7 @@ def main():
                      test_task_limit_of_an_unprivileged_user,
                      test_validate_subcommand,
                      test_list_subcommand,
-                     test_help_mentions_every_flag):
+                     test_help_mentions_every_flag), SHARD):
         test(function)
     shutil.rmtree(WORK, ignore_errors=True)
     print(f"# {time.monotonic() - start:.1f} s")

@@ -110,7 +110,9 @@ LAUNCH_VARS = re.compile(r"^(RANK|WORLD_SIZE|LOCAL_RANK|LOCAL_WORLD_SIZE|MASTER_
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "e2e"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
 import reference_compare  # noqa: E402
+import shard  # noqa: E402
 
 
 def not_applicable(fault, stage, transport):
@@ -397,15 +399,19 @@ def read_pids(path):
         return []
 
 
-def wait_for_window(port, world, window_step, proc, env):
+def wait_for_window(port, world, window_step, proc, env, entered_after):
     """Waits until `hmc-run status` shows every rank in the window step. Returns None when
-    they are, else why not (bounded by STATUS_BOUND_S)."""
+    they are, else why not (bounded by STATUS_BOUND_S). entered_after[0]: a time before which
+    not every rank was in the window (when the last status call that saw one outside it was
+    made; the wait's start if none did)."""
     end = time.monotonic() + STATUS_BOUND_S
     last = "no status yet"
+    entered_after[0] = time.monotonic()
     while time.monotonic() < end:
         if proc.poll() is not None:  # the product's failure, not the test's: not retried
             return (f"hmc-run ended (exit {proc.returncode}) before every rank was seen in the "
                     "window")
+        asked = time.monotonic()
         try:
             status = subprocess.run([HMC_RUN, "status", "--master-port", str(port), "--json",
                                      "--timeout", "2"], capture_output=True, text=True,
@@ -421,6 +427,7 @@ def wait_for_window(port, world, window_step, proc, env):
                 return None
             if any(isinstance(s, int) and s > window_step for s in steps):
                 return f"a rank passed the window before it was seen: {steps}"
+            entered_after[0] = asked
         time.sleep(0.2)
     return f"the ranks did not reach the window within {STATUS_BOUND_S} s ({last})"
 
@@ -466,8 +473,19 @@ def run_cell(cell, work, window_s=WINDOW_S):
         if expected["signal"] is not None:
             early_stderr = proc.stderr.readline()  # "# hmc-run: store at 127.0.0.1:PORT ..."
             found = re.search(r"store at [0-9.]+:(\d+)", early_stderr)
-            why = (wait_for_window(int(found.group(1)), cell.world, fault_index, proc, env)
+            entered_after = [0.0]
+            why = (wait_for_window(int(found.group(1)), cell.world, fault_index, proc, env,
+                                   entered_after)
                    if found else f"no store address on hmc-run's stderr: {early_stderr!r}")
+            if not why and cell.fault == "sigstop" and window_s > WINDOW_S:
+                # A retry's long window: the signal waits for the window's end, as a first run's
+                # comes near it. The launcher ends a run whose rank stays stopped a deadline and
+                # then its grace (two deadlines + 5 s, local_launcher.cpp): a rank stopped early
+                # in a 30 s window was stopped there while its peers still slept, and they
+                # never reached their deadline in the stage (seen beside other tests). The
+                # window ends after entered_after + window_s: signalled 1 s before that, at
+                # least 1 s of it is left, and at most 1 s + the last two status calls.
+                time.sleep(max(0.0, entered_after[0] + window_s - 1.0 - time.monotonic()))
             if why:
                 window_unseen = proc.poll() is not None
                 problems.append(f"{MISSED_WINDOW}: {why}" if not window_unseen else why)
@@ -785,12 +803,14 @@ def main():
         selected = [c for c in selected if not c.gap()]
     if ONLY:
         selected = [c for c in selected if ONLY in c.id]
+    selected = shard.pick(selected, shard.parse(sys.argv))
     na = sorted({(f, s, not_applicable(f, s, t)) for f in FAULTS for s in STAGES
                  for t in TRANSPORTS if not_applicable(f, s, t) and t != "threads"})
     print(f"# fault matrix: {full_size} cells in all ({sum(store_host_dies(c) for c in cells)} "
           f"of them kill rank 0, the store's host: --include-store-host-death); running "
           f"{len(selected)} "
-          f"({'--full' if FULL else 'the default covering subset'})", flush=True)
+          f"({'--full' if FULL else 'the default covering subset'})"
+          f"{shard.describe(shard.parse(sys.argv))}", flush=True)
     for f, s, why in na:
         print(f"# n/a: {f} at {s}: {why}")
     print("# n/a: kill9 and sigstop on threads: thread ranks have no process to signal")

@@ -37,9 +37,14 @@ import tempfile
 import time
 import traceback
 
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+import shard  # noqa: E402
+
 HMC_RUN = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else "build/app/hmc-run")
 SOURCE_DIR = os.path.abspath(sys.argv[2] if len(sys.argv) > 2 else ".")
 ONLY = sys.argv[sys.argv.index("-k") + 1] if "-k" in sys.argv else None
+SHARD = shard.parse(sys.argv)  # --shard K/N: every N-th case, from the K-th
 TEARDOWN = "--no-teardown-cases" not in sys.argv
 TMP = tempfile.mkdtemp(prefix="hmc-launchers-")
 TORCHRUN = os.path.join(SOURCE_DIR, "tests", "support", "torchrun")
@@ -60,6 +65,7 @@ def clean_env(extra=None):
     # What the launches leave in TMPDIR (torchrun's torchelastic_* logs, evidence folders of a
     # killed run) goes with TMP, unless a case gives its own folder to check.
     env["TMPDIR"] = TMP
+    env[OWNER_VAR] = TMP  # marks this test's processes (hmc_processes)
     env.update(extra or {})
     return env
 
@@ -85,12 +91,19 @@ def net_namespace(pid="self"):
         return None
 
 
+# Set in every launch's environment (clean_env) to this run's own folder: the launchers pass
+# it on to the ranks, and it tells this test's hmc-run processes from those of the tests that
+# CTest runs beside it with the same binary (check_sigterm asserts that the ranks carry it).
+OWNER_VAR = "HMC_TEST_LAUNCHERS_OWNER"
+
+
 def hmc_processes():
-    """Pids of live hmc-run processes started from this build (not zombies) in this process's
-    network namespace: every launch of this test runs there, while the cluster tests
-    (tests/cluster, run beside this one by CTest) start the same binary on test hosts of their
-    own namespaces, and those are not ours to count."""
+    """Pids of live hmc-run processes started from this build (not zombies) by this test: in
+    this process's network namespace (the cluster tests start the same binary on test hosts of
+    their own namespaces) and with this run's OWNER_VAR in their environment (the e2e tests
+    beside it start it here too)."""
     ours = net_namespace()
+    mark = f"{OWNER_VAR}={TMP}".encode()
     out = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -100,10 +113,13 @@ def hmc_processes():
                 state = f.read().rsplit(")", 1)[1].split()[0]
             with open(f"/proc/{entry}/cmdline", "rb") as f:
                 argv0 = f.read().split(b"\0")[0]
+            if state == "Z" or argv0 != HMC_RUN.encode() or net_namespace(entry) != ours:
+                continue
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if mark in f.read().split(b"\0"):
+                    out.append(int(entry))
         except (OSError, IndexError):
             continue
-        if state != "Z" and argv0 == HMC_RUN.encode() and net_namespace(entry) == ours:
-            out.append(int(entry))
     return out
 
 
@@ -434,6 +450,9 @@ def check_sigterm(launcher, world):
         wait_for_ranks(proc, pid_of[0], world,
                        lambda ranks: all(r.get("step") == 2 for r in ranks),
                        "sleeping in step 2")
+        # The ranks carry OWNER_VAR through this launcher, so assert_no_hmc_left sees them.
+        unmarked = set(pid_of.values()) - set(hmc_processes())
+        assert not unmarked, f"{launcher}: ranks {sorted(unmarked)} lack {OWNER_VAR}"
         sent = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         run = finish(proc, command, sent, 90, path)  # bounded from the signal: no start-up
@@ -732,9 +751,7 @@ def main():
     passed = failed = 0
     skipped = []
     began_all = time.monotonic()
-    for fn in TESTS:
-        if ONLY and ONLY not in fn.__name__:
-            continue
+    for fn in shard.pick([fn for fn in TESTS if not ONLY or ONLY in fn.__name__], SHARD):
         began = time.monotonic()
         try:
             fn()

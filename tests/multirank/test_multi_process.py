@@ -11,6 +11,7 @@ result file left), and that no rank process outlives a run or a Ctrl-C. Every wa
 bounded; a hmc-run still running at its bound is killed with its whole process group. Python 3 standard library only. Prints "N passed, N failed" last.
 """
 
+import glob
 import json
 import os
 import re
@@ -24,9 +25,14 @@ import threading
 import time
 import traceback
 
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+import shard  # noqa: E402
+
 HMC_RUN = sys.argv[1] if len(sys.argv) > 1 else "build/app/hmc-run"
 SOURCE_DIR = sys.argv[2] if len(sys.argv) > 2 else "."
 ONLY = sys.argv[sys.argv.index("-k") + 1] if "-k" in sys.argv else None
+SHARD = shard.parse(sys.argv)  # --shard K/N: every N-th case, from the K-th
 GLOO = "--no-gloo" not in sys.argv  # hmc-run built without Gloo (HMC_WITH_GLOO=OFF)
 TMP = tempfile.mkdtemp(prefix="hmc-multi-process-")
 
@@ -518,7 +524,15 @@ def repetitions_are_reported_whole_and_leave_no_file():
         while not (len(read_pids(pid_file)) == 2 and all(alive(p) for p in read_pids(pid_file))):
             assert time.monotonic() < end and proc.poll() is None, "the ranks did not start"
             time.sleep(0.05)
-        time.sleep(6)  # loaded and connected (~2-3 s, more under load), then ~0.3 s each
+        # Awaited, not slept: a repetition's result files in hmc-run's run folder (under
+        # TMPDIR) say the ranks loaded, connected and ran steps. hmc-run reads and removes
+        # them within ~10 ms and a repetition takes ~0.3 s: polled every 2 ms, one of the next
+        # few repetitions is seen.
+        end = time.monotonic() + 120
+        while not glob.glob(os.path.join(tmpdir, "hmc-run-*", "rank*.*.json")):
+            assert time.monotonic() < end and proc.poll() is None, \
+                "no repetition ended within 120 s of the ranks' start"
+            time.sleep(0.002)
         os.kill(proc.pid, signal.SIGINT)
         out, err = proc.communicate(timeout=30)
     except BaseException:
@@ -529,8 +543,8 @@ def repetitions_are_reported_whole_and_leave_no_file():
     with open(report_path) as f:
         report = json.load(f)
     assert report.get("interrupted") is True, report.keys()
-    # Every repetition finished before the signal (usually several; none on a loaded machine
-    # where LibTorch loads slowly), then the one it stopped (a rank may be one ahead of the
+    # Every repetition finished before the signal (at least the first, which may be the
+    # warm-up that samples leave out), then the one it stopped (a rank may be one ahead of the
     # other: the last two may lack a rank's values).
     repetitions = report["samples"]["repetitions"]
     assert all(len(v) == repetitions for v in
@@ -589,9 +603,7 @@ def a_rank_that_dies_before_joining_fails_the_others_at_once_naming_it():
 
 def main():
     passed = failed = 0
-    for fn in TESTS:
-        if ONLY and ONLY not in fn.__name__:
-            continue
+    for fn in shard.pick([fn for fn in TESTS if not ONLY or ONLY in fn.__name__], SHARD):
         began = time.monotonic()
         try:
             fn()
