@@ -2,11 +2,18 @@
 // starts hmc_transport_peer once per rank (see transport_peer.cpp for what each scenario does
 // on a rank) and asserts on what every rank reported. Every run is bounded and reaps or kills
 // all its children.
+//
+// CTest runs each case as a test of its own, and the cases that loop over the transports once
+// per transport (tests/CMakeLists.txt: process_transport_test.<case>.<transport>), so that
+// cases that mostly wait on deadlines run beside each other. HMC_TEST_TRANSPORTS (a comma
+// list) restricts those loops; without it a case runs on every transport built.
 
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -18,9 +25,26 @@ using hmc::testing::ProcessOutcome;
 
 namespace {
 
-std::vector<std::string> transports() {
+std::vector<std::string> builtTransports() {
   std::vector<std::string> out{"store", "tcp"};
   if (HMC_HAVE_GLOO) out.push_back("gloo");
+  return out;
+}
+
+// The transports a case loops over: HMC_TEST_TRANSPORTS's, each of them built (a name that is
+// not fails the case rather than leaving it with nothing to run), else every one built.
+std::vector<std::string> transports() {
+  const auto built = builtTransports();
+  const char* only = std::getenv("HMC_TEST_TRANSPORTS");
+  if (only == nullptr || *only == '\0') return built;
+  std::vector<std::string> out;
+  std::istringstream names(only);
+  for (std::string name; std::getline(names, name, ',');) {
+    REQUIRE_MESSAGE(std::find(built.begin(), built.end(), name) != built.end(),
+                    "HMC_TEST_TRANSPORTS names '", name, "', which this build does not have");
+    out.push_back(name);
+  }
+  REQUIRE_MESSAGE(!out.empty(), "HMC_TEST_TRANSPORTS='", only, "' names no transport");
   return out;
 }
 
