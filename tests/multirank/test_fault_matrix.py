@@ -114,6 +114,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import reference_compare  # noqa: E402
 import shard  # noqa: E402
 
+SHARD = shard.parse(sys.argv)  # --shard K/N: every N-th cell of the selection, from the K-th
+
 
 def not_applicable(fault, stage, transport):
     """Why a cell does not exist, or None."""
@@ -399,18 +401,18 @@ def read_pids(path):
         return []
 
 
-def wait_for_window(port, world, window_step, proc, env, entered_after):
-    """Waits until `hmc-run status` shows every rank in the window step. Returns None when
-    they are, else why not (bounded by STATUS_BOUND_S). entered_after[0]: a time before which
-    not every rank was in the window (when the last status call that saw one outside it was
-    made; the wait's start if none did)."""
+def wait_for_window(port, world, window_step, proc, env):
+    """Waits until `hmc-run status` shows every rank in the window step. Returns (why, after):
+    why is None when they are, else why not (bounded by STATUS_BOUND_S); after is a time
+    before which not every rank was in the window (when the last status call that saw one
+    outside it was made; the wait's start if none did)."""
     end = time.monotonic() + STATUS_BOUND_S
     last = "no status yet"
-    entered_after[0] = time.monotonic()
+    after = time.monotonic()
     while time.monotonic() < end:
         if proc.poll() is not None:  # the product's failure, not the test's: not retried
             return (f"hmc-run ended (exit {proc.returncode}) before every rank was seen in the "
-                    "window")
+                    "window"), after
         asked = time.monotonic()
         try:
             status = subprocess.run([HMC_RUN, "status", "--master-port", str(port), "--json",
@@ -424,12 +426,12 @@ def wait_for_window(port, world, window_step, proc, env, entered_after):
             steps = [r.get("step") for r in doc.get("ranks", [])]
             last = f"ranks at steps {steps}"
             if len(steps) == world and all(s == window_step for s in steps):
-                return None
+                return None, after
             if any(isinstance(s, int) and s > window_step for s in steps):
-                return f"a rank passed the window before it was seen: {steps}"
-            entered_after[0] = asked
+                return f"a rank passed the window before it was seen: {steps}", after
+            after = asked
         time.sleep(0.2)
-    return f"the ranks did not reach the window within {STATUS_BOUND_S} s ({last})"
+    return f"the ranks did not reach the window within {STATUS_BOUND_S} s ({last})", after
 
 
 def startup_allowance(cell):
@@ -473,10 +475,9 @@ def run_cell(cell, work, window_s=WINDOW_S):
         if expected["signal"] is not None:
             early_stderr = proc.stderr.readline()  # "# hmc-run: store at 127.0.0.1:PORT ..."
             found = re.search(r"store at [0-9.]+:(\d+)", early_stderr)
-            entered_after = [0.0]
-            why = (wait_for_window(int(found.group(1)), cell.world, fault_index, proc, env,
-                                   entered_after)
-                   if found else f"no store address on hmc-run's stderr: {early_stderr!r}")
+            why, entered_after = (
+                wait_for_window(int(found.group(1)), cell.world, fault_index, proc, env)
+                if found else (f"no store address on hmc-run's stderr: {early_stderr!r}", 0.0))
             if not why and cell.fault == "sigstop" and window_s > WINDOW_S:
                 # A retry's long window: the signal waits for the window's end, as a first run's
                 # comes near it. The launcher ends a run whose rank stays stopped a deadline and
@@ -485,7 +486,7 @@ def run_cell(cell, work, window_s=WINDOW_S):
                 # never reached their deadline in the stage (seen beside other tests). The
                 # window ends after entered_after + window_s: signalled 1 s before that, at
                 # least 1 s of it is left, and at most 1 s + the last two status calls.
-                time.sleep(max(0.0, entered_after[0] + window_s - 1.0 - time.monotonic()))
+                time.sleep(max(0.0, entered_after + window_s - 1.0 - time.monotonic()))
             if why:
                 window_unseen = proc.poll() is not None
                 problems.append(f"{MISSED_WINDOW}: {why}" if not window_unseen else why)
@@ -803,14 +804,14 @@ def main():
         selected = [c for c in selected if not c.gap()]
     if ONLY:
         selected = [c for c in selected if ONLY in c.id]
-    selected = shard.pick(selected, shard.parse(sys.argv))
+    selected = shard.pick(selected, SHARD)
     na = sorted({(f, s, not_applicable(f, s, t)) for f in FAULTS for s in STAGES
                  for t in TRANSPORTS if not_applicable(f, s, t) and t != "threads"})
     print(f"# fault matrix: {full_size} cells in all ({sum(store_host_dies(c) for c in cells)} "
           f"of them kill rank 0, the store's host: --include-store-host-death); running "
           f"{len(selected)} "
           f"({'--full' if FULL else 'the default covering subset'})"
-          f"{shard.describe(shard.parse(sys.argv))}", flush=True)
+          f"{shard.describe(SHARD)}", flush=True)
     for f, s, why in na:
         print(f"# n/a: {f} at {s}: {why}")
     print("# n/a: kill9 and sigstop on threads: thread ranks have no process to signal")
