@@ -12,7 +12,8 @@
 #include "hmc/error.hpp"
 #include "hmc/scenario/scenario.hpp"
 #include "hmc/text.hpp"
-#include "signals.hpp"
+#include "hmc/world/signals.hpp"
+#include "rank_options.hpp"
 
 namespace fs = std::filesystem;
 
@@ -112,7 +113,11 @@ void addRunOptions(CLI::App& app, RunOptions& options) {
          "Deadline of every collective in seconds, replacing timeout_s (0 < s <= 1e6), "
          "e.g. --timeout 5")
       ->check(secondsValidator("timeout"));
-  app.add_option("--join-timeout", options.joinTimeoutS,
+  app.add_option_function<double>(
+         "--join-timeout",
+         [&options](const double& seconds) {
+           options.joinTimeout = collective::timeoutFromSeconds(seconds);
+         },
                  "How long a rank process may take to join its world, in seconds (0 < s <= 1e6): "
                  "start, load LibTorch, reach the store and meet every other rank; --timeout "
                  "bounds each collective after that. The default suits a cluster, where ranks "
@@ -121,7 +126,7 @@ void addRunOptions(CLI::App& app, RunOptions& options) {
                  "processes (tcp, store, gloo, nccl); the threads transport forms no world and "
                  "ignores it. e.g. --join-timeout 60")
       ->check(secondsValidator("join timeout"))
-      ->capture_default_str();
+      ->default_str(fmt::format("{:g}", std::chrono::duration<double>(options.joinTimeout).count()));
   app.add_option("--repetitions", options.repetitions,
                  "Run each scenario this many times (same ranks, fresh managers); the report "
                  "keeps every repetition's raw timing samples, e.g. --repetitions 10")
@@ -235,7 +240,7 @@ CommandLine::CommandLine()
 
   rankCommand = app.add_subcommand("_rank", "internal: one rank process of a local launch");
   rankCommand->group("");  // hidden from --help
-  rankLaunch.addOptions(*rankCommand);
+  addRankOptions(*rankCommand, rankLaunch);
 
   validateCommand = app.add_subcommand(
       "validate",
@@ -282,15 +287,15 @@ bool CommandLine::needsTorch() const {
 
 int CommandLine::runWithoutTorch() {
   if (*compareCommand) {
-    unblockTerminationSignals();
+    world::unblockTerminationSignals();
     return runCompare(compare);  // before logging
   }
   if (*renderCommand) {
-    unblockTerminationSignals();
+    world::unblockTerminationSignals();
     return runRender(render);
   }
   setUpLogging(run.logLevel);
-  unblockTerminationSignals();
+  world::unblockTerminationSignals();
   if (*validateCommand) return validateScenarioFiles(validateFiles, validateWorldSize);
   if (*listCommand) return listScenarios(listDirectory);
   fmt::print(stderr,

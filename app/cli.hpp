@@ -12,10 +12,11 @@
 #include <vector>
 
 #include "compare_command.hpp"
-#include "hmc/collective/transport.hpp"
 #include "exit_codes.hpp"
-#include "rank_launch.hpp"
+#include "hmc/collective/transport.hpp"
+#include "hmc/world/rank_launch.hpp"
 #include "render_command.hpp"
+#include "run_options.hpp"
 #include "shrink_command.hpp"
 #include "status_command.hpp"
 
@@ -24,23 +25,6 @@ namespace hmc::app {
 // Set by the front to its own path before it execs the runner; the runner starts its rank
 // processes through it (`hmc-run _rank ...`).
 inline constexpr const char* kFrontEnv = "HMC_RUN_FRONT";
-
-// The options of a run (the default command).
-struct RunOptions {
-  std::vector<std::string> paths;
-  ScenarioOverrides overrides;  // --world-size, --device, --timeout
-  collective::Transport transport = collective::Transport::kAuto;
-  std::optional<std::string> reportPath;
-  std::optional<std::string> tracePath;
-  std::optional<std::string> htmlPath;  // --html: the report as one self-contained page
-  std::string logLevel = "warn";
-  bool quiet = false;
-  std::optional<std::string> masterAddr;
-  std::optional<int> masterPort;
-  double joinTimeoutS = kDefaultJoinTimeoutS;  // --join-timeout (rank_launch.hpp)
-  int repetitions = 1;
-  std::optional<int> warmup;  // default: 1 when repetitions > 1
-};
 
 // Every option and subcommand of hmc-run, writing into the fields below (so neither copyable
 // nor movable).
@@ -61,7 +45,7 @@ struct CommandLine {
 
   CLI::App app;
   RunOptions run;
-  RankLaunch rankLaunch;
+  world::RankLaunch rankLaunch;
   StatusOptions status;
   CompareOptions compare;
   RenderOptions render;
@@ -78,12 +62,6 @@ struct CommandLine {
   CLI::App* renderCommand = nullptr;
   CLI::App* shrinkCommand = nullptr;
 };
-
-// The `hmc` logger on stderr at `level` (trace ... off).
-void setUpLogging(const std::string& level);
-
-// "hmc-run: <message>" on stderr.
-void usageError(const std::string& message);
 
 // Files the paths name: a file itself, or a directory's *.json files in name order. Sets
 // *anyDirectory when a path is a directory. Throws ScenarioError for a directory it cannot

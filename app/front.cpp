@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "cli.hpp"
-#include "signals.hpp"
+#include "hmc/world/signals.hpp"
 
 namespace fs = std::filesystem;
 
@@ -63,7 +63,7 @@ int execRunner(char** argv) {
 int main(int argc, char** argv) {
   // As the runner does first (main.cpp); the mask and SIGPIPE's SIG_IGN hold across exec, and
   // a termination signal that arrives before the exec stays pending for the runner.
-  hmc::app::blockTerminationSignals();
+  hmc::world::blockTerminationSignals();
   std::signal(SIGPIPE, SIG_IGN);
   hmc::app::CommandLine cli;
   if (const auto code = cli.parse(argc, argv)) return *code;

@@ -5,7 +5,7 @@
 //
 // The data flow, top to bottom: the command line (RunOptions) -> a RunPlan (who starts the
 // ranks, which transport, who reports: run_plan.hpp) -> per file: read once, parse with the
-// overrides (PreparedScenario) -> one WorldDriver (world_driver.hpp: threads, hmc-run's own
+// overrides (PreparedScenario) -> one world::WorldDriver (world_driver.hpp: threads, hmc-run's own
 // rank processes, or one rank of a launcher's world) hands every repetition to a
 // ReportBuilder -> one ScenarioReport -> the reporters (console, JSON, trace) on the reporting
 // process only.
@@ -45,13 +45,13 @@
 #include "hmc/scenario/runner.hpp"
 #include "hmc/scenario/scenario.hpp"
 #include "hmc/text.hpp"
-#include "rank_launch.hpp"
-#include "rank_process.hpp"
+#include "hmc/world/rank_launch.hpp"
+#include "hmc/world/rank_process.hpp"
+#include "hmc/world/signals.hpp"
+#include "hmc/world/world_driver.hpp"
 #include "run_plan.hpp"
-#include "signals.hpp"
 #include "status_command.hpp"
 #include "terminal_line.hpp"
-#include "world_driver.hpp"
 
 namespace fs = std::filesystem;
 using hmc::collective::Transport;
@@ -122,8 +122,8 @@ class Progress {
     if (done_ < repetitions_ && now - shown_ < std::chrono::milliseconds(200)) return;
     shown_ = now;
     const double elapsed = std::chrono::duration<double>(now - began_).count();
-    const double left = elapsed / static_cast<double>(done_) *
-                        static_cast<double>(repetitions_ - done_);
+    const double left =
+        elapsed / static_cast<double>(done_) * static_cast<double>(repetitions_ - done_);
     line_.show(fmt::format("# {}: cycle {} of {}, {:.1f} s elapsed, about {:.0f} s left ", name,
                            done_, repetitions_, elapsed, left));
   }
@@ -239,8 +239,8 @@ class InterruptReporter {
         start_(std::chrono::steady_clock::now()) {}
 
   void operator()(std::vector<std::vector<RankResult>> merged, int signal,
-                  hmc::app::InterruptMode mode) {
-    if (mode == hmc::app::InterruptMode::kPublishEarly) {
+                  hmc::world::InterruptMode mode) {
+    if (mode == hmc::world::InterruptMode::kPublishEarly) {
       // Where makeReporters puts the table (a JSON on stdout, "-", was written with the
       // files at the warning: it cannot wait for a SIGTERM that leaves 20-50 ms).
       const std::string text = earlyTable_.str();
@@ -255,7 +255,7 @@ class InterruptReporter {
         hmc::scenario::buildReport(scenario_, std::move(merged), plan_.warmup,
                                    runInfo(plan_, scenario_, startedAt_, wall, command_));
     report.interrupted = true;
-    if (mode == hmc::app::InterruptMode::kEarly) {
+    if (mode == hmc::world::InterruptMode::kEarly) {
       earlyTable_.str("");
       for (auto& reporter : makeReporters(options_, false, publisher_.total(), &earlyTable_)) {
         reporter->report(report);
@@ -316,18 +316,18 @@ int runScenarios(const RunOptions& options, const std::vector<std::string>& comm
   if (plan.reporting) publisher.ensureReporters();
 
   // Without a launcher this process takes Ctrl-C, SIGTERM and SIGHUP itself: it stops the
-  // ranks and reports what they did. Under a launcher each rank's TerminationWatcher does
+  // ranks and reports what they did. Under a launcher each rank's world::TerminationWatcher does
   // (teardown.hpp).
-  std::optional<hmc::app::SignalScope> signals;
+  std::optional<hmc::world::SignalScope> signals;
   if (!plan.launch) {
     signals.emplace();
-    hmc::app::unblockTerminationSignals();
+    hmc::world::unblockTerminationSignals();
   }
   Progress progress(plan.reporting && !options.quiet && isatty(STDERR_FILENO) != 0);
   Outcome overall = Outcome::kPass;
   bool interrupted = false;
   for (const auto& file : files) {
-    if (hmc::app::pendingSignal() != 0) {
+    if (hmc::world::pendingSignal() != 0) {
       interrupted = true;
       break;
     }
@@ -345,23 +345,23 @@ int runScenarios(const RunOptions& options, const std::vector<std::string>& comm
     }
     const auto start = std::chrono::steady_clock::now();
     std::string startedAt = isoNow();
-    hmc::app::WorldOptions world = hmc::app::worldOptions(plan, options, executable);
+    hmc::world::WorldOptions world = hmc::app::worldOptions(plan, options, executable);
     world.onRankZeroStep = progressOf(progress, prepared.scenario);
     auto onInterrupted = std::make_shared<InterruptReporter>(options, plan, prepared.scenario,
                                                              startedAt, command, publisher);
     world.onInterrupted = [onInterrupted](std::vector<std::vector<RankResult>> merged, int signal,
-                                          hmc::app::InterruptMode mode) {
+                                          hmc::world::InterruptMode mode) {
       (*onInterrupted)(std::move(merged), signal, mode);
     };
-    const auto driver = hmc::app::makeWorldDriver(std::move(world));
+    const auto driver = hmc::world::makeWorldDriver(std::move(world));
     hmc::scenario::ReportBuilder repetitions(prepared.scenario, plan.warmup);
     progress.begin(static_cast<std::size_t>(options.repetitions));
-    const hmc::app::WorldRun ran = driver->run(
-        {prepared.scenario, file, prepared.text},
-        [&repetitions, &progress, &prepared](std::vector<RankResult> ranks) {
-          repetitions.add(std::move(ranks));
-          progress.cycle(prepared.scenario.name);
-        });
+    const hmc::world::WorldRun ran =
+        driver->run({prepared.scenario, file, prepared.text},
+                    [&repetitions, &progress, &prepared](std::vector<RankResult> ranks) {
+                      repetitions.add(std::move(ranks));
+                      progress.cycle(prepared.scenario.name);
+                    });
     progress.clear();
     // A non-reporting rank: rank 0 reports (or nobody can report what this rank saw).
     if (!ran.reporting) return ran.unreported ? hmc::scenario::exitCodeOf(*ran.unreported) : 0;
@@ -388,7 +388,7 @@ int runScenarios(const RunOptions& options, const std::vector<std::string>& comm
     fmt::print(stderr,
                "hmc-run: interrupted by signal {} ({}); the ranks were stopped and what "
                "they did is reported above\n",
-               hmc::app::pendingSignal(), strsignal(hmc::app::pendingSignal()));
+               hmc::world::pendingSignal(), strsignal(hmc::world::pendingSignal()));
     return kExitInterrupted;
   }
   return hmc::scenario::exitCodeOf(overall);
@@ -407,7 +407,7 @@ std::string withLimitHint(std::string message) {
 }
 
 // The hidden `_rank` command: one rank process of hmc-run's own local launch.
-int runRankCommand(const hmc::app::RankLaunch& launch) {
+int runRankCommand(const hmc::world::RankLaunch& launch) {
   hmc::scenario::Scenario scenario;
   try {
     scenario = launch.overrides.parse(
@@ -419,7 +419,7 @@ int runRankCommand(const hmc::app::RankLaunch& launch) {
   }
   try {
     hmc::scenario::limitTorchThreads(1);
-    hmc::app::runRankProcess(scenario, launch);
+    hmc::world::runRankProcess(scenario, launch);
   } catch (const std::exception& error) {
     fmt::print(stderr, "hmc-run rank {}: {}\n", launch.placement.rank, withLimitHint(error.what()));
     return 1;
@@ -434,7 +434,7 @@ int main(int argc, char** argv) {
   // only the thread meant to take them (signals.hpp). The front (front.cpp) has done both
   // already when it exec'd this runner; they hold across exec, and are repeated for a runner
   // started directly.
-  hmc::app::blockTerminationSignals();
+  hmc::world::blockTerminationSignals();
   // A closed output pipe (a launcher that stopped forwarding output while it tears the job
   // down) must not kill the process before it writes --report: writes fail with EPIPE instead.
   std::signal(SIGPIPE, SIG_IGN);
@@ -459,7 +459,7 @@ int main(int argc, char** argv) {
   const RunOptions& options = cli.run;
   hmc::app::setUpLogging(options.logLevel);
   if (*cli.statusCommand) {
-    if (options.paths.empty()) hmc::app::unblockTerminationSignals();
+    if (options.paths.empty()) hmc::world::unblockTerminationSignals();
     return hmc::app::runStatus(cli.status);
   }
   try {

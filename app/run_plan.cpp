@@ -3,10 +3,11 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "exit_codes.hpp"
 #include "hmc/config.hpp"
 #include "hmc/scenario/output_file.hpp"
 #include "hmc/scenario/runner.hpp"
-#include "preflight.hpp"
+#include "hmc/world/preflight.hpp"
 
 namespace hmc::app {
 namespace {
@@ -47,7 +48,7 @@ int planRun(const RunOptions& options, RunPlan* plan, const collective::EnvLooku
       return kExitUsage;
     }
     plan->reporting = launch->rank == 0;
-    plan->placement = RankPlacement::fromLaunch(*launch);
+    plan->placement = world::RankPlacement::fromLaunch(*launch);
   } else if (plan->transport == collective::Transport::kAuto) {
     plan->transport = collective::Transport::kThreads;
   }
@@ -100,7 +101,7 @@ int planRun(const RunOptions& options, RunPlan* plan, const collective::EnvLooku
 PreparedScenario prepareScenario(const std::string& file, const RunOptions& options,
                                  const RunPlan& plan) {
   PreparedScenario prepared;
-  ScenarioOverrides overrides = options.overrides;
+  world::ScenarioOverrides overrides = options.overrides;
   if (plan.launch) overrides.worldSize = plan.launch->worldSize;
   try {
     prepared.text = scenario::readScenarioFile(file);
@@ -135,7 +136,7 @@ PreparedScenario prepareScenario(const std::string& file, const RunOptions& opti
   }
   if (!prepared.error) {
     // What the run needs from this host (descriptors, tasks, memory), before any rank starts.
-    RunShape shape;
+    world::RunShape shape;
     shape.processes = !plan.launch && collective::ranksAreProcesses(plan.transport);
     shape.hostsStore = plan.placement && plan.placement->hostsStore();
     shape.worldSize = scenario.worldSize;
@@ -160,15 +161,15 @@ PreparedScenario prepareScenario(const std::string& file, const RunOptions& opti
   return prepared;
 }
 
-WorldOptions worldOptions(const RunPlan& plan, const RunOptions& options,
-                          const std::string& executable) {
-  WorldOptions world;
+world::WorldOptions worldOptions(const RunPlan& plan, const RunOptions& options,
+                                 const std::string& executable) {
+  world::WorldOptions world;
   world.launch.overrides = options.overrides;
   world.launch.repetitions = options.repetitions;
   world.launch.transport = plan.transport;
   world.launch.flightCapacity = plan.flightCapacity;
   world.launch.logLevel = options.logLevel;
-  world.launch.joinTimeoutS = options.joinTimeoutS;
+  world.launch.joinTimeout = options.joinTimeout;
   if (plan.placement) world.launch.placement = *plan.placement;
   world.executable = executable;
   world.masterPort = options.masterPort;

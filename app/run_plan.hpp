@@ -2,27 +2,27 @@
 // From the command line to what runs: a RunPlan decided once for the whole run (who starts
 // the ranks, over which transport, who reports), then per scenario file a PreparedScenario
 // (read once, parsed with the overrides, checked against what this host can run), and the
-// WorldOptions of the driver that runs it (world_driver.hpp).
+// world::WorldOptions of the driver that runs it (world_driver.hpp).
 
 #include <cstddef>
 #include <optional>
 #include <string>
 
-#include "cli.hpp"
 #include "hmc/collective/launch_env.hpp"
 #include "hmc/collective/transport.hpp"
 #include "hmc/error.hpp"
 #include "hmc/resources/cuda_device.hpp"
 #include "hmc/scenario/scenario.hpp"
-#include "rank_placement.hpp"
-#include "world_driver.hpp"
+#include "hmc/world/rank_placement.hpp"
+#include "hmc/world/world_driver.hpp"
+#include "run_options.hpp"
 
 namespace hmc::app {
 
 // Who starts the ranks and who reports, decided once for the whole run.
 struct RunPlan {
-  std::optional<collective::LaunchEnv> launch;  // torchrun, srun or mpirun started us
-  std::optional<RankPlacement> placement;       // where this process sits under it
+  std::optional<collective::LaunchEnv> launch;    // torchrun, srun or mpirun started us
+  std::optional<world::RankPlacement> placement;  // where this process sits under it
   collective::Transport transport = collective::Transport::kThreads;  // resolved: never kAuto
   std::optional<resources::DeviceProbe> ncclDevices;
   bool reporting = true;  // this process prints and writes the results
@@ -46,7 +46,7 @@ PreparedScenario prepareScenario(const std::string& file, const RunOptions& opti
                                  const RunPlan& plan);
 
 // The driver's options for the plan; `executable` is what hmc-run's own rank processes run.
-WorldOptions worldOptions(const RunPlan& plan, const RunOptions& options,
-                          const std::string& executable);
+world::WorldOptions worldOptions(const RunPlan& plan, const RunOptions& options,
+                                 const std::string& executable);
 
 }  // namespace hmc::app

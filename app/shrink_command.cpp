@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include "cli.hpp"
+#include "exit_codes.hpp"
 #include "hmc/error.hpp"
 #include "hmc/scenario/failure_signature.hpp"
 #include "hmc/scenario/output_file.hpp"
@@ -24,10 +24,10 @@
 #include "hmc/scenario/shrinker.hpp"
 #include "hmc/scenario/thread_driver.hpp"
 #include "hmc/text.hpp"
+#include "hmc/world/signals.hpp"
+#include "hmc/world/world_driver.hpp"
 #include "run_plan.hpp"
-#include "signals.hpp"
 #include "terminal_line.hpp"
-#include "world_driver.hpp"
 
 namespace hmc::app {
 namespace {
@@ -160,17 +160,18 @@ class TrialRunner {
       }
       interrupted = interrupt_.interrupted();
     } else {
-      WorldOptions world = worldOptions(plan_, run_, executable_);
-      const auto driver = makeWorldDriver(std::move(world));
-      const WorldRun ran = driver->run({parsed, options_.input, text},
-                                       [&builder, &any](std::vector<scenario::RankResult> ranks) {
-                                         builder.add(std::move(ranks));
-                                         any = true;
-                                       });
+      world::WorldOptions world = worldOptions(plan_, run_, executable_);
+      const auto driver = world::makeWorldDriver(std::move(world));
+      const world::WorldRun ran =
+          driver->run({parsed, options_.input, text},
+                      [&builder, &any](std::vector<scenario::RankResult> ranks) {
+                        builder.add(std::move(ranks));
+                        any = true;
+                      });
       interrupted = ran.interrupted;
     }
     Trial trial;
-    trial.interrupted = interrupted || !any || pendingSignal() != 0;
+    trial.interrupted = interrupted || !any || world::pendingSignal() != 0;
     if (!any) return trial;
     scenario::RunInfo info;
     info.transport = transport();
@@ -182,7 +183,7 @@ class TrialRunner {
   void watchSignals() {
     watcher_ = std::thread([this] {
       while (!done_.load()) {
-        if (const int signal = pendingSignal(); signal != 0) {
+        if (const int signal = world::pendingSignal(); signal != 0) {
           interrupt_.interrupt(
               fmt::format("interrupted by signal {} ({})", signal, strsignal(signal)));
           return;
@@ -296,7 +297,7 @@ class ShrinkSession {
     say(
         fmt::format("# shrinking {}: trials on {} with a {:g} s deadline, at most {:g} s "
                     "(--max-seconds), matching at --same {}",
-                    from_, runner_.transport(), trialTimeout_, options_.maxSeconds, options_.same));
+                    from_, runner_.transport(), trialTimeout_, options_.budget.count(), options_.same));
     shrink();
     if (interrupted_) return interruptedAfter("while shrinking");
     return confirmAndWrite();
@@ -312,7 +313,7 @@ class ShrinkSession {
       fmt::print(stderr,
                  "hmc-run: shrink: interrupted by signal {} ({}) during the first run; "
                  "nothing written\n",
-                 pendingSignal(), strsignal(pendingSignal()));
+                 world::pendingSignal(), strsignal(world::pendingSignal()));
       return kExitInterrupted;
     }
     signature_ = scenario::failureSignature(reference.report);
@@ -336,7 +337,7 @@ class ShrinkSession {
 
   // Trials with a short deadline, unless the failure needs the scenario's own.
   void chooseTrialDeadline() {
-    trialTimeout_ = std::min(options_.trialTimeoutS, ownTimeout_);
+    trialTimeout_ = std::min(options_.trialTimeout.count(), ownTimeout_);
     if (trialTimeout_ >= ownTimeout_) return;
     const Trial quick = runner_.run(document_, trialTimeout_);
     if (quick.interrupted || scenario::failureSignature(quick.report).sameAs(signature_, same_)) {
@@ -366,8 +367,8 @@ class ShrinkSession {
           return scenario::failureSignature(trial.report).sameAs(signature_, same_);
         },
         [&] {
-          if (pendingSignal() != 0) interrupted_ = true;
-          if (elapsed() > options_.maxSeconds) outOfTime_ = true;
+          if (world::pendingSignal() != 0) interrupted_ = true;
+          if (elapsed() > options_.budget.count()) outOfTime_ = true;
           return interrupted_ || outOfTime_;
         });
     best = &shrinker.best();
@@ -393,8 +394,8 @@ class ShrinkSession {
                "hmc-run: shrink: interrupted by signal {} ({}) {} after {} trials ({:.0f} s): "
                "wrote the best so far, {} (from {}), to {}; it failed the same way with the {:g} s "
                "trial deadline and was not confirmed with the scenario's own\n",
-               pendingSignal(), strsignal(pendingSignal()), when, trials_, shrinkSeconds_,
-               sizeText(result_), from_, printable(options_.output), trialTimeout_);
+               world::pendingSignal(), strsignal(world::pendingSignal()), when, trials_,
+               shrinkSeconds_, sizeText(result_), from_, printable(options_.output), trialTimeout_);
     return kExitInterrupted;
   }
 
@@ -426,7 +427,7 @@ class ShrinkSession {
       say(
           fmt::format("# stopped at --max-seconds {:g}: wrote the best so far; a longer run may "
                       "shrink it further",
-                      options_.maxSeconds));
+                      options_.budget.count()));
     }
     if (confirm.report.hang && !confirm.report.hang->diagnosis.empty()) {
       say(fmt::format("# hang: {}", confirm.report.hang->diagnosis));
@@ -483,8 +484,8 @@ int runShrink(const ShrinkOptions& options, const std::string& executable) {
   TrialRunner runner(options, executable);
   if (const int code = runner.plan(); code != 0) return code;
   scenario::limitTorchThreads(1);
-  SignalScope signals;
-  unblockTerminationSignals();
+  world::SignalScope signals;
+  world::unblockTerminationSignals();
   runner.watchSignals();
   return ShrinkSession(options, runner, std::move(*input)).run();
 }

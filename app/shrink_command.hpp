@@ -13,6 +13,7 @@
 // a scenario that does not fail among them; 130 interrupted (the best so far written).
 
 #include <CLI/CLI.hpp>
+#include <chrono>
 #include <string>
 
 #include "hmc/collective/transport.hpp"
@@ -23,9 +24,9 @@ struct ShrinkOptions {
   std::string input;
   std::string output;
   std::string same = "all";  // a SameLevel name (failure_signature.hpp), checked by the parser
-  double trialTimeoutS = 0.25;
+  std::chrono::duration<double> trialTimeout{0.25};  // --trial-timeout
   collective::Transport transport = collective::Transport::kThreads;
-  double maxSeconds = 300;
+  std::chrono::duration<double> budget{300};  // --max-seconds
   bool asTest = false;
   bool signatureOnly = false;
   std::string logLevel = "off";

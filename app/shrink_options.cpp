@@ -1,5 +1,7 @@
 // `hmc-run shrink`'s command line: declared in the torch-free front too (--help, parsing), run
 // by the runner (shrink_command.cpp).
+#include <fmt/format.h>
+
 #include <CLI/CLI.hpp>
 
 #include "hmc/enum_names.hpp"
@@ -28,11 +30,15 @@ CLI::App* addShrinkCommand(CLI::App& app, ShrinkOptions& options) {
       ->check(CLI::IsMember(enumNames<scenario::SameLevel>()))
       ->capture_default_str();
   shrink
-      ->add_option("--trial-timeout", options.trialTimeoutS,
+      ->add_option_function<double>(
+          "--trial-timeout",
+          [&options](const double& seconds) {
+            options.trialTimeout = std::chrono::duration<double>(seconds);
+          },
                    "The collective deadline of each trial in seconds (a trial that hangs costs "
                    "it); the result is confirmed once with the scenario's own timeout_s")
       ->check(CLI::Range(0.01, 3600.0))
-      ->capture_default_str();
+      ->default_str(fmt::format("{:g}", options.trialTimeout.count()));
   shrink
       ->add_option_function<std::string>(
           "--transport",
@@ -43,10 +49,14 @@ CLI::App* addShrinkCommand(CLI::App& app, ShrinkOptions& options) {
           "processes, for a failure that needs them (a rank process that crashes)")
       ->check(CLI::IsMember({"threads", "tcp", "store", "gloo"}));
   shrink
-      ->add_option("--max-seconds", options.maxSeconds,
+      ->add_option_function<double>(
+          "--max-seconds",
+          [&options](const double& seconds) {
+            options.budget = std::chrono::duration<double>(seconds);
+          },
                    "Stop shrinking after this many seconds and write the best so far")
       ->check(CLI::Range(1.0, 86400.0))
-      ->capture_default_str();
+      ->default_str(fmt::format("{:g}", options.budget.count()));
   shrink->add_flag("--as-test", options.asTest,
                    "Set every step's expect to what it did, so that the file passes while the "
                    "failure stays and fails once it changes (a CI regression test)");

@@ -11,12 +11,12 @@
 #include <cstring>
 #include <iostream>
 
+#include "exit_codes.hpp"
 #include "hmc/collective/store_transport.hpp"
 #include "hmc/diagnostics/hang_diagnosis.hpp"
 #include "hmc/diagnostics/job_status.hpp"
 #include "hmc/error.hpp"
 #include "hmc/text.hpp"
-#include "exit_codes.hpp"
 
 namespace hmc::app {
 namespace {
@@ -161,12 +161,6 @@ int runStatus(const StatusOptions& options) {
     printTable(status, elapsedS);
   }
   return status.hung ? kExitHung : kExitProgressing;
-}
-
-void printStoreAddress(std::FILE* out, const std::string& host, int port) {
-  fmt::print(out, "# hmc-run: store at {}:{} (attach: hmc-run status --master-port {})\n", host,
-             port, port);
-  std::fflush(out);
 }
 
 }  // namespace hmc::app

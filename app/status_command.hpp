@@ -29,8 +29,4 @@ CLI::App* addStatusCommand(CLI::App& app, StatusOptions& options);
 // Runs `hmc-run status`; returns its exit code.
 int runStatus(const StatusOptions& options);
 
-// The header line of a self-launched multi-process run, to stderr:
-// "# hmc-run: store at 127.0.0.1:PORT (attach: hmc-run status --master-port PORT)".
-void printStoreAddress(std::FILE* out, const std::string& host, int port);
-
 }  // namespace hmc::app

@@ -1,8 +1,8 @@
-// A rank process's configuration (app/rank_launch.hpp, app/rank_placement.hpp): the `_rank`
-// command line that hmc-run's launcher writes reads back as the same RankLaunch, and a
+// A rank process's configuration (hmc/world/rank_launch.hpp, hmc/world/rank_placement.hpp): the
+// `_rank` command line that hmc-run's launcher writes reads back as the same RankLaunch, and a
 // launcher's environment gives the placement every other part reads.
 
-#include "rank_launch.hpp"
+#include "hmc/world/rank_launch.hpp"
 
 #include <doctest/doctest.h>
 
@@ -14,22 +14,23 @@
 
 #include "cli.hpp"
 #include "hmc/collective/launch_env.hpp"
-#include "rank_placement.hpp"
+#include "hmc/world/rank_placement.hpp"
+#include "rank_options.hpp"
 
 namespace {
 
 using namespace std::chrono_literals;
 using hmc::app::CommandLine;
-using hmc::app::RankLaunch;
-using hmc::app::RankPlacement;
-using hmc::app::StoreHost;
+using hmc::world::RankLaunch;
+using hmc::world::RankPlacement;
+using hmc::world::StoreHost;
 
 // Parses `launch.toArgs()` as the rank process does.
 RankLaunch roundTrip(const RankLaunch& launch) {
   CLI::App app("hmc-run");
   CLI::App* rank = app.add_subcommand("_rank");
   RankLaunch back;
-  back.addOptions(*rank);
+  hmc::app::addRankOptions(*rank, back);
   std::vector<std::string> args = launch.toArgs();
   args.insert(args.begin(), "hmc-run");
   std::vector<const char*> argv;
@@ -65,7 +66,7 @@ TEST_SUITE("rank launch") {
     launch.flightCapacity = 65536;
     launch.resultFile = "/tmp/hmc-run-x/rank5";
     launch.logLevel = "debug";
-    launch.joinTimeoutS = 12.345;
+    launch.joinTimeout = 12345ms;
     const RankLaunch back = roundTrip(launch);
     CHECK(back.scenarioFile == launch.scenarioFile);
     CHECK(back.displayFile == launch.displayFile);
@@ -85,12 +86,11 @@ TEST_SUITE("rank launch") {
     CHECK(back.flightCapacity == 65536);
     CHECK(back.resultFile == launch.resultFile);
     CHECK(back.logLevel == "debug");
-    CHECK(back.joinTimeoutS == launch.joinTimeoutS);
     const auto options = back.transportOptions(2s);
     CHECK(options.timeout == 2s);
     REQUIRE(options.joinTimeout.has_value());
     CHECK(*options.joinTimeout == 12345ms);
-    CHECK(back.joinTimeout() == 12345ms);
+    CHECK(back.joinTimeout == 12345ms);
   }
 
   TEST_CASE("without overrides none appear, and rank 0 hosts the store by default") {
@@ -146,21 +146,21 @@ TEST_SUITE("rank launch") {
     sent.placement.rank = 1;
     sent.placement.worldSize = 4;
     sent.resultFile = "/tmp/result";
-    sent.joinTimeoutS = 7;
+    sent.joinTimeout = 7s;
     CommandLine cli;
     REQUIRE_FALSE(parse(cli, sent.toArgs()).has_value());
     CHECK(cli.rankLaunch.placement.rank == 1);
-    CHECK(cli.rankLaunch.joinTimeout() == 7s);
+    CHECK(cli.rankLaunch.joinTimeout == 7s);
   }
 
   TEST_CASE("--join-timeout defaults to 300 s and reaches the rank launch") {
     CommandLine defaults;
     REQUIRE_FALSE(parse(defaults, {"scenario.json"}).has_value());
-    CHECK(defaults.run.joinTimeoutS == 300.0);
-    CHECK(RankLaunch().joinTimeout() == 300s);
+    CHECK(defaults.run.joinTimeout == 300s);
+    CHECK(RankLaunch().joinTimeout == 300s);
     CommandLine given;
     REQUIRE_FALSE(parse(given, {"scenario.json", "--join-timeout", "45"}).has_value());
-    CHECK(given.run.joinTimeoutS == 45.0);
+    CHECK(given.run.joinTimeout == 45s);
   }
 
   TEST_CASE("--join-timeout that is not a positive number of seconds is a usage error") {

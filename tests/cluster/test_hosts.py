@@ -569,7 +569,7 @@ def torchrun_skipped_close_across_hosts_hangs_naming_rank_and_stage(box):
 # the store host's wait for every rank's goodbye) waited its full deadline for the ranks that
 # could not answer: the connected ranks ended ~8 s and the report came ~12 s after the last
 # collective deadline (goal: 2 s). Now a rank whose heartbeat stopped while it waits past a
-# deadline is announced gone (app/result_gatherer.hpp, SilentRanks), and a rank cut off from
+# deadline is announced gone (hmc/world/result_gatherer.hpp, SilentRanks), and a rank cut off from
 # the store's host learns it within 1.5 s of its first unanswered request (the out-of-band
 # store's request deadline and TCP handshake, lib/src/collective/store_transport.cpp): those
 # cases pass. A case hmc gets wrong would be marked known_failure (none is now).

@@ -103,4 +103,16 @@ double unixNow() noexcept {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
+std::optional<Heartbeat> readHeartbeat(collective::KeyValueStore& kv, int rank,
+                                       std::chrono::milliseconds timeout, std::string* problem) {
+  const std::string key = heartbeatKey(rank);
+  if (!kv.check({key})) return std::nullopt;
+  try {
+    return Heartbeat::fromJson(nlohmann::json::parse(kv.get(key, timeout)));
+  } catch (const nlohmann::json::exception& error) {
+    if (problem != nullptr) *problem = error.what();
+    return std::nullopt;
+  }
+}
+
 }  // namespace hmc::diagnostics

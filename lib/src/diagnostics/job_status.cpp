@@ -156,13 +156,8 @@ JobStatus readJobStatus(collective::KeyValueStore& store, const std::string& end
   }
   std::vector<std::optional<Heartbeat>> heartbeats(std::max(meta.worldSize, 0));
   for (int rank = 0; rank < meta.worldSize; ++rank) {
-    const std::string key = heartbeatKey(rank);
-    if (!store.check({key})) continue;
-    try {
-      heartbeats[rank] = Heartbeat::fromJson(nlohmann::json::parse(store.get(key, timeout)));
-    } catch (const nlohmann::json::exception&) {
-      // An unreadable heartbeat reads as none; the rank shows as "unknown".
-    }
+    // An unreadable heartbeat reads as none; the rank shows as "unknown".
+    heartbeats[rank] = readHeartbeat(store, rank, timeout);
   }
   std::map<int, std::string> dead;
   if (store.check({collective::kAnyDeadKey})) {

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "cuda_device_guard.hpp"
+#include "hmc/collective/collective.hpp"
 #include "hmc/error.hpp"
 #include "hmc/log.hpp"
 #include "hmc/resources/cuda_check.hpp"

@@ -11,12 +11,14 @@
 //                      to find the other keys (world size) and to judge deadlines.
 // Readers only read these keys (KeyValueStore::check and get); they never write.
 
+#include <chrono>
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
 
+#include "hmc/collective/key_value_store.hpp"
 #include "hmc/diagnostics/flight_recorder.hpp"
 #include "hmc/enum_names.hpp"
 
@@ -75,6 +77,14 @@ struct JobMeta {
 // The heartbeat of the rank `recorder` watches, at `now` (beat and writtenAtUnix unset).
 Heartbeat heartbeatOf(const FlightRecorder& recorder, int rank,
                       collective::Clock::time_point now = collective::Clock::now());
+
+// Rank `rank`'s heartbeat in `kv`, the one reader of the key for every caller (the reporting
+// rank's gatherer, hmc-run's launcher, `hmc-run status`): nullopt when the rank wrote none, or
+// when what it wrote does not parse (then `*problem`, if given, says why). Each store request
+// is bounded by `timeout`; the store's own errors propagate.
+std::optional<Heartbeat> readHeartbeat(collective::KeyValueStore& kv, int rank,
+                                       std::chrono::milliseconds timeout,
+                                       std::string* problem = nullptr);
 
 // Seconds since 1970 on the system clock.
 double unixNow() noexcept;

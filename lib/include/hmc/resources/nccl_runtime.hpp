@@ -33,8 +33,13 @@
 #include <string>
 #include <vector>
 
-#include "hmc/collective/collective.hpp"
 #include "hmc/resources/device_registry.hpp"
+
+// Only a pointer to the bootstrap Collective is held here: the collective layer's nccl
+// transport includes this header, so this one must not include collective.hpp back.
+namespace hmc::collective {
+class Collective;
+}
 
 struct ncclComm;
 struct CUstream_st;

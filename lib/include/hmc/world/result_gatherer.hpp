@@ -1,0 +1,122 @@
+#pragma once
+// The reporting rank of an external launch (torchrun, srun, mpirun) gathers every rank's
+// results: from the local evidence folder (evidence_folder.hpp) first, then the control store
+// (run_keys.hpp's result/<rank>), and fills in the ranks that left none (missing_ranks.hpp)
+// from their heartbeats and published flight records. Also the bounded waits on other ranks'
+// keys that never wait for a rank known to be gone. Every wait here is bounded by the deadline
+// it is given; the store may be null (gone), and a store that fails is given up at its first
+// error.
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "hmc/collective/collective.hpp"
+#include "hmc/collective/key_value_store.hpp"
+#include "hmc/diagnostics/heartbeat.hpp"
+#include "hmc/scenario/rank_result.hpp"
+#include "hmc/world/evidence_folder.hpp"
+#include "hmc/world/rank_placement.hpp"
+
+namespace hmc::world {
+
+using Clock = std::chrono::steady_clock;
+using ResultsByRank = std::map<int, std::vector<scenario::RankResult>>;
+// Why rank `rank` left no result: the start of its crash reason.
+using MissingWhy = std::function<std::string(int rank)>;
+
+// The bound on reading the store beyond a wait, should the store not answer.
+inline constexpr std::chrono::milliseconds kStoreReadMargin{300};
+
+// Polls for `keys` until all exist or `deadline` passes.
+bool waitForKeys(collective::KeyValueStore& kv, const std::vector<std::string>& keys,
+                 Clock::time_point deadline);
+
+// Ranks on other hosts that fell silent: a rank whose heartbeat (its watchdog writes one at
+// least every second while the rank runs its steps) has not changed for kSilentAfter while it
+// waits in a collective whose deadline passed kDeadlineSlack ago. The silence counts from the
+// beat's writing (`written_at`, by the writer's system clock; a beat "from the future", where
+// the clocks disagree, counts from this rank's first look at it), so a rank silent since long
+// before anyone looked is known at the first look. A live rank times out of that collective by
+// itself and writes a fresh heartbeat at once; one that did not is on a host that lost power or
+// its link (or is stopped), and nobody should wait a whole deadline more for its vote, its
+// result or its goodbye. A rank running a step outside any collective (how long that takes is
+// not known, but its watchdog writes on) is silent once its heartbeat stopped for a whole
+// collective deadline (at least kSilentAfter). A rank starting (the join deadline bounds it)
+// or done is never judged silent. Not thread-safe: one per waiting thread.
+class SilentRanks {
+ public:
+  static constexpr std::chrono::milliseconds kSilentAfter{2500};
+  static constexpr std::chrono::milliseconds kDeadlineSlack{1000};
+
+  explicit SilentRanks(std::chrono::milliseconds deadline) : deadline_(deadline) {}
+  // Why rank `rank` is silent, as the store's dead/<rank> announcement says it ("rank 4 (host
+  // h3) fell silent: ..."), or nullopt. Reads its heartbeat from `kv`; `self` is the asking
+  // rank.
+  // `now` and `unixNow` (diagnostics::unixNow) are this rank's clocks at the call.
+  std::optional<std::string> check(collective::KeyValueStore& kv, int rank, int self,
+                                   Clock::time_point now = Clock::now(),
+                                   double unixNow = diagnostics::unixNow());
+
+ private:
+  struct Seen {
+    std::uint64_t beat = 0;
+    Clock::time_point since;  // when this rank first read that beat
+  };
+  std::chrono::milliseconds deadline_;
+  std::map<int, Seen> seen_;
+};
+
+// Whether rank `rank` is known to be gone: announced dead in the store (hmc-run's own launcher
+// does that), or its process on this node ended (the evidence folder's pid file: torchrun,
+// mpirun and srun announce nothing, and Open MPI tears the job down 1 s after a rank's death,
+// so nobody may wait for a dead rank's vote or result up to the deadline), or (with `silent`)
+// it fell silent (SilentRanks). A rank found gone through the folder or its silence is
+// announced in the store for the other ranks, the store host's wait for goodbyes and
+// `hmc-run status`. `self`: the asking rank, for the announcement's words.
+bool rankGone(collective::KeyValueStore& kv, const EvidenceFolder* folder, int rank, int self,
+              SilentRanks* silent = nullptr);
+
+// Polls until every rank's key exists (keyOf(rank), ranks 0..worldSize-1: true), a rank whose
+// key is missing is gone (rankGone: false), or `deadline` passes (false).
+bool waitForRanks(collective::KeyValueStore& kv, const std::function<std::string(int)>& keyOf,
+                  int worldSize, Clock::time_point deadline, const EvidenceFolder* folder, int self,
+                  SilentRanks* silent = nullptr);
+
+// The results the other ranks wrote to the local evidence folder: polls until every rank of
+// this node that is still alive wrote its own, or `deadline` passes. With `earlyAfter`, a rank
+// whose final file is still missing that long after the call is taken from its early snapshot
+// (EvidenceFolder::writeResults), if it wrote one.
+ResultsByRank readLocalResults(const EvidenceFolder& local, int worldSize, int self,
+                               Clock::time_point deadline,
+                               std::optional<std::chrono::milliseconds> earlyAfter = std::nullopt);
+
+// Every rank's results, [repetition][rank]: `local` first, then the store `kv` (waiting up to
+// `wait` for a rank's result/<rank>; null: the store is gone), then fillMissing with the rank's
+// heartbeat and published flight record from the store; a rank without any is a crashed rank
+// saying missingWhy(rank).
+// A rank announced dead in the store by another rank (it fell silent) and not seen ended
+// through `folder` is reported as such: "no result from rank R: <the announcement>", never as
+// hung. With `silent`, the wait for a rank's result ends once it falls silent.
+// `closedPeers` (Collective::closedPeers, may be null), asked once after the waits: a rank of
+// another host whose connection with this rank closed and that left no result ended (killed,
+// crashed, or stopped by the same teardown): crashed, never hung.
+std::vector<std::vector<scenario::RankResult>> gatherResults(
+    collective::KeyValueStore* kv, const RankPlacement& placement, ResultsByRank local,
+    std::chrono::milliseconds wait, const MissingWhy& missingWhy, const EvidenceFolder& folder,
+    SilentRanks* silent = nullptr, const collective::Collective::ClosedPeers& closedPeers = {});
+
+// `merged` with this rank's own results (as it has them now) in place, grown to as many
+// repetitions as it has (the others missing there).
+std::vector<std::vector<scenario::RankResult>> withOwn(
+    std::vector<std::vector<scenario::RankResult>> merged,
+    const std::vector<scenario::RankResult>& own, const RankPlacement& placement);
+
+// A rank of this node whose process is gone and left no result, as `reporter` says it.
+std::string endedWithoutResult(int rank, int reporter);
+
+}  // namespace hmc::world

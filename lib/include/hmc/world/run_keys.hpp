@@ -1,0 +1,27 @@
+#pragma once
+// The keys hmc-run's rank processes use in their control store, in one place. They are
+// relative to the store's key-value view ("<prefix>/kv/" of a StoreTransport, see
+// collective/key_value_store.hpp for the library's own: dead/, flight/, heartbeat/, meta).
+//
+//   result/<rank>        a rank's results document (result_files.hpp), at the end of a run
+//                        under an external launcher, or when a signal stops it
+//   vote/<rep>/<rank>    "1" or "0": whether the rank ended repetition <rep> cleanly (the
+//                        end-of-run agreement); a rank drops its vote of <rep> - 1 after voting
+//   results-read         set by the reporting rank once it read every result: the store may go
+//   evidence/folder      "<host>\n<path>" of rank 0's evidence folder, or "none" when it has
+//                        none, so that no rank waits for the announcement (evidence_folder.hpp)
+
+#include <string>
+
+namespace hmc::world::keys {
+
+inline std::string result(int rank) { return "result/" + std::to_string(rank); }
+// The votes of one repetition: "<votes(rep)>/<rank>" (vote()).
+inline std::string votes(int repetition) { return "vote/" + std::to_string(repetition); }
+inline std::string vote(int repetition, int rank) {
+  return votes(repetition) + "/" + std::to_string(rank);
+}
+inline constexpr const char* kResultsRead = "results-read";
+inline constexpr const char* kEvidenceFolder = "evidence/folder";
+
+}  // namespace hmc::world::keys

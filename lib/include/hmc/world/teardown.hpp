@@ -1,0 +1,130 @@
+#pragma once
+// The teardown protocol of a rank process: what it does when a termination signal comes
+// (a launcher tearing the job down, Ctrl-C, hmc-run's own launcher stopping its ranks), and,
+// under mpirun, at Open MPI's warning (the SIGCONT it sends 1 s before its SIGTERM, which
+// SIGKILL follows within 20-50 ms, seen with strace: too soon to gather anything then).
+//
+// - hmc-run's own launch: the rank writes its current repetition's result file as far as it
+//   got (the finished ones are in their files already); the launcher reads them.
+// - an external launch: every rank writes its results to the local evidence folder (it needs
+//   no store, which may stall or be gone in a teardown) and, if it does not report, to the
+//   store for a reporting rank on another node. The reporting rank (rank 0, or the lowest
+//   rank of rank 0's node still alive) gathers the others' (bounded: interruptWaits) and
+//   reports through InterruptedReport. At Open MPI's warning every rank writes an early
+//   snapshot to the evidence folder only (the job may yet go on: nothing a normal end reads),
+//   and the reporting rank writes the report's files from them and keeps the console's text,
+//   which it prints at the SIGTERM.
+//
+// Who hands on this rank's results once the run ends without a store is claimed once
+// (claim()): the main thread (it has every rank's results and reports them; a SIGTERM then
+// must not end the process in the middle of it) or the signal's thread, the first to claim.
+// Both at once left a half-removed evidence folder.
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "hmc/collective/collective.hpp"
+#include "hmc/collective/key_value_store.hpp"
+#include "hmc/scenario/rank_result.hpp"
+#include "hmc/scenario/scenario.hpp"
+#include "hmc/world/evidence_folder.hpp"
+#include "hmc/world/rank_launch.hpp"
+#include "hmc/world/rank_progress.hpp"
+
+namespace hmc::world {
+
+// How the reporting rank of an external launch reports when stopped by a signal.
+enum class InterruptMode {
+  kReport,        // stopped by `signal`: report `merged` (files and console), then exit
+  kEarly,         // Open MPI's warning (SIGCONT, 1 s before SIGTERM): report `merged` as stopped
+                  // by `signal` to the files, and keep the console's text for kPublishEarly
+  kPublishEarly,  // the SIGTERM after kEarly (SIGKILL follows within 20-50 ms): print the kept
+                  // text (`merged` is empty)
+};
+// Rank 0 of an external launch (or the lowest live rank of its node) stopped by `signal`: every
+// rank's results so far (per repetition), to report before the process exits.
+using InterruptedReport = std::function<void(std::vector<std::vector<scenario::RankResult>> merged,
+                                             int signal, InterruptMode mode)>;
+
+// What a rank does with a termination signal (early: Open MPI's warning).
+enum class HandOff {
+  kOwnFile,           // hmc-run's own launch: write the current repetition's result file
+  kPrintEarlyReport,  // the reporting rank reported at the warning moments ago: print it
+  kNothing,           // the report was made at the warning: nothing more to hand on
+  kEarlySnapshot,     // at the warning, not reporting: an early snapshot in the folder only
+  kLocalAndStore,     // not reporting: the evidence folder, then the store
+  kEarlyReport,       // at the warning, reporting: gather, write the report's files
+  kReport,            // reporting: gather and report
+};
+struct HandOffFacts {
+  bool underLauncher = false;
+  bool early = false;             // Open MPI's warning, not a termination signal
+  bool reporting = false;         // this rank reports (lowest live rank of rank 0's node)
+  bool earlyReportFresh = false;  // this rank reported at a warning less than 3 s ago
+  bool folderReported = false;    // the reporting rank reported at the warning
+};
+HandOff decideHandOff(const HandOffFacts& facts) noexcept;
+
+// How long the reporting rank waits for the others' results after a signal. Under mpirun the
+// report is made at Open MPI's warning, so the waits must fit in that second: at most 400 ms
+// for the local files of the ranks still alive, and the store read once without waiting (at
+// the warning itself 200 ms). torchrun and srun give seconds after SIGTERM.
+struct InterruptWaits {
+  std::chrono::milliseconds local;
+  std::chrono::milliseconds store;
+  // How long to wait for a live rank's final file (written at its own SIGTERM) before taking
+  // its early snapshot (written at Open MPI's warning).
+  std::chrono::milliseconds earlySnapshotAfter;
+};
+InterruptWaits interruptWaits(const std::string& launcher, bool early);
+
+class TerminationHandOff {
+ public:
+  enum class Claimant { kNobody, kMainThread, kWatcher };
+
+  // `scenario` and `progress` must outlive the hand-off (the rank process's own).
+  TerminationHandOff(const scenario::Scenario& scenario, RankLaunch launch,
+                     const RankProgress& progress, InterruptedReport onInterrupted);
+
+  // The store connection and the evidence folder, once the rank has them (any thread).
+  void setStore(std::shared_ptr<collective::KeyValueStore> kv);
+  // Which peers' connections with this rank are closed (Collective::closedPeers; null where
+  // the transport cannot tell): a rank of another host that left no result and whose
+  // connection closed before the signal ended (a node lost), it is not waiting.
+  void setClosedPeers(collective::Collective::ClosedPeers closedPeers);
+  void setFolder(EvidenceFolder folder);
+  // The main thread claims the hand-off of the end of the run; false when a signal's hand-off
+  // claimed it first (which then reports and exits the process).
+  bool claimForMainThread();
+
+  // On the signal's thread: hands on what the rank did. Returns whether the process should
+  // exit now (TerminationWatcher), false when the main thread is reporting already.
+  bool onSignal(int signal) { return handOn(signal, false); }
+  // Open MPI's warning.
+  void onWarning(int signal) { handOn(signal, true); }
+
+ private:
+  bool handOn(int signal, bool early);
+  void report(int signal, bool early, const std::vector<scenario::RankResult>& results,
+              std::shared_ptr<collective::KeyValueStore> kv, const EvidenceFolder& folder,
+              std::string storeProblem, const collective::Collective::ClosedPeers& closedPeers);
+
+  const scenario::Scenario& scenario_;
+  const RankLaunch launch_;
+  const RankProgress& progress_;
+  InterruptedReport onInterrupted_;
+  std::mutex mutex_;
+  std::shared_ptr<collective::KeyValueStore> kv_;  // its own connection
+  collective::Collective::ClosedPeers closedPeers_;
+  EvidenceFolder folder_;
+  std::atomic<Claimant> claimant_{Claimant::kNobody};
+  std::optional<std::chrono::steady_clock::time_point> earlyReportAt_;  // the signal's thread
+};
+
+}  // namespace hmc::world

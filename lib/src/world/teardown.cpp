@@ -1,0 +1,228 @@
+#include "hmc/world/teardown.hpp"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <future>
+#include <thread>
+
+#include "hmc/scenario/output_file.hpp"
+#include "hmc/world/result_files.hpp"
+#include "hmc/world/result_gatherer.hpp"
+#include "hmc/world/run_keys.hpp"
+
+namespace hmc::world {
+namespace {
+
+// A report made at Open MPI's warning is printed at the SIGTERM that follows within about 1 s;
+// one older than this (the warning was not a teardown) is made again.
+constexpr std::chrono::seconds kEarlyReportFresh{3};
+
+}  // namespace
+
+HandOff decideHandOff(const HandOffFacts& facts) noexcept {
+  if (!facts.underLauncher) return HandOff::kOwnFile;
+  if (facts.early) return facts.reporting ? HandOff::kEarlyReport : HandOff::kEarlySnapshot;
+  if (facts.reporting)
+    return facts.earlyReportFresh ? HandOff::kPrintEarlyReport : HandOff::kReport;
+  return facts.folderReported ? HandOff::kNothing : HandOff::kLocalAndStore;
+}
+
+InterruptWaits interruptWaits(const std::string& launcher, bool early) {
+  using std::chrono::milliseconds;
+  const bool mpirun = launcher == "mpirun";
+  InterruptWaits waits{mpirun ? milliseconds(400) : milliseconds(1000),
+                       mpirun ? milliseconds(0) : milliseconds(1000), milliseconds(20)};
+  if (early) {
+    waits.store = milliseconds(200);
+    waits.earlySnapshotAfter = milliseconds(0);
+  }
+  return waits;
+}
+
+TerminationHandOff::TerminationHandOff(const scenario::Scenario& scenario, RankLaunch launch,
+                                       const RankProgress& progress,
+                                       InterruptedReport onInterrupted)
+    : scenario_(scenario),
+      launch_(std::move(launch)),
+      progress_(progress),
+      onInterrupted_(std::move(onInterrupted)) {}
+
+void TerminationHandOff::setStore(std::shared_ptr<collective::KeyValueStore> kv) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  kv_ = std::move(kv);
+}
+
+void TerminationHandOff::setClosedPeers(collective::Collective::ClosedPeers closedPeers) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  closedPeers_ = std::move(closedPeers);
+}
+
+void TerminationHandOff::setFolder(EvidenceFolder folder) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  folder_ = std::move(folder);
+}
+
+bool TerminationHandOff::claimForMainThread() {
+  Claimant nobody = Claimant::kNobody;
+  return claimant_.compare_exchange_strong(nobody, Claimant::kMainThread);
+}
+
+bool TerminationHandOff::handOn(int signal, bool early) {
+  // The main thread reports and exits by itself (the watcher's hard limit still bounds it).
+  if (early) {
+    if (claimant_.load() == Claimant::kMainThread) return true;
+  } else if (Claimant nobody = Claimant::kNobody;
+             !claimant_.compare_exchange_strong(nobody, Claimant::kWatcher)) {
+    return false;
+  }
+  const RankPlacement& placement = launch_.placement;
+  const auto snap = progress_.snapshot(scenario_, placement.rank, signal);
+  const auto& results = snap.results;
+  std::shared_ptr<collective::KeyValueStore> kv;
+  EvidenceFolder folder;
+  collective::Collective::ClosedPeers closedPeers;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    kv = kv_;
+    folder = folder_;
+    closedPeers = closedPeers_;
+  }
+  // Who reports, decided before this rank's file exists: a reporting rank that finds every
+  // file it waits for removes the folder and exits.
+  HandOffFacts facts;
+  facts.underLauncher = placement.underLauncher();
+  facts.early = early;
+  facts.reporting =
+      (folder.usable() ? folder.lowestLiveRank(placement.worldSize) : 0) == placement.rank &&
+      onInterrupted_ != nullptr;
+  facts.earlyReportFresh =
+      earlyReportAt_ && std::chrono::steady_clock::now() - *earlyReportAt_ < kEarlyReportFresh;
+  facts.folderReported = folder.reported();
+  const HandOff what = decideHandOff(facts);
+  switch (what) {
+    case HandOff::kOwnFile:
+      // Only the current repetition's: the finished ones are in their files.
+      if (!results.empty()) {
+        scenario::writeOutputFile(repetitionResultFile(launch_.resultFile, snap.first),
+                                  rankResultsDocument(results));
+      }
+      return true;
+    case HandOff::kPrintEarlyReport:
+      folder.remove();
+      onInterrupted_({}, signal, InterruptMode::kPublishEarly);
+      return true;
+    case HandOff::kNothing:
+      return true;
+    default:
+      break;
+  }
+  const std::string document = rankResultsDocument(results);
+  const std::string localProblem = folder.writeResults(document, early);
+  if (what == HandOff::kEarlySnapshot) return true;
+  std::string storeProblem = kv ? "" : "the rank had not joined the store yet";
+  if (what == HandOff::kLocalAndStore) {
+    // The store too, for a reporting rank on another node.
+    if (kv) {
+      try {
+        kv->set(keys::result(placement.rank), document);
+      } catch (const std::exception& error) {
+        storeProblem = error.what();
+      }
+    }
+    if (!storeProblem.empty() && !localProblem.empty()) {
+      fmt::print(stderr,
+                 "hmc-run rank {}: stopped by signal {}; cannot hand on its results: {}; {}\n",
+                 placement.rank, signal, storeProblem, localProblem);
+    }
+    return true;
+  }
+  report(signal, early, results, std::move(kv), folder, std::move(storeProblem), closedPeers);
+  return true;
+}
+
+// This rank reports. The others write theirs as they receive the same signal: the local files
+// of the ranks still alive (bounded), then the store for the rest (bounded even when the store
+// stalls: a launcher's SIGKILL follows soon; the read runs on its own thread, abandoned past
+// its time, as the process exits right after).
+void TerminationHandOff::report(int signal, bool early,
+                                const std::vector<scenario::RankResult>& results,
+                                std::shared_ptr<collective::KeyValueStore> kv,
+                                const EvidenceFolder& folder, std::string storeProblem,
+                                const collective::Collective::ClosedPeers& closedPeers) {
+  const RankPlacement placement = launch_.placement;
+  const InterruptWaits waits = interruptWaits(placement.launcher, early);
+  const auto began = Clock::now();
+  ResultsByRank found = readLocalResults(folder, placement.worldSize, placement.rank,
+                                         began + waits.local, waits.earlySnapshotAfter);
+  const auto localDone = Clock::now();
+  const std::size_t others = found.size();
+  // Its own results count when judging whether a heartbeat is stale (a crashed rank's last
+  // heartbeat may show it waiting in a collective this rank completed).
+  found[placement.rank] = results;
+  const int self = placement.rank;
+  const MissingWhy missingWhy = [self, folder](int rank) {
+    if (folder.ended(rank)) return endedWithoutResult(rank, self);
+    return fmt::format("no result from rank {}: it died, was stopped, or never finished its steps",
+                       rank);
+  };
+  std::vector<std::vector<scenario::RankResult>> merged;
+  bool gathered = false;
+  if (kv && static_cast<int>(found.size()) < placement.worldSize) {
+    using Merged = std::vector<std::vector<scenario::RankResult>>;
+    auto promise = std::make_shared<std::promise<Merged>>();
+    auto future = promise->get_future();
+    const auto storeWait = waits.store;
+    std::thread([promise, kv, placement, found, storeWait, missingWhy, folder, closedPeers] {
+      try {
+        promise->set_value(gatherResults(kv.get(), placement, found, storeWait, missingWhy, folder,
+                                         nullptr, closedPeers));
+      } catch (...) {
+        promise->set_exception(std::current_exception());
+      }
+    }).detach();
+    if (future.wait_for(storeWait + kStoreReadMargin) == std::future_status::ready) {
+      try {
+        merged = future.get();
+        gathered = true;
+      } catch (const std::exception& error) {
+        storeProblem = error.what();
+      }
+    } else {
+      storeProblem = fmt::format("the store did not answer within {} ms",
+                                 (storeWait + kStoreReadMargin).count());
+    }
+  }
+  if (!gathered) {
+    const MissingWhy unknown = [&](int rank) {
+      return storeProblem.empty()
+                 ? missingWhy(rank)
+                 : fmt::format(
+                       "unknown: no result from rank {} in the local evidence folder, and the "
+                       "store could not be read when rank {} was stopped ({})",
+                       rank, self, storeProblem);
+    };
+    merged = gatherResults(nullptr, placement, found, std::chrono::milliseconds(0), unknown, folder,
+                           nullptr, closedPeers);
+  }
+  const auto storeDone = Clock::now();
+  if (early) {
+    onInterrupted_(withOwn(std::move(merged), results, placement), signal, InterruptMode::kEarly);
+    earlyReportAt_ = Clock::now();
+    folder.markReported();
+  } else {
+    folder.remove();  // read: gone before the report, which a SIGKILL may cut short
+    onInterrupted_(withOwn(std::move(merged), results, placement), signal, InterruptMode::kReport);
+  }
+  // Only after the report: under mpirun a write to stderr blocked in some teardowns here
+  // (Open MPI stops reading the ranks' output), which lost the report when logged before.
+  spdlog::debug(
+      "rank {}: evidence after signal {}{}: {} local results in {} ms, store {} in {} ms",
+      placement.rank, signal, early ? " (early, at SIGCONT)" : "", others,
+      std::chrono::duration_cast<std::chrono::milliseconds>(localDone - began).count(),
+      gathered ? "read" : (storeProblem.empty() ? "not needed" : storeProblem),
+      std::chrono::duration_cast<std::chrono::milliseconds>(storeDone - localDone).count());
+}
+
+}  // namespace hmc::world

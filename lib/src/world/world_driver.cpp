@@ -1,0 +1,146 @@
+#include "hmc/world/world_driver.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "hmc/scenario/thread_driver.hpp"
+#include "hmc/world/local_launcher.hpp"
+#include "hmc/world/rank_process.hpp"
+#include "hmc/world/signals.hpp"
+
+namespace hmc::world {
+namespace {
+
+// Every rank a thread of this process. Ctrl-C, SIGTERM or SIGHUP (recorded by the run's
+// SignalScope) stops the ranks' collectives.
+class ThreadsWorld final : public WorldDriver {
+ public:
+  explicit ThreadsWorld(WorldOptions options) : options_(std::move(options)) {}
+
+  WorldRun run(const WorldInput& input, const RepetitionSink& sink) override {
+    scenario::ThreadRunOptions runOptions;
+    runOptions.flightCapacity = options_.launch.flightCapacity;
+    if (options_.onRankZeroStep) {
+      runOptions.onStep = [this](int rank, const scenario::StepResult& step) {
+        if (rank == 0) options_.onRankZeroStep(step);
+      };
+    }
+    scenario::ThreadInterrupt interrupt;
+    runOptions.interrupt = &interrupt;
+    SignalForwarder forwarder(interrupt);
+    WorldRun ran;
+    for (int repetition = 0; repetition < options_.launch.repetitions && !interrupt.interrupted();
+         ++repetition) {
+      auto ranks = scenario::runOnThreads(input.scenario, runOptions);
+      const bool last = worldEnds(ranks);
+      sink(std::move(ranks));
+      if (last) break;
+    }
+    ran.interrupted = interrupt.interrupted();
+    return ran;
+  }
+
+  std::string describe() const override { return "threads"; }
+
+ private:
+  // Watches pendingSignal() on a thread of its own and interrupts the ranks at the first.
+  class SignalForwarder {
+   public:
+    explicit SignalForwarder(scenario::ThreadInterrupt& interrupt)
+        : thread_([this, &interrupt] {
+            while (!done_.load()) {
+              if (const int signal = pendingSignal(); signal != 0) {
+                interrupt.interrupt(
+                    fmt::format("interrupted by signal {} ({})", signal, strsignal(signal)));
+                return;
+              }
+              std::this_thread::sleep_for(std::chrono::milliseconds(20));
+            }
+          }) {}
+    ~SignalForwarder() {
+      done_ = true;
+      thread_.join();
+    }
+
+   private:
+    std::atomic<bool> done_{false};
+    std::thread thread_;
+  };
+
+  WorldOptions options_;
+};
+
+// hmc-run's own launcher: world_size rank processes of this program.
+class LocalProcessWorld final : public WorldDriver {
+ public:
+  explicit LocalProcessWorld(WorldOptions options) : options_(std::move(options)) {}
+
+  WorldRun run(const WorldInput& input, const RepetitionSink& sink) override {
+    LocalLaunchOptions launch;
+    launch.executable = options_.executable;
+    launch.launch = options_.launch;
+    launch.launch.displayFile = input.file;
+    launch.scenarioText = input.text;
+    launch.masterPort = options_.masterPort;
+    launch.onRepetition = sink;
+    WorldRun ran;
+    ran.interrupted = launchLocalRanks(input.scenario, launch).interrupted;
+    return ran;
+  }
+
+  std::string describe() const override { return "local processes"; }
+
+ private:
+  WorldOptions options_;
+};
+
+// One rank of a world that torchrun, srun or mpirun started.
+class LauncherRankWorld final : public WorldDriver {
+ public:
+  explicit LauncherRankWorld(WorldOptions options) : options_(std::move(options)) {}
+
+  WorldRun run(const WorldInput& input, const RepetitionSink& sink) override {
+    RankLaunch launch = options_.launch;
+    launch.scenarioFile = input.file;
+    launch.displayFile = input.file;
+    auto outcome = runRankProcess(input.scenario, launch, options_.onInterrupted);
+    WorldRun ran;
+    ran.reporting = outcome.merged.has_value();
+    ran.unreported = outcome.unreported;
+    if (ran.reporting) {
+      for (auto& ranks : *outcome.merged) sink(std::move(ranks));
+    }
+    return ran;
+  }
+
+  std::string describe() const override {
+    const auto& placement = options_.launch.placement;
+    return fmt::format("{} rank {} of {}", placement.launcher, placement.rank, placement.worldSize);
+  }
+
+ private:
+  WorldOptions options_;
+};
+
+}  // namespace
+
+bool worldEnds(const std::vector<scenario::RankResult>& ranks) {
+  return std::any_of(ranks.begin(), ranks.end(),
+                     [](const scenario::RankResult& rank) { return rank.hung || rank.crashed; });
+}
+
+std::unique_ptr<WorldDriver> makeWorldDriver(WorldOptions options) {
+  if (options.launch.placement.underLauncher())
+    return std::make_unique<LauncherRankWorld>(std::move(options));
+  if (!collective::ranksAreProcesses(options.launch.transport)) {
+    return std::make_unique<ThreadsWorld>(std::move(options));
+  }
+  return std::make_unique<LocalProcessWorld>(std::move(options));
+}
+
+}  // namespace hmc::world

@@ -1,0 +1,120 @@
+// ProcessGroup: hmc-run's rank processes as a state machine (spawn, reap, stop, never leave a
+// child behind), on real child processes.
+#include "hmc/world/process_group.hpp"
+
+#include <doctest/doctest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+
+namespace {
+
+using hmc::world::ProcessGroup;
+using namespace std::chrono_literals;
+
+// Polls until every child exited, at most `limit`.
+bool reapAll(ProcessGroup& group, std::chrono::milliseconds limit = 10s) {
+  const auto until = ProcessGroup::Clock::now() + limit;
+  while (group.running() > 0 && ProcessGroup::Clock::now() < until) {
+    group.poll();
+    std::this_thread::sleep_for(5ms);
+  }
+  return group.running() == 0;
+}
+
+bool alive(pid_t pid) { return kill(pid, 0) == 0 || errno != ESRCH; }
+
+// Polls until `path` exists, at most `limit` (a bound on an observable state, not a delay).
+bool waitForFile(const std::string& path, std::chrono::milliseconds limit = 60s) {
+  const auto until = ProcessGroup::Clock::now() + limit;
+  while (access(path.c_str(), F_OK) != 0) {
+    if (ProcessGroup::Clock::now() >= until) return false;
+    std::this_thread::sleep_for(5ms);
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_SUITE("process_group") {
+  TEST_CASE("a child's exit status is reaped and described") {
+    ProcessGroup group;
+    const int ok = group.spawn({"/bin/sh", "-c", "exit 0"});
+    const int three = group.spawn({"/bin/sh", "-c", "exit 3"});
+    const int crash = group.spawn({"/bin/sh", "-c", "exit 17"});
+    REQUIRE(reapAll(group));
+    CHECK(hmc::world::describeWaitStatus(*group.status(ok)) == "exited with status 0");
+    CHECK(hmc::world::describeWaitStatus(*group.status(three)) == "exited with status 3");
+    CHECK(hmc::world::describeWaitStatus(*group.status(crash), 17) ==
+          "exited with status 17 (fault crash)");
+  }
+
+  TEST_CASE("a program that cannot be started exits with status 127") {
+    ProcessGroup group;
+    const int missing = group.spawn({"/nonexistent/hmc-rank"});
+    REQUIRE(reapAll(group));
+    CHECK(WIFEXITED(*group.status(missing)));
+    CHECK(WEXITSTATUS(*group.status(missing)) == 127);
+  }
+
+  TEST_CASE("stopNow sends SIGTERM to every running child") {
+    ProcessGroup group;
+    group.spawn({"/bin/sleep", "30"});
+    group.spawn({"/bin/sleep", "30"});
+    group.poll();
+    CHECK(group.running() == 2);
+    CHECK_FALSE(group.stopping());
+    group.stopNow();
+    CHECK(group.stopping());
+    REQUIRE(reapAll(group, 5s));
+    for (int i = 0; i < 2; ++i) {
+      CHECK(hmc::world::describeWaitStatus(*group.status(i)) == "killed by signal 15 (Terminated)");
+    }
+  }
+
+  TEST_CASE("a child that ignores SIGTERM gets SIGKILL after the grace period") {
+    // The shell says when its trap is in place (a file it creates after `trap`): a SIGTERM
+    // before that would end it with 15, whatever the grace period does.
+    char folder[] = "/tmp/hmc-process-group-XXXXXX";
+    REQUIRE(mkdtemp(folder) != nullptr);
+    const std::string trapped = std::string(folder) + "/trapped";
+    ProcessGroup group(200ms);
+    group.spawn(
+        {"/bin/sh", "-c", "trap '' TERM; : > \"$0\"; while :; do sleep 0.1; done", trapped});
+    const bool ready = waitForFile(trapped);
+    std::remove(trapped.c_str());
+    rmdir(folder);
+    REQUIRE_MESSAGE(ready, "the shell did not install its trap within 60 s");
+    group.stopNow();
+    REQUIRE(reapAll(group, 5s));
+    CHECK(hmc::world::describeWaitStatus(*group.status(0)) == "killed by signal 9 (Killed)");
+  }
+
+  TEST_CASE("a stop scheduled later leaves children running until then") {
+    ProcessGroup group;
+    group.spawn({"/bin/sleep", "30"});
+    group.stopAt(ProcessGroup::Clock::now() + 1h);
+    group.poll();
+    CHECK(group.running() == 1);
+    group.stopAt(ProcessGroup::Clock::now());  // the earliest request wins
+    REQUIRE(reapAll(group, 5s));
+  }
+
+  TEST_CASE("the destructor kills and reaps every child still running") {
+    pid_t pid = -1;
+    {
+      ProcessGroup group;
+      group.spawn({"/bin/sleep", "30"});
+      pid = group.pid(0);
+      CHECK(alive(pid));
+    }
+    CHECK_FALSE(alive(pid));
+  }
+}

@@ -1,0 +1,228 @@
+// The teardown protocol's decisions (hmc/world/teardown.hpp): what a rank does with a termination
+// signal or Open MPI's warning, and how long the reporting rank waits, per launcher.
+
+#include "hmc/world/teardown.hpp"
+
+#include <doctest/doctest.h>
+#include <signal.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <memory>
+#include <vector>
+
+#include "hmc/diagnostics/flight_recorder.hpp"
+#include "hmc/world/result_files.hpp"
+#include "hmc/world/result_gatherer.hpp"
+#include "hmc/world/run_keys.hpp"
+#include "support/memory_store.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+using hmc::scenario::RankResult;
+using hmc::testing::MemoryStore;
+using hmc::world::decideHandOff;
+using hmc::world::EvidenceFolder;
+using hmc::world::HandOff;
+using hmc::world::HandOffFacts;
+using hmc::world::InterruptMode;
+using hmc::world::RankLaunch;
+using hmc::world::RankPlacement;
+using hmc::world::RankProgress;
+using hmc::world::StoreHost;
+using hmc::world::TerminationHandOff;
+
+HandOffFacts facts(bool early, bool reporting, bool fresh = false, bool reported = false) {
+  HandOffFacts f;
+  f.underLauncher = true;
+  f.early = early;
+  f.reporting = reporting;
+  f.earlyReportFresh = fresh;
+  f.folderReported = reported;
+  return f;
+}
+
+const hmc::scenario::Scenario& twoRanks() {
+  static const hmc::scenario::Scenario scenario = hmc::scenario::parseScenarioText(
+      R"({"format": "hmc-scenario/1", "name": "t", "world_size": 2, "device": "cpu",
+          "steps": [{"op": "create", "module": "a"}, {"op": "close_all"}]})",
+      "t.json");
+  return scenario;
+}
+
+RankResult resultOf(int rank, std::uint64_t marker) {
+  RankResult result;
+  result.rank = rank;
+  result.collectives = marker;
+  return result;
+}
+
+RankLaunch underLauncher(int rank, const char* launcher) {
+  RankLaunch launch;
+  launch.placement = RankPlacement{rank, 2, "127.0.0.1", 1, 0, StoreHost::kRankZero, launcher};
+  return launch;
+}
+
+// What the reporting rank's InterruptedReport was called with.
+struct Reports {
+  std::vector<InterruptMode> modes;
+  std::vector<std::vector<RankResult>> merged;  // of the last call
+  hmc::world::InterruptedReport callback() {
+    return [this](std::vector<std::vector<RankResult>> ranks, int signal, InterruptMode mode) {
+      CHECK(signal == SIGTERM);
+      modes.push_back(mode);
+      merged = std::move(ranks);
+    };
+  }
+};
+
+}  // namespace
+
+TEST_SUITE("teardown") {
+  TEST_CASE("under hmc-run's own launch a rank only writes its current repetition's file") {
+    for (bool early : {false, true}) {
+      for (bool reporting : {false, true}) {
+        HandOffFacts f = facts(early, reporting, true, true);
+        f.underLauncher = false;
+        CHECK((decideHandOff(f) == HandOff::kOwnFile));
+      }
+    }
+  }
+
+  TEST_CASE("a termination signal: the reporting rank reports, the others hand on") {
+    CHECK((decideHandOff(facts(false, true)) == HandOff::kReport));
+    CHECK((decideHandOff(facts(false, false)) == HandOff::kLocalAndStore));
+  }
+
+  TEST_CASE("Open MPI's warning: early snapshots, and the report's files from the reporter") {
+    CHECK((decideHandOff(facts(true, true)) == HandOff::kEarlyReport));
+    CHECK((decideHandOff(facts(true, false)) == HandOff::kEarlySnapshot));
+    // A second warning after a report made at the first is made again.
+    CHECK((decideHandOff(facts(true, true, true, true)) == HandOff::kEarlyReport));
+  }
+
+  TEST_CASE("the SIGTERM after the warning prints the fresh report; the others do nothing") {
+    CHECK((decideHandOff(facts(false, true, true, true)) == HandOff::kPrintEarlyReport));
+    CHECK((decideHandOff(facts(false, false, false, true)) == HandOff::kNothing));
+    // A stale early report (the warning was not a teardown) is made again.
+    CHECK((decideHandOff(facts(false, true, false, true)) == HandOff::kReport));
+  }
+
+  TEST_CASE("mpirun's waits fit in the second between its warning and SIGKILL") {
+    using std::chrono::milliseconds;
+    const auto mpirun = hmc::world::interruptWaits("mpirun", false);
+    CHECK(mpirun.local == milliseconds(400));
+    CHECK(mpirun.store == milliseconds(0));
+    CHECK(mpirun.earlySnapshotAfter == milliseconds(20));
+    const auto warning = hmc::world::interruptWaits("mpirun", true);
+    CHECK(warning.local + warning.store + hmc::world::kStoreReadMargin < milliseconds(1000));
+    CHECK(warning.earlySnapshotAfter == milliseconds(0));
+    for (const char* launcher : {"torchrun", "srun"}) {
+      const auto waits = hmc::world::interruptWaits(launcher, false);
+      CHECK(waits.local == milliseconds(1000));
+      CHECK(waits.store == milliseconds(1000));
+    }
+  }
+
+  TEST_CASE("own launch: a signal writes the current repetition's file as far as it got") {
+    std::string folder = (fs::temp_directory_path() / "hmc-teardown-XXXXXX").string();
+    REQUIRE(mkdtemp(folder.data()) != nullptr);
+    RankLaunch launch;
+    launch.resultFile = folder + "/rank0";
+    RankProgress progress(false);
+    progress.repetitionDone(resultOf(0, 1), nullptr);  // repetition 0: in its file already
+    progress.beginRepetition(std::make_shared<hmc::diagnostics::FlightRecorder>(8));
+    TerminationHandOff handOff(twoRanks(), launch, progress, nullptr);
+    CHECK(handOff.onSignal(SIGTERM));
+    CHECK_FALSE(fs::exists(hmc::world::repetitionResultFile(launch.resultFile, 0)));
+    const auto current =
+        hmc::world::readRankResult(hmc::world::repetitionResultFile(launch.resultFile, 1), 0);
+    REQUIRE(current.has_value());
+    CHECK(current->crashed);
+    CHECK(current->crashReason == "stopped by signal 15 (Terminated) after its steps");
+    CHECK(current->leaks.reason == "the rank was stopped by a signal: not checked");
+    // The signal's thread claimed the hand-off: the main thread cannot report any more.
+    CHECK_FALSE(handOff.claimForMainThread());
+    fs::remove_all(folder);
+  }
+
+  TEST_CASE("a rank that does not report hands on to the evidence folder and the store") {
+    auto kv = std::make_shared<MemoryStore>();
+    const EvidenceFolder zero = EvidenceFolder::create(0);
+    REQUIRE(zero.usable());
+    zero.announce(*kv);
+    const RankLaunch launch = underLauncher(1, "torchrun");
+    RankProgress progress(true);
+    progress.repetitionDone(resultOf(1, 4), nullptr);
+    Reports reports;
+    TerminationHandOff handOff(twoRanks(), launch, progress, reports.callback());
+    handOff.setStore(kv);
+    handOff.setFolder(EvidenceFolder::join(*kv, 1, 1s));
+    CHECK(handOff.onSignal(SIGTERM));
+    CHECK(reports.modes.empty());  // rank 0, alive on this node, reports
+    const auto stored = hmc::world::parseRankResults(kv->get(hmc::world::keys::result(1), 0ms));
+    REQUIRE(stored.size() == 1);
+    CHECK(stored[0].collectives == 4);
+    const auto local = zero.readResults(1);
+    REQUIRE(local.has_value());
+    CHECK(hmc::world::parseRankResults(*local)[0].collectives == 4);
+    zero.remove();
+  }
+
+  TEST_CASE("the reporting rank gathers the others' results and reports, then removes the folder") {
+    auto kv = std::make_shared<MemoryStore>();
+    kv->set(hmc::world::keys::result(1), hmc::world::rankResultsDocument({resultOf(1, 9)}));
+    const EvidenceFolder zero = EvidenceFolder::create(0);
+    REQUIRE(zero.usable());
+    RankProgress progress(true);
+    progress.repetitionDone(resultOf(0, 8), nullptr);
+    Reports reports;
+    TerminationHandOff handOff(twoRanks(), underLauncher(0, "torchrun"), progress,
+                               reports.callback());
+    handOff.setStore(kv);
+    handOff.setFolder(zero);
+    CHECK(handOff.onSignal(SIGTERM));
+    REQUIRE(reports.modes == std::vector<InterruptMode>{InterruptMode::kReport});
+    REQUIRE(reports.merged.size() == 1);
+    CHECK(reports.merged[0][0].collectives == 8);
+    CHECK(reports.merged[0][1].collectives == 9);
+    CHECK_FALSE(fs::exists(zero.path()));
+    // A second signal is not handed on twice.
+    CHECK_FALSE(handOff.onSignal(SIGTERM));
+    CHECK(reports.modes.size() == 1);
+  }
+
+  TEST_CASE("Open MPI's warning: the report's files at the warning, its table at the SIGTERM") {
+    auto kv = std::make_shared<MemoryStore>();
+    kv->set(hmc::world::keys::result(1), hmc::world::rankResultsDocument({resultOf(1, 2)}));
+    const EvidenceFolder zero = EvidenceFolder::create(0);
+    RankProgress progress(true);
+    progress.repetitionDone(resultOf(0, 1), nullptr);
+    Reports reports;
+    TerminationHandOff handOff(twoRanks(), underLauncher(0, "mpirun"), progress,
+                               reports.callback());
+    handOff.setStore(kv);
+    handOff.setFolder(zero);
+    handOff.onWarning(SIGTERM);
+    REQUIRE(reports.modes == std::vector<InterruptMode>{InterruptMode::kEarly});
+    CHECK(reports.merged[0][1].collectives == 2);
+    CHECK(zero.reported());
+    CHECK(handOff.onSignal(SIGTERM));
+    CHECK(reports.modes ==
+          std::vector<InterruptMode>{InterruptMode::kEarly, InterruptMode::kPublishEarly});
+    CHECK(reports.merged.empty());
+    CHECK_FALSE(fs::exists(zero.path()));
+  }
+
+  TEST_CASE("once the main thread claimed the end of the run, a signal leaves it to it") {
+    RankProgress progress(true);
+    Reports reports;
+    TerminationHandOff handOff(twoRanks(), underLauncher(0, "srun"), progress, reports.callback());
+    CHECK(handOff.claimForMainThread());
+    CHECK_FALSE(handOff.onSignal(SIGTERM));
+    handOff.onWarning(SIGTERM);  // nothing either
+    CHECK(reports.modes.empty());
+  }
+}
