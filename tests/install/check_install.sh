@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs the build tree into a temporary prefix, then configures, builds and runs a small
 # program that finds hmc with find_package(hmc CONFIG) and binds and closes a module; and
-# checks that the installed hmc-run (bin/, torch-free) finds its runner (libexec/) for a run.
+# checks that the installed hmc-run (bin/, torch-free) finds its runner (libexec/) for a run;
+# and builds the embedding example (examples/, hmc::world) against the installed package, outside
+# the source tree, and runs it as a world of one rank (HMC_RANK, HMC_WORLD_SIZE).
 # usage: check_install.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build="$1"
@@ -23,5 +25,15 @@ if [ -x "$hmc_run" ]; then  # a build with HMC_WITH_TORCH=OFF installs no hmc-ru
   grep -q "^# OK" "$work/run.log" \
     || { echo "installed hmc-run printed no '# OK':"; cat "$work/run.log"; exit 1; }
   echo "installed hmc-run ran the quickstart scenario through its runner"
+  cmake -S "$source/examples" -B "$work/example" -G Ninja -DCMAKE_PREFIX_PATH="$work/prefix" \
+    > "$work/example-configure.log" 2>&1 || { cat "$work/example-configure.log"; exit 1; }
+  cmake --build "$work/example" > "$work/example-build.log" 2>&1 \
+    || { cat "$work/example-build.log"; exit 1; }
+  HMC_RANK=0 HMC_WORLD_SIZE=1 HMC_MASTER_PORT=0 HMC_NAME=installed \
+    "$work/example/hmc-train-loop" --steps 3 > "$work/example.log" 2>&1 \
+    || { echo "the example built against the installed package failed:"; cat "$work/example.log"; exit 1; }
+  grep -q "^# OK: every rank of 1 ended cleanly" "$work/example.log" \
+    || { echo "the installed example printed no clean end:"; cat "$work/example.log"; exit 1; }
+  echo "the embedding example built against the installed package joined a world and ended it"
 fi
 echo "1 passed, 0 failed"

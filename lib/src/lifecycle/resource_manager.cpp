@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 #include <initializer_list>
+#include <mutex>
+#include <utility>
 
 #include "hmc/error.hpp"
 
@@ -93,6 +95,9 @@ namespace {
 using nlohmann::json;
 
 thread_local std::shared_ptr<ResourceManager> tCurrent;
+// ProcessScope's manager; read under its mutex (once per module construction).
+std::mutex gProcessMutex;
+std::shared_ptr<ResourceManager> gProcessCurrent;
 
 json manifestOf(const std::vector<GroupPtr>& bound) {
   json manifest = json::array();
@@ -165,7 +170,22 @@ std::shared_ptr<ResourceManager> ResourceManager::processDefault() {
 }
 
 std::shared_ptr<ResourceManager> ResourceManager::current() {
-  return tCurrent ? tCurrent : processDefault();
+  if (tCurrent) return tCurrent;
+  {
+    std::lock_guard<std::mutex> guard(gProcessMutex);
+    if (gProcessCurrent) return gProcessCurrent;
+  }
+  return processDefault();
+}
+
+ResourceManager::ProcessScope::ProcessScope(std::shared_ptr<ResourceManager> manager) {
+  std::lock_guard<std::mutex> guard(gProcessMutex);
+  previous_ = std::exchange(gProcessCurrent, std::move(manager));
+}
+
+ResourceManager::ProcessScope::~ProcessScope() {
+  std::lock_guard<std::mutex> guard(gProcessMutex);
+  gProcessCurrent = std::move(previous_);
 }
 
 ResourceManager::Scope::Scope(std::shared_ptr<ResourceManager> manager)

@@ -4,7 +4,8 @@
 //
 // One manager per rank. The reference has one per process; with the `threads` transport a
 // process holds many ranks, so managers are instantiable, and `current()` is the manager of
-// the calling thread (set with ResourceManager::Scope) or the process default.
+// the calling thread (set with ResourceManager::Scope), else the process's (ProcessScope: a
+// program's world, hmc/world/world.hpp), else the process default.
 //
 // Collective methods (recycle, closeGroups, shutdown) must be called on every rank in the
 // same order; they block until every rank arrives or the collective's deadline passes.
@@ -52,7 +53,8 @@ class ResourceManager {
 
   // The process-wide manager over a one-rank LocalCollective.
   static std::shared_ptr<ResourceManager> processDefault();
-  // This thread's manager (innermost Scope), else the process default.
+  // This thread's manager (innermost Scope), else the process's (ProcessScope), else the
+  // process default.
   static std::shared_ptr<ResourceManager> current();
 
   // Makes `manager` this thread's current() until destroyed.
@@ -62,6 +64,20 @@ class ResourceManager {
     ~Scope();
     Scope(const Scope&) = delete;
     Scope& operator=(const Scope&) = delete;
+
+   private:
+    std::shared_ptr<ResourceManager> previous_;
+  };
+
+  // Makes `manager` current() for every thread of the process that has no Scope of its own,
+  // until destroyed (then the previous one is again). One per world a program joins; made and
+  // destroyed on one thread, in nested order.
+  class ProcessScope {
+   public:
+    explicit ProcessScope(std::shared_ptr<ResourceManager> manager);
+    ~ProcessScope();
+    ProcessScope(const ProcessScope&) = delete;
+    ProcessScope& operator=(const ProcessScope&) = delete;
 
    private:
     std::shared_ptr<ResourceManager> previous_;

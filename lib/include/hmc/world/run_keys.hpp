@@ -8,6 +8,8 @@
 //   vote/<rep>/<rank>    "1" or "0": whether the rank ended repetition <rep> cleanly (the
 //                        end-of-run agreement); a rank drops its vote of <rep> - 1 after voting
 //   results-read         set by the reporting rank once it read every result: the store may go
+//   world/end/<rank>     a program's rank at its world's end (hmc/world/world.hpp): how its close
+//                        went and what it left; rank 0 reads them all for the report
 //   evidence/folder      "<host>\n<path>" of rank 0's evidence folder, or "none" when it has
 //                        none, so that no rank waits for the announcement (evidence_folder.hpp)
 
@@ -21,6 +23,7 @@ inline std::string votes(int repetition) { return "vote/" + std::to_string(repet
 inline std::string vote(int repetition, int rank) {
   return votes(repetition) + "/" + std::to_string(rank);
 }
+inline std::string worldEnd(int rank) { return "world/end/" + std::to_string(rank); }
 inline constexpr const char* kResultsRead = "results-read";
 inline constexpr const char* kEvidenceFolder = "evidence/folder";
 

@@ -1,0 +1,490 @@
+#include "hmc/world/world.hpp"
+
+#include <fmt/format.h>
+#include <signal.h>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <utility>
+#include <vector>
+
+#include "hmc/collective/launch_env.hpp"
+#include "hmc/collective/store_transport.hpp"
+#include "hmc/collective/transport_factory.hpp"
+#include "hmc/diagnostics/flight_recorder.hpp"
+#include "hmc/diagnostics/hang_diagnosis.hpp"
+#include "hmc/diagnostics/job_status.hpp"
+#include "hmc/diagnostics/watchdog.hpp"
+#include "hmc/error.hpp"
+#include "hmc/host.hpp"
+#include "hmc/scenario/output_file.hpp"
+#include "hmc/text.hpp"
+#include "hmc/world/rank_placement.hpp"
+#include "hmc/world/result_gatherer.hpp"
+#include "hmc/world/run_keys.hpp"
+
+namespace hmc {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using nlohmann::json;
+
+// After a hang the others may be stuck in a collective of their own for a whole deadline:
+// rank 0 waits this long for their ends, then says what their heartbeats say.
+constexpr std::chrono::milliseconds kWaitAfterHang{1000};
+// Each store request of the end.
+constexpr std::chrono::milliseconds kStoreRequest{2000};
+inline constexpr const char* kEndFormat = "hmc-world-end/1";
+
+std::optional<std::string> variable(const char* name) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') return std::nullopt;
+  return std::string(value);
+}
+
+int intVariable(const char* name, const std::string& text, int low, int high) {
+  try {
+    std::size_t used = 0;
+    const long value = std::stol(text, &used);
+    if (used == text.size() && value >= low && value <= high) return static_cast<int>(value);
+  } catch (const std::exception&) {
+  }
+  throw ValueError(fmt::format("{}='{}': expected a whole number in [{}, {}]", name,
+                               printable(text), low, high));
+}
+
+std::chrono::milliseconds secondsVariable(const char* name, const std::string& text) {
+  try {
+    std::size_t used = 0;
+    const double seconds = std::stod(text, &used);
+    if (used == text.size()) return collective::timeoutFromSeconds(seconds);
+  } catch (const std::exception&) {
+  }
+  throw ValueError(
+      fmt::format("{}='{}': expected a number of seconds > 0 and <= 1e6", name, printable(text)));
+}
+
+std::string programName() {
+  std::ifstream in("/proc/self/comm");
+  std::string name;
+  std::getline(in, name);
+  return name.empty() ? std::string("program") : name;
+}
+
+world::RankPlacement placementOf(const JoinOptions& options) {
+  if (options.rank || options.worldSize) {
+    if (!options.rank || !options.worldSize) {
+      throw ValueError(
+          "hmc::joinWorld: rank and world size come together (JoinOptions::rank and worldSize, "
+          "or HMC_RANK and HMC_WORLD_SIZE): set both, or neither to read the launcher's");
+    }
+    if (*options.worldSize < 1 || *options.rank < 0 || *options.rank >= *options.worldSize) {
+      throw ValueError(fmt::format("hmc::joinWorld: rank {} is not a rank of a world of {}",
+                                   *options.rank, *options.worldSize));
+    }
+    world::RankPlacement placement;
+    placement.rank = *options.rank;
+    placement.worldSize = *options.worldSize;
+    placement.masterAddr = options.masterAddr.value_or("127.0.0.1");
+    placement.masterPort = options.masterPort.value_or(collective::kDefaultMasterPort);
+    if (placement.masterPort == 0 && placement.rank != 0) {
+      throw ValueError(fmt::format(
+          "hmc::joinWorld: rank {} needs the store's port (HMC_MASTER_PORT or "
+          "JoinOptions::masterPort); 0 (a free port) is for the rank that hosts it, rank 0",
+          placement.rank));
+    }
+    placement.launcher = "explicit";
+    return placement;
+  }
+  const auto launch = collective::detectLaunch(collective::processEnvironment(),
+                                               {options.masterAddr, options.masterPort});
+  if (!launch) {
+    throw ValueError(
+        "hmc::joinWorld: no launcher started this process (no torchrun RANK/WORLD_SIZE, Open "
+        "MPI OMPI_COMM_WORLD_RANK/SIZE or Slurm SLURM_PROCID/SLURM_NTASKS) and no rank was "
+        "given: start it under torchrun, mpirun or srun, or set HMC_RANK, HMC_WORLD_SIZE, "
+        "HMC_MASTER_ADDR and HMC_MASTER_PORT (or JoinOptions::rank and worldSize)");
+  }
+  return world::RankPlacement::fromLaunch(*launch);
+}
+
+// One rank's end, as it publishes it under keys::worldEnd(rank).
+struct RankEnd {
+  int rank = 0;
+  std::string host;
+  std::int64_t pid = 0;
+  std::string status = "ok";  // ok, hang (timeout or a lost rank), error
+  std::string error;          // what the failed collective raised
+  std::string stage;          // the stage it failed in ("" when none failed)
+  std::uint64_t sequence = 0;
+  // The leak check after the close: groups left (bound ones among them); unset when it could
+  // not be checked (after a hang), with the reason.
+  std::optional<std::size_t> groupsLeft;
+  std::size_t boundGroupsLeft = 0;
+  std::string leakReason;
+
+  bool clean() const { return status == "ok" && groupsLeft && *groupsLeft == 0; }
+
+  json toJson() const {
+    json out = {{"rank", rank},   {"host", host},   {"pid", pid},          {"status", status},
+                {"error", error}, {"stage", stage}, {"sequence", sequence}};
+    if (groupsLeft) {
+      out["leaks"] = {
+          {"checked", true}, {"groups_left", *groupsLeft}, {"bound_groups_left", boundGroupsLeft}};
+    } else {
+      out["leaks"] = {{"checked", false}, {"reason", leakReason}};
+    }
+    return out;
+  }
+  static RankEnd fromJson(const json& value) {
+    RankEnd end;
+    end.rank = value.at("rank").get<int>();
+    end.host = value.at("host").get<std::string>();
+    end.pid = value.at("pid").get<std::int64_t>();
+    end.status = value.at("status").get<std::string>();
+    end.error = value.at("error").get<std::string>();
+    end.stage = value.at("stage").get<std::string>();
+    end.sequence = value.at("sequence").get<std::uint64_t>();
+    const json& leaks = value.at("leaks");
+    if (leaks.at("checked").get<bool>()) {
+      end.groupsLeft = leaks.at("groups_left").get<std::size_t>();
+      end.boundGroupsLeft = leaks.at("bound_groups_left").get<std::size_t>();
+    } else {
+      end.leakReason = leaks.at("reason").get<std::string>();
+    }
+    return end;
+  }
+
+  std::string describe() const {
+    std::string what = status == "ok" ? std::string("ended cleanly")
+                                      : fmt::format("{} in '{}' #{}: {}", status, stage, sequence,
+                                                    printable(error));
+    if (!groupsLeft) return fmt::format("{}; leaks: {}", what, leakReason);
+    if (*groupsLeft == 0) return what;
+    return fmt::format("{}; leaked: {} group(s) left open ({} bound)", what, *groupsLeft,
+                       boundGroupsLeft);
+  }
+};
+
+// The first collective of this rank that passed its deadline or lost a rank, if any.
+std::optional<diagnostics::FlightEntry> firstHang(const diagnostics::FlightRecorder& recorder) {
+  for (const auto& entry : recorder.entries()) {
+    if (entry.status == "timeout" || entry.status == "rank_failure") return entry;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+JoinOptions JoinOptions::withEnvironment(JoinOptions options) {
+  if (auto text = variable("HMC_RANK")) options.rank = intVariable("HMC_RANK", *text, 0, 1 << 24);
+  if (auto text = variable("HMC_WORLD_SIZE"))
+    options.worldSize = intVariable("HMC_WORLD_SIZE", *text, 1, 1 << 24);
+  if (auto text = variable("HMC_MASTER_ADDR")) options.masterAddr = *text;
+  if (auto text = variable("HMC_MASTER_PORT"))
+    options.masterPort = intVariable("HMC_MASTER_PORT", *text, 0, 65535);
+  if (auto text = variable("HMC_TRANSPORT")) {
+    const auto transport = collective::transportFromString(*text);
+    if (!transport || *transport == collective::Transport::kThreads ||
+        *transport == collective::Transport::kAuto) {
+      throw ValueError(fmt::format(
+          "HMC_TRANSPORT='{}': a program's rank needs a transport between processes: tcp, "
+          "store, gloo or nccl",
+          printable(*text)));
+    }
+    options.transport = *transport;
+  }
+  if (auto text = variable("HMC_TIMEOUT")) options.timeout = secondsVariable("HMC_TIMEOUT", *text);
+  if (auto text = variable("HMC_JOIN_TIMEOUT"))
+    options.joinTimeout = secondsVariable("HMC_JOIN_TIMEOUT", *text);
+  if (auto text = variable("HMC_NAME")) options.name = *text;
+  if (auto text = variable("HMC_FLIGHT_CAPACITY"))
+    options.flightCapacity =
+        static_cast<std::size_t>(intVariable("HMC_FLIGHT_CAPACITY", *text, 1, 1 << 20));
+  if (auto text = variable("HMC_REPORT")) options.reportPath = *text;
+  return options;
+}
+
+struct World::Impl {
+  JoinOptions options;
+  world::RankPlacement placement;
+  collective::ProcessTransport transport;
+  std::shared_ptr<collective::KeyValueStore> kv;  // the end's own connection
+  std::string storeAddress;
+  std::shared_ptr<diagnostics::FlightRecorder> recorder;
+  std::unique_ptr<diagnostics::Watchdog> watchdog;
+  std::shared_ptr<lifecycle::ResourceManager> manager;
+  std::unique_ptr<lifecycle::ResourceManager::ProcessScope> processScope;
+  std::optional<WorldEnd> end;
+
+  ~Impl() {
+    // The manager stops being current before it goes; the watchdog stops before the store.
+    processScope.reset();
+    watchdog.reset();
+    if (transport.collective) transport.collective->setObserver(nullptr);
+  }
+
+  RankEnd closeOwn();
+  void publish(const RankEnd& own);
+  WorldEnd report(const RankEnd& own);
+};
+
+RankEnd World::Impl::closeOwn() {
+  RankEnd own;
+  own.rank = placement.rank;
+  own.host = hostName();
+  own.pid = processId();
+  if (const auto hang = firstHang(*recorder)) {
+    // A collective of this world hung already: nobody would come to a close.
+    own.status = "hang";
+    own.stage = hang->stage;
+    own.sequence = hang->sequence;
+    own.error = fmt::format("the program's '{}' #{} ended with {} before the world's end",
+                            hang->stage, hang->sequence, hang->status);
+    own.leakReason =
+        fmt::format("not checked: the world hung in '{}' #{}", hang->stage, hang->sequence);
+    return own;
+  }
+  try {
+    manager->closeGroups();
+  } catch (const Error& error) {
+    const bool hang =
+        error.kind() == ErrorKind::kTimeout || error.kind() == ErrorKind::kRankFailure;
+    own.status = hang ? "hang" : "error";
+    own.error = error.what();
+    if (const auto last = recorder->last()) {
+      own.stage = last->stage;
+      own.sequence = last->sequence;
+    }
+    if (hang) {
+      own.leakReason =
+          fmt::format("not checked: the close hung in '{}' #{}", own.stage, own.sequence);
+      return own;
+    }
+  }
+  own.groupsLeft = manager->groupCount();
+  own.boundGroupsLeft = manager->boundGroupCount();
+  return own;
+}
+
+void World::Impl::publish(const RankEnd& own) {
+  try {
+    kv->set(world::keys::worldEnd(placement.rank), own.toJson().dump());
+  } catch (const std::exception& error) {
+    spdlog::warn("hmc world: rank {} cannot publish its end (the store at {} is gone?): {}",
+                 placement.rank, storeAddress, error.what());
+  }
+}
+
+WorldEnd World::Impl::report(const RankEnd& own) {
+  const int size = placement.worldSize;
+  const bool hungHere = own.status == "hang";
+  const auto wait = hungHere ? kWaitAfterHang : options.timeout;
+  world::SilentRanks silent(options.timeout);
+  std::map<int, RankEnd> ends{{own.rank, own}};
+  try {
+    world::waitForRanks(*kv, world::keys::worldEnd, size, Clock::now() + wait, nullptr,
+                        placement.rank, &silent);
+    for (int rank = 0; rank < size; ++rank) {
+      if (rank == own.rank || !kv->check({world::keys::worldEnd(rank)})) continue;
+      try {
+        ends[rank] =
+            RankEnd::fromJson(json::parse(kv->get(world::keys::worldEnd(rank), kStoreRequest)));
+      } catch (const json::exception& error) {
+        spdlog::warn("hmc world: rank {}'s end is unreadable: {}", rank, error.what());
+      }
+    }
+  } catch (const std::exception& error) {
+    spdlog::warn("hmc world: reading the ranks' ends from {}: {}", storeAddress, error.what());
+  }
+  std::optional<diagnostics::JobStatus> status;
+  if (static_cast<int>(ends.size()) < size || !ends.at(0).clean() || !own.clean()) {
+    try {
+      status = diagnostics::readJobStatus(*kv, storeAddress, kStoreRequest);
+    } catch (const std::exception& error) {
+      spdlog::warn("hmc world: reading the job's status from {}: {}", storeAddress, error.what());
+    }
+  }
+
+  WorldEnd end;
+  bool anyHang = false;
+  bool anyError = false;
+  std::vector<std::string> lines;
+  json ranks = json::array();
+  for (int rank = 0; rank < size; ++rank) {
+    if (auto it = ends.find(rank); it != ends.end()) {
+      const RankEnd& found = it->second;
+      anyHang = anyHang || found.status == "hang";
+      anyError = anyError || !found.clean();
+      lines.push_back(fmt::format("  rank {} ({}:{}): {}", rank, printable(found.host), found.pid,
+                                  found.describe()));
+      ranks.push_back(found.toJson());
+      continue;
+    }
+    // No end within the wait: what its heartbeat says, with its host.
+    anyHang = true;
+    std::string where = "host unknown";
+    std::string what = "no heartbeat";
+    if (status && rank < static_cast<int>(status->ranks.size())) {
+      const auto& rankStatus = status->ranks[rank];
+      if (rankStatus.heartbeat) {
+        const auto& beat = *rankStatus.heartbeat;
+        where = fmt::format("{}:{}", printable(beat.host), beat.pid);
+        what = fmt::format("{}", diagnostics::toString(beat.state));
+        if (beat.current && diagnostics::isWaitStatus(beat.current->status)) {
+          what += fmt::format(" in '{}' #{} for {:.1f} s", beat.current->stage,
+                              beat.current->sequence, rankStatus.inStageS);
+        } else if (beat.lastCompleted) {
+          what += fmt::format(" outside any collective, last completed '{}' #{}",
+                              beat.lastCompleted->stage, beat.lastCompleted->sequence);
+        }
+      }
+      if (rankStatus.dead) what += "; announced dead: " + *rankStatus.dead;
+    }
+    const std::string text = fmt::format("no end within {:g} s; its heartbeat: {}",
+                                         std::chrono::duration<double>(wait).count(), what);
+    lines.push_back(fmt::format("  rank {} ({}): {}", rank, where, text));
+    ranks.push_back({{"rank", rank}, {"status", "missing"}, {"where", where}, {"error", text}});
+  }
+  end.hung = anyHang;
+  end.clean = !anyHang && !anyError;
+  end.exitCode = anyHang ? 3 : (anyError ? 1 : 0);
+  end.summary = end.clean ? fmt::format("OK: every rank of {} ended cleanly", size)
+                : anyHang ? "HUNG: some rank did not reach the end or hung in a collective"
+                          : "FAILED: some rank's close failed or left resources behind";
+
+  fmt::print(stderr,
+             "# hmc: world '{}' of {} ranks ({}, transport {}, deadline {:g} s), store {}\n",
+             options.name, size, placement.launcher, collective::toString(options.transport),
+             std::chrono::duration<double>(options.timeout).count(), storeAddress);
+  for (const auto& line : lines) fmt::print(stderr, "{}\n", line);
+  if (status && !end.clean) {
+    if (!status->diagnosis.empty()) fmt::print(stderr, "# waits: {}\n", status->diagnosis);
+    for (const auto& rank : status->ranks) {
+      if (!rank.problem.empty()) fmt::print(stderr, "# {}\n", rank.problem);
+    }
+  }
+  fmt::print(stderr, "# {} (exit {})\n", end.summary, end.exitCode);
+
+  if (options.reportPath) {
+    json document = {{"format", kEndFormat},
+                     {"name", options.name},
+                     {"world_size", size},
+                     {"launcher", placement.launcher},
+                     {"transport", collective::toString(options.transport)},
+                     {"timeout_s", std::chrono::duration<double>(options.timeout).count()},
+                     {"store", storeAddress},
+                     {"outcome", end.clean ? "pass" : (anyHang ? "hang" : "fail")},
+                     {"exit_code", end.exitCode},
+                     {"ranks", ranks}};
+    if (status) document["status"] = status->toJson();
+    try {
+      scenario::writeOutputFile(*options.reportPath, document.dump(2) + "\n");
+    } catch (const std::exception& error) {
+      fmt::print(stderr, "# hmc: cannot write the report to {}: {}\n", *options.reportPath,
+                 error.what());
+    }
+  }
+  return end;
+}
+
+World::World(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+World::World(World&&) noexcept = default;
+World& World::operator=(World&&) noexcept = default;
+
+World::~World() {
+  if (!impl_ || impl_->end) return;
+  try {
+    close();
+  } catch (const std::exception& error) {
+    spdlog::error("hmc world: rank {}'s end failed: {}", impl_->placement.rank, error.what());
+  }
+}
+
+int World::rank() const noexcept { return impl_->placement.rank; }
+int World::worldSize() const noexcept { return impl_->placement.worldSize; }
+const std::string& World::launcher() const noexcept { return impl_->placement.launcher; }
+std::string World::storeAddress() const { return impl_->storeAddress; }
+std::shared_ptr<lifecycle::ResourceManager> World::manager() const { return impl_->manager; }
+lifecycle::ResourceManager::Scope World::scope() const {
+  return lifecycle::ResourceManager::Scope(impl_->manager);
+}
+
+WorldEnd World::close() {
+  if (impl_->end) return *impl_->end;
+  impl_->recorder->setStep(-1);  // the program's body (step 0) is over: "after its steps"
+  const RankEnd own = impl_->closeOwn();
+  impl_->publish(own);
+  WorldEnd end;
+  if (impl_->placement.rank == 0) {
+    end = impl_->report(own);
+  } else {
+    end.hung = own.status == "hang";
+    end.clean = own.clean();
+    end.exitCode = end.hung ? 3 : (end.clean ? 0 : 1);
+    end.summary = fmt::format("rank {}: {}", own.rank, own.describe());
+  }
+  // The heartbeats say "done" from here on; the manager is no longer current.
+  impl_->watchdog.reset();
+  impl_->processScope.reset();
+  impl_->end = end;
+  return end;
+}
+
+World joinWorld(JoinOptions options) {
+  auto impl = std::make_unique<World::Impl>();
+  impl->options = JoinOptions::withEnvironment(std::move(options));
+  JoinOptions& resolved = impl->options;
+  if (resolved.name.empty()) resolved.name = programName();
+  impl->placement = placementOf(resolved);
+  const world::RankPlacement& placement = impl->placement;
+
+  world::RankLaunch launch;  // the same transport options as hmc-run's launcher ranks
+  launch.transport = resolved.transport;
+  launch.placement = placement;
+  launch.joinTimeout = resolved.joinTimeout;
+  impl->transport =
+      collective::makeTransport(resolved.transport, launch.transportOptions(resolved.timeout));
+  if (!impl->transport.control) {
+    throw ValueError("hmc::joinWorld: the transport has no control store");
+  }
+  impl->storeAddress =
+      fmt::format("{}:{}", impl->transport.control->host(), impl->transport.control->port());
+  impl->kv = impl->transport.control->keyValueStore();
+
+  impl->recorder = std::make_shared<diagnostics::FlightRecorder>(resolved.flightCapacity);
+  impl->transport.collective->setObserver(impl->recorder.get());
+  // The program's body is its one step (step 0) for the heartbeats and the hang diagnosis:
+  // "running" until close(), then "after its steps".
+  impl->recorder->setStep(0);
+  diagnostics::WatchdogOptions watch;
+  watch.rank = placement.rank;
+  watch.deadline = resolved.timeout;
+  if (placement.rank == 0) {
+    watch.meta = diagnostics::JobMeta{
+        resolved.name, placement.worldSize, std::chrono::duration<double>(resolved.timeout).count(),
+        std::string(collective::toString(resolved.transport)), diagnostics::unixNow()};
+  }
+  watch.dumpSignal = SIGUSR1;
+  impl->watchdog = std::make_unique<diagnostics::Watchdog>(
+      impl->recorder, impl->transport.control->keyValueStore(), watch);
+
+  impl->manager = std::make_shared<lifecycle::ResourceManager>(impl->transport.collective);
+  impl->processScope = std::make_unique<lifecycle::ResourceManager::ProcessScope>(impl->manager);
+  if (placement.rank == 0) {
+    const auto& control = *impl->transport.control;
+    fmt::print(stderr,
+               "# hmc: world '{}' of {} ranks joined ({}, transport {}); store at {} (attach: "
+               "hmc-run status --master-addr {} --master-port {})\n",
+               resolved.name, placement.worldSize, placement.launcher,
+               collective::toString(resolved.transport), impl->storeAddress, control.host(),
+               control.port());
+  }
+  return World(std::move(impl));
+}
+
+}  // namespace hmc

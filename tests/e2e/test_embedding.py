@@ -1,0 +1,213 @@
+#!/usr/bin/python3
+"""The embedding example (examples/train_loop.cpp) under real launchers: a user's LibTorch
+program that joins its world with hmc::joinWorld (hmc/world/world.hpp).
+
+    test_embedding.py EXAMPLE HMC_RUN SOURCE_DIR
+
+Cases (torchrun and mpirun, as users start them, on 127.0.0.1):
+  - a clean run at 2 and 4 ranks: every rank ends cleanly, rank 0's report says so, exit 0;
+  - one rank skips its module's close (--skip-close): rank 0 waits in 'close validation' until
+    the deadline; its report comes within the deadline + 2 s of its close, names the rank that
+    never came, the stage and the host; `hmc-run status`, attached while rank 0 waits, names
+    the waiting rank; the JSON report (HMC_REPORT) says the same; the launcher's exit is not 0.
+
+Exit 0 when every case passed, 1 when one failed, 77 (CTest skip) when none failed but a
+launcher is missing (each skipped case says why).
+"""
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+
+EXAMPLE, HMC_RUN, SOURCE = sys.argv[1], sys.argv[2], sys.argv[3]
+TORCHRUN = os.path.join(SOURCE, "tests", "support", "torchrun")
+PYTHON = "/usr/bin/python3"
+HOST = socket.gethostname()
+DEADLINE_S = 3.0  # HMC_TIMEOUT of the skipped-close cases
+LINGER_S = 9.0    # how long the skipping rank works alone: past rank 0's report
+
+
+class Skip(Exception):
+    pass
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(world, args):
+    if subprocess.run([PYTHON, "-c", "import torch.distributed.run"], capture_output=True,
+                      timeout=120).returncode != 0:
+        raise Skip("torchrun: python3-torch is not installed (scripts/setup installs it)")
+    return [PYTHON, TORCHRUN, "--nnodes", "1", "--nproc_per_node", str(world),
+            "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{free_port()}",
+            "--rdzv_id", f"hmc-embed-{os.getpid()}-{time.monotonic_ns()}",
+            "--monitor_interval", "0.5", "--no_python", EXAMPLE] + args
+
+
+def mpirun(world, args):
+    found = shutil.which("mpirun")
+    if found is None:
+        raise Skip("mpirun: openmpi-bin is not installed (scripts/setup installs it)")
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    return [found] + root + ["--oversubscribe", "-np", str(world), EXAMPLE] + args
+
+
+LAUNCHERS = {"torchrun": torchrun, "mpirun": mpirun}
+
+
+class Run:
+    """A launcher's run with its output read line by line as it comes (stderr and stdout
+    merged), each line with the moment it arrived."""
+
+    def __init__(self, command, env, bound):
+        self.command = command
+        self.lines = []  # (seconds since start, text)
+        self.began = time.monotonic()
+        self.process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, text=True,
+                                        start_new_session=True)
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+        self.bound = bound
+
+    def _read(self):
+        for line in self.process.stdout:
+            self.lines.append((time.monotonic() - self.began, line.rstrip("\n")))
+
+    def wait_for(self, pattern, within):
+        end = time.monotonic() + within
+        while time.monotonic() < end:
+            for at, text in list(self.lines):
+                match = re.search(pattern, text)
+                if match:
+                    return at, match
+            if self.process.poll() is not None and not self.reader.is_alive():
+                break
+            time.sleep(0.05)
+        raise AssertionError(f"no line matching {pattern!r} within {within} s:\n{self}")
+
+    def finish(self):
+        try:
+            self.process.wait(timeout=self.bound)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, 9)
+            self.process.wait()
+            raise AssertionError(f"the run outlived its {self.bound} s bound:\n{self}")
+        self.reader.join(timeout=5)
+        return self.process.returncode
+
+    def text(self):
+        return "\n".join(text for _, text in self.lines)
+
+    def __str__(self):
+        return f"$ {' '.join(self.command)}\n{self.text()}"
+
+
+def environment(extra):
+    env = dict(os.environ)
+    env.update(extra)
+    return env
+
+
+def check_clean(launcher, world):
+    run = Run(LAUNCHERS[launcher](world, ["--steps", "10"]), environment({"HMC_NAME": "clean"}),
+              bound=120)
+    code = run.finish()
+    text = run.text()
+    assert code == 0, f"exit {code}:\n{run}"
+    assert f"# hmc: world 'clean' of {world} ranks joined ({launcher}, transport tcp)" in text, run
+    for rank in range(world):
+        assert re.search(rf"^  rank {rank} \({re.escape(HOST)}:\d+\): ended cleanly$", text,
+                         re.M), run
+    assert f"# OK: every rank of {world} ended cleanly (exit 0)" in text, run
+
+
+def check_skipped_close(launcher, world, attach_status):
+    skipper = world - 1
+    with tempfile.TemporaryDirectory(prefix="hmc-embed-") as folder:
+        report = os.path.join(folder, "end.json")
+        env = environment({"HMC_TIMEOUT": str(DEADLINE_S), "HMC_NAME": "skipped",
+                           "HMC_REPORT": report})
+        run = Run(LAUNCHERS[launcher](world, ["--steps", "4", "--skip-close", str(skipper),
+                                              "--linger", str(LINGER_S)]), env, bound=120)
+        _, joined = run.wait_for(r"--master-addr (\S+) --master-port (\d+)\)", 90)
+        closing_at, _ = run.wait_for(r"# example: rank 0 closing its model", 90)
+        status = None
+        if attach_status:
+            # Attach while rank 0 waits (its deadline is DEADLINE_S after its close).
+            while time.monotonic() - run.began < closing_at + 1.0:
+                time.sleep(0.05)
+            status = subprocess.run([HMC_RUN, "status", "--master-addr", joined.group(1),
+                                     "--master-port", joined.group(2)],
+                                    capture_output=True, text=True, timeout=30)
+        verdict_at, _ = run.wait_for(r"^# HUNG: ", 60)
+        code = run.finish()
+        text = run.text()
+        assert code != 0, f"the launcher exited 0 after a hang:\n{run}"
+        # Within the deadline + 2 s of rank 0's close.
+        assert verdict_at - closing_at <= DEADLINE_S + 2.0, (
+            f"rank 0's report came {verdict_at - closing_at:.2f} s after its close "
+            f"(deadline {DEADLINE_S} s + 2 s):\n{run}")
+        assert re.search(rf"^  rank 0 \({re.escape(HOST)}:\d+\): hang in 'close validation' #\d+",
+                         text, re.M), run
+        assert re.search(rf"^  rank {skipper} \({re.escape(HOST)}:\d+\): no end within 1 s; its "
+                         r"heartbeat: running outside any collective", text, re.M), run
+        assert re.search(rf"^# waits: .*rank {skipper} never arrived", text, re.M), run
+        with open(report) as f:
+            document = json.load(f)
+        assert document["format"] == "hmc-world-end/1", document
+        assert document["outcome"] == "hang" and document["exit_code"] == 3, document
+        assert document["ranks"][skipper]["status"] == "missing", document
+        assert HOST in document["ranks"][skipper]["where"], document
+        if status is not None:
+            lines = status.stdout
+            assert status.returncode in (0, 3), f"status exit {status.returncode}:\n{lines}" \
+                                                f"{status.stderr}"
+            assert re.search(r"^\s+0\s+waiting\s+0\s+close validation", lines, re.M), lines
+            assert re.search(rf"^\s+{skipper}\s+running\s+0\s", lines, re.M), lines
+
+
+CASES = [
+    ("torchrun_2_clean", lambda: check_clean("torchrun", 2)),
+    ("torchrun_4_clean", lambda: check_clean("torchrun", 4)),
+    ("mpirun_2_clean", lambda: check_clean("mpirun", 2)),
+    ("mpirun_4_clean", lambda: check_clean("mpirun", 4)),
+    ("torchrun_2_skipped_close_with_status", lambda: check_skipped_close("torchrun", 2, True)),
+    ("mpirun_2_skipped_close", lambda: check_skipped_close("mpirun", 2, False)),
+]
+
+
+def main():
+    failed, skipped, passed = [], [], 0
+    for name, case in CASES:
+        began = time.monotonic()
+        try:
+            case()
+            passed += 1
+            print(f"ok {name} ({time.monotonic() - began:.1f} s)", flush=True)
+        except Skip as why:
+            skipped.append(name)
+            print(f"skip {name}: {why}", flush=True)
+        except Exception:  # noqa: BLE001 - every failure is printed and counted
+            failed.append(name)
+            print(f"FAIL {name}:\n{traceback.format_exc()}", flush=True)
+    print(f"{passed} passed, {len(failed)} failed, {len(skipped)} skipped"
+          + (f": {', '.join(failed)}" if failed else ""))
+    if failed:
+        return 1
+    return 77 if skipped else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
