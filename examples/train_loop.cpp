@@ -13,7 +13,8 @@
 // the deadline (HMC_TIMEOUT, seconds), and rank 0's report names the rank that did not come,
 // where it was and on which host. --hand-assembled runs the same steps on a world put
 // together by hand (transport and manager, no diagnostics), for the cost comparison
-// (docs/embedding.md); it prints the mean step time either way.
+// (docs/embedding.md); it prints the mean step time either way. --crash RANK ends that rank
+// in the middle of its steps (exit 17), as a segfault would.
 
 #include <torch/torch.h>
 
@@ -41,12 +42,13 @@ struct Options {
   int skipClose = -1;
   double lingerS = 6;
   bool handAssembled = false;
+  int crash = -1;
 };
 
 [[noreturn]] void usage(const char* program, const std::string& problem) {
   std::fprintf(stderr,
                "%s: %s\nusage: %s [--steps N] [--features F] [--skip-close RANK] [--linger S] "
-               "[--hand-assembled]\n",
+               "[--crash RANK] [--hand-assembled]\n",
                program, problem.c_str(), program);
   std::exit(2);
 }
@@ -68,6 +70,8 @@ Options parse(int argc, char** argv) {
         options.skipClose = std::stoi(value());
       } else if (arg == "--linger") {
         options.lingerS = std::stod(value());
+      } else if (arg == "--crash") {
+        options.crash = std::stoi(value());
       } else if (arg == "--hand-assembled") {
         options.handAssembled = true;
       } else {
@@ -98,7 +102,13 @@ void trainStep(std::int64_t features) {
 double run(const Options& options, int rank) {
   for (int warm = 0; warm < 2; ++warm) trainStep(options.features);
   const auto start = std::chrono::steady_clock::now();
-  for (int step = 0; step < options.steps; ++step) trainStep(options.features);
+  for (int step = 0; step < options.steps; ++step) {
+    if (rank == options.crash && step == options.steps / 2) {
+      std::fprintf(stderr, "# example: rank %d crashes at step %d\n", rank, step);
+      std::_Exit(17);  // a segfault's effect on the others: gone without a word
+    }
+    trainStep(options.features);
+  }
   const double stepS =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() /
       options.steps;

@@ -1,14 +1,23 @@
 #include "hmc/world/world.hpp"
 
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <poll.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
+#include <string.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
+#include <iterator>
 #include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -36,6 +45,9 @@ using nlohmann::json;
 // After a hang the others may be stuck in a collective of their own for a whole deadline:
 // rank 0 waits this long for their ends, then says what their heartbeats say.
 constexpr std::chrono::milliseconds kWaitAfterHang{1000};
+// After a launcher's termination signal, which every rank gets at about once: torchrun and srun
+// leave seconds before their SIGKILL.
+constexpr std::chrono::milliseconds kWaitAfterSignal{500};
 // Each store request of the end.
 constexpr std::chrono::milliseconds kStoreRequest{2000};
 inline constexpr const char* kEndFormat = "hmc-world-end/1";
@@ -160,9 +172,10 @@ struct RankEnd {
   }
 
   std::string describe() const {
-    std::string what = status == "ok" ? std::string("ended cleanly")
-                                      : fmt::format("{} in '{}' #{}: {}", status, stage, sequence,
-                                                    printable(error));
+    std::string what = status == "ok"        ? std::string("ended cleanly")
+                       : status == "stopped" ? printable(error)
+                                             : fmt::format("{} in '{}' #{}: {}", status, stage,
+                                                           sequence, printable(error));
     if (!groupsLeft) return fmt::format("{}; leaks: {}", what, leakReason);
     if (*groupsLeft == 0) return what;
     return fmt::format("{}; leaked: {} group(s) left open ({} bound)", what, *groupsLeft,
@@ -177,6 +190,73 @@ std::optional<diagnostics::FlightEntry> firstHang(const diagnostics::FlightRecor
   }
   return std::nullopt;
 }
+
+// The termination signals a launcher's teardown sends (torchrun and srun: SIGTERM; Ctrl-C:
+// SIGINT; a lost terminal: SIGHUP). The handler only writes the signal's number to a pipe; a
+// thread of the world reads it and hands on what the rank did (World::Impl::onSignal), then
+// the signal ends the process as it would have. One world per process owns them.
+constexpr int kTerminationSignals[] = {SIGTERM, SIGINT, SIGHUP};
+int gSignalPipe[2] = {-1, -1};
+
+extern "C" void onTerminationSignal(int signal) {
+  const int saved = errno;
+  const unsigned char byte = static_cast<unsigned char>(signal);
+  [[maybe_unused]] const ssize_t written = ::write(gSignalPipe[1], &byte, 1);
+  errno = saved;
+}
+
+class SignalWatcher {
+ public:
+  using Callback = std::function<void(int signal)>;
+  // Installs the handlers and starts the thread; inactive when another world owns the signals.
+  explicit SignalWatcher(Callback callback) : callback_(std::move(callback)) {
+    if (gSignalPipe[0] >= 0 || ::pipe2(gSignalPipe, O_CLOEXEC | O_NONBLOCK) != 0) return;
+    struct sigaction action {};
+    action.sa_handler = onTerminationSignal;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESTART;
+    for (std::size_t i = 0; i < std::size(kTerminationSignals); ++i) {
+      sigaction(kTerminationSignals[i], &action, &previous_[i]);
+    }
+    active_ = true;
+    thread_ = std::thread([this] { watch(); });
+  }
+  // Restores the previous handlers. Never throws.
+  ~SignalWatcher() {
+    if (!active_) return;
+    for (std::size_t i = 0; i < std::size(kTerminationSignals); ++i) {
+      sigaction(kTerminationSignals[i], &previous_[i], nullptr);
+    }
+    const unsigned char stop = 0;
+    [[maybe_unused]] const ssize_t written = ::write(gSignalPipe[1], &stop, 1);
+    thread_.join();
+    ::close(gSignalPipe[0]);
+    ::close(gSignalPipe[1]);
+    gSignalPipe[0] = gSignalPipe[1] = -1;
+  }
+  SignalWatcher(const SignalWatcher&) = delete;
+  SignalWatcher& operator=(const SignalWatcher&) = delete;
+
+ private:
+  void watch() {
+    for (;;) {
+      pollfd ready{gSignalPipe[0], POLLIN, 0};
+      if (::poll(&ready, 1, -1) < 0 && errno != EINTR) return;
+      unsigned char byte = 0;
+      if (::read(gSignalPipe[0], &byte, 1) != 1) continue;
+      if (byte == 0) return;  // the world ended
+      callback_(byte);
+      // What the signal would have done: the process ends by it (128 + signal for launchers).
+      ::signal(byte, SIG_DFL);
+      ::raise(byte);
+    }
+  }
+
+  Callback callback_;
+  bool active_ = false;
+  struct sigaction previous_[std::size(kTerminationSignals)]{};
+  std::thread thread_;
+};
 
 }  // namespace
 
@@ -220,17 +300,36 @@ struct World::Impl {
   std::shared_ptr<lifecycle::ResourceManager> manager;
   std::unique_ptr<lifecycle::ResourceManager::ProcessScope> processScope;
   std::optional<WorldEnd> end;
+  // A launcher's teardown: a connection of its own (the main thread may be in the store), and
+  // one report, by whichever of the main thread and the signal's thread comes first.
+  std::shared_ptr<collective::KeyValueStore> signalKv;
+  std::mutex reportMutex;
+  bool reported = false;
+  std::unique_ptr<SignalWatcher> signals;
 
   ~Impl() {
-    // The manager stops being current before it goes; the watchdog stops before the store.
+    // The signals first (their thread uses everything below), then the manager stops being
+    // current before it goes, and the watchdog stops before the store.
+    signals.reset();
     processScope.reset();
     watchdog.reset();
     if (transport.collective) transport.collective->setObserver(nullptr);
   }
 
   RankEnd closeOwn();
-  void publish(const RankEnd& own);
-  WorldEnd report(const RankEnd& own);
+  // What this rank was doing when `signal` came.
+  RankEnd stoppedEnd(int signal) const;
+  void publish(const RankEnd& own, collective::KeyValueStore& store);
+  // Rank 0: every rank's end, printed (and written to reportPath); `signal`: stopped by it.
+  WorldEnd report(const RankEnd& own, collective::KeyValueStore& store, int signal = 0);
+  std::map<int, RankEnd> gatherEnds(const RankEnd& own, std::chrono::milliseconds wait,
+                                    collective::KeyValueStore& store);
+  // The signal's thread: hand on what this rank did before the signal ends the process.
+  void onSignal(int signal);
+  void print(const WorldEnd& end, const std::vector<std::string>& lines,
+             const std::optional<diagnostics::JobStatus>& status) const;
+  void write(const WorldEnd& end, const nlohmann::json& ranks,
+             const std::optional<diagnostics::JobStatus>& status) const;
 };
 
 RankEnd World::Impl::closeOwn() {
@@ -271,29 +370,56 @@ RankEnd World::Impl::closeOwn() {
   return own;
 }
 
-void World::Impl::publish(const RankEnd& own) {
+void World::Impl::publish(const RankEnd& own, collective::KeyValueStore& store) {
   try {
-    kv->set(world::keys::worldEnd(placement.rank), own.toJson().dump());
+    store.set(world::keys::worldEnd(placement.rank), own.toJson().dump());
   } catch (const std::exception& error) {
     spdlog::warn("hmc world: rank {} cannot publish its end (the store at {} is gone?): {}",
                  placement.rank, storeAddress, error.what());
   }
 }
 
-WorldEnd World::Impl::report(const RankEnd& own) {
-  const int size = placement.worldSize;
-  const bool hungHere = own.status == "hang";
-  const auto wait = hungHere ? kWaitAfterHang : options.timeout;
-  world::SilentRanks silent(options.timeout);
+RankEnd World::Impl::stoppedEnd(int signal) const {
+  RankEnd own;
+  own.rank = placement.rank;
+  own.host = hostName();
+  own.pid = processId();
+  own.status = "stopped";
+  own.error = fmt::format("stopped by signal {} ({})", signal, strsignal(signal));
+  if (const auto last = recorder->last()) {
+    own.stage = last->stage;
+    own.sequence = last->sequence;
+    own.error +=
+        last->endS ? fmt::format(" after '{}' #{} ({})", last->stage, last->sequence, last->status)
+                   : fmt::format(" while waiting in '{}' #{}", last->stage, last->sequence);
+  }
+  own.leakReason = "not checked: stopped by a signal before its end";
+  return own;
+}
+
+void World::Impl::onSignal(int signal) {
+  std::lock_guard<std::mutex> guard(reportMutex);
+  if (reported || !signalKv) return;
+  const RankEnd own = stoppedEnd(signal);
+  publish(own, *signalKv);
+  if (placement.rank == 0) report(own, *signalKv, signal);
+  reported = true;
+  std::fflush(stderr);
+}
+
+// The other ranks' ends, waiting up to `wait` (ranks that fell silent are not waited for).
+std::map<int, RankEnd> World::Impl::gatherEnds(const RankEnd& own, std::chrono::milliseconds wait,
+                                               collective::KeyValueStore& store) {
   std::map<int, RankEnd> ends{{own.rank, own}};
+  world::SilentRanks silent(options.timeout);
   try {
-    world::waitForRanks(*kv, world::keys::worldEnd, size, Clock::now() + wait, nullptr,
-                        placement.rank, &silent);
-    for (int rank = 0; rank < size; ++rank) {
-      if (rank == own.rank || !kv->check({world::keys::worldEnd(rank)})) continue;
+    world::waitForRanks(store, world::keys::worldEnd, placement.worldSize, Clock::now() + wait,
+                        nullptr, placement.rank, &silent);
+    for (int rank = 0; rank < placement.worldSize; ++rank) {
+      if (rank == own.rank || !store.check({world::keys::worldEnd(rank)})) continue;
       try {
         ends[rank] =
-            RankEnd::fromJson(json::parse(kv->get(world::keys::worldEnd(rank), kStoreRequest)));
+            RankEnd::fromJson(json::parse(store.get(world::keys::worldEnd(rank), kStoreRequest)));
       } catch (const json::exception& error) {
         spdlog::warn("hmc world: rank {}'s end is unreadable: {}", rank, error.what());
       }
@@ -301,16 +427,53 @@ WorldEnd World::Impl::report(const RankEnd& own) {
   } catch (const std::exception& error) {
     spdlog::warn("hmc world: reading the ranks' ends from {}: {}", storeAddress, error.what());
   }
+  return ends;
+}
+
+namespace {
+
+// A rank that left no end within `wait`: where its heartbeat says it was, and its host.
+json missingRank(int rank, const std::optional<diagnostics::JobStatus>& status,
+                 std::chrono::milliseconds wait) {
+  std::string where = "host unknown";
+  std::string what = "no heartbeat";
+  if (status && rank < static_cast<int>(status->ranks.size())) {
+    const auto& rankStatus = status->ranks[rank];
+    if (rankStatus.heartbeat) {
+      const auto& beat = *rankStatus.heartbeat;
+      where = fmt::format("{}:{}", printable(beat.host), beat.pid);
+      what = std::string(diagnostics::toString(beat.state));
+      if (beat.current && diagnostics::isWaitStatus(beat.current->status)) {
+        what += fmt::format(" in '{}' #{} for {:.1f} s", beat.current->stage,
+                            beat.current->sequence, rankStatus.inStageS);
+      } else if (beat.lastCompleted) {
+        what += fmt::format(" outside any collective, last completed '{}' #{}",
+                            beat.lastCompleted->stage, beat.lastCompleted->sequence);
+      }
+    }
+    if (rankStatus.dead) what += "; announced dead: " + *rankStatus.dead;
+  }
+  const std::string text = fmt::format("no end within {:g} s; its heartbeat: {}",
+                                       std::chrono::duration<double>(wait).count(), what);
+  return {{"rank", rank}, {"status", "missing"}, {"where", where}, {"error", text}};
+}
+
+}  // namespace
+
+WorldEnd World::Impl::report(const RankEnd& own, collective::KeyValueStore& store, int signal) {
+  const int size = placement.worldSize;
+  const auto wait = signal != 0            ? kWaitAfterSignal
+                    : own.status == "hang" ? kWaitAfterHang
+                                           : options.timeout;
+  const std::map<int, RankEnd> ends = gatherEnds(own, wait, store);
   std::optional<diagnostics::JobStatus> status;
-  if (static_cast<int>(ends.size()) < size || !ends.at(0).clean() || !own.clean()) {
+  if (static_cast<int>(ends.size()) < size || !own.clean()) {
     try {
-      status = diagnostics::readJobStatus(*kv, storeAddress, kStoreRequest);
+      status = diagnostics::readJobStatus(store, storeAddress, kStoreRequest);
     } catch (const std::exception& error) {
       spdlog::warn("hmc world: reading the job's status from {}: {}", storeAddress, error.what());
     }
   }
-
-  WorldEnd end;
   bool anyHang = false;
   bool anyError = false;
   std::vector<std::string> lines;
@@ -318,48 +481,43 @@ WorldEnd World::Impl::report(const RankEnd& own) {
   for (int rank = 0; rank < size; ++rank) {
     if (auto it = ends.find(rank); it != ends.end()) {
       const RankEnd& found = it->second;
-      anyHang = anyHang || found.status == "hang";
+      anyHang = anyHang || found.status == "hang" || found.status == "stopped";
       anyError = anyError || !found.clean();
       lines.push_back(fmt::format("  rank {} ({}:{}): {}", rank, printable(found.host), found.pid,
                                   found.describe()));
       ranks.push_back(found.toJson());
-      continue;
+    } else {
+      anyHang = true;
+      ranks.push_back(missingRank(rank, status, wait));
+      lines.push_back(fmt::format("  rank {} ({}): {}", rank,
+                                  ranks.back()["where"].get<std::string>(),
+                                  ranks.back()["error"].get<std::string>()));
     }
-    // No end within the wait: what its heartbeat says, with its host.
-    anyHang = true;
-    std::string where = "host unknown";
-    std::string what = "no heartbeat";
-    if (status && rank < static_cast<int>(status->ranks.size())) {
-      const auto& rankStatus = status->ranks[rank];
-      if (rankStatus.heartbeat) {
-        const auto& beat = *rankStatus.heartbeat;
-        where = fmt::format("{}:{}", printable(beat.host), beat.pid);
-        what = fmt::format("{}", diagnostics::toString(beat.state));
-        if (beat.current && diagnostics::isWaitStatus(beat.current->status)) {
-          what += fmt::format(" in '{}' #{} for {:.1f} s", beat.current->stage,
-                              beat.current->sequence, rankStatus.inStageS);
-        } else if (beat.lastCompleted) {
-          what += fmt::format(" outside any collective, last completed '{}' #{}",
-                              beat.lastCompleted->stage, beat.lastCompleted->sequence);
-        }
-      }
-      if (rankStatus.dead) what += "; announced dead: " + *rankStatus.dead;
-    }
-    const std::string text = fmt::format("no end within {:g} s; its heartbeat: {}",
-                                         std::chrono::duration<double>(wait).count(), what);
-    lines.push_back(fmt::format("  rank {} ({}): {}", rank, where, text));
-    ranks.push_back({{"rank", rank}, {"status", "missing"}, {"where", where}, {"error", text}});
   }
+  WorldEnd end;
   end.hung = anyHang;
   end.clean = !anyHang && !anyError;
-  end.exitCode = anyHang ? 3 : (anyError ? 1 : 0);
-  end.summary = end.clean ? fmt::format("OK: every rank of {} ended cleanly", size)
-                : anyHang ? "HUNG: some rank did not reach the end or hung in a collective"
-                          : "FAILED: some rank's close failed or left resources behind";
+  end.exitCode = signal != 0 ? 128 + signal : anyHang ? 3 : (anyError ? 1 : 0);
+  end.summary = signal != 0 ? fmt::format(
+                                  "STOPPED: rank 0 was stopped by signal {} ({}); what every rank "
+                                  "did until then is above",
+                                  signal, strsignal(signal))
+                : end.clean ? fmt::format("OK: every rank of {} ended cleanly", size)
+                : anyHang   ? "HUNG: some rank did not reach the end or hung in a collective"
+                            : "FAILED: some rank's close failed or left resources behind";
+  print(end, lines, status);
+  if (options.reportPath) {
+    write(end, ranks, status);
+  }
+  return end;
+}
 
+void World::Impl::print(const WorldEnd& end, const std::vector<std::string>& lines,
+                        const std::optional<diagnostics::JobStatus>& status) const {
   fmt::print(stderr,
              "# hmc: world '{}' of {} ranks ({}, transport {}, deadline {:g} s), store {}\n",
-             options.name, size, placement.launcher, collective::toString(options.transport),
+             options.name, placement.worldSize, placement.launcher,
+             collective::toString(options.transport),
              std::chrono::duration<double>(options.timeout).count(), storeAddress);
   for (const auto& line : lines) fmt::print(stderr, "{}\n", line);
   if (status && !end.clean) {
@@ -369,27 +527,27 @@ WorldEnd World::Impl::report(const RankEnd& own) {
     }
   }
   fmt::print(stderr, "# {} (exit {})\n", end.summary, end.exitCode);
+}
 
-  if (options.reportPath) {
-    json document = {{"format", kEndFormat},
-                     {"name", options.name},
-                     {"world_size", size},
-                     {"launcher", placement.launcher},
-                     {"transport", collective::toString(options.transport)},
-                     {"timeout_s", std::chrono::duration<double>(options.timeout).count()},
-                     {"store", storeAddress},
-                     {"outcome", end.clean ? "pass" : (anyHang ? "hang" : "fail")},
-                     {"exit_code", end.exitCode},
-                     {"ranks", ranks}};
-    if (status) document["status"] = status->toJson();
-    try {
-      scenario::writeOutputFile(*options.reportPath, document.dump(2) + "\n");
-    } catch (const std::exception& error) {
-      fmt::print(stderr, "# hmc: cannot write the report to {}: {}\n", *options.reportPath,
-                 error.what());
-    }
+void World::Impl::write(const WorldEnd& end, const json& ranks,
+                        const std::optional<diagnostics::JobStatus>& status) const {
+  json document = {{"format", kEndFormat},
+                   {"name", options.name},
+                   {"world_size", placement.worldSize},
+                   {"launcher", placement.launcher},
+                   {"transport", collective::toString(options.transport)},
+                   {"timeout_s", std::chrono::duration<double>(options.timeout).count()},
+                   {"store", storeAddress},
+                   {"outcome", end.clean ? "pass" : (end.hung ? "hang" : "fail")},
+                   {"exit_code", end.exitCode},
+                   {"ranks", ranks}};
+  if (status) document["status"] = status->toJson();
+  try {
+    scenario::writeOutputFile(*options.reportPath, document.dump(2) + "\n");
+  } catch (const std::exception& error) {
+    fmt::print(stderr, "# hmc: cannot write the report to {}: {}\n", *options.reportPath,
+               error.what());
   }
-  return end;
 }
 
 World::World(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -418,17 +576,21 @@ WorldEnd World::close() {
   if (impl_->end) return *impl_->end;
   impl_->recorder->setStep(-1);  // the program's body (step 0) is over: "after its steps"
   const RankEnd own = impl_->closeOwn();
-  impl_->publish(own);
+  impl_->publish(own, *impl_->kv);
   WorldEnd end;
   if (impl_->placement.rank == 0) {
-    end = impl_->report(own);
+    std::lock_guard<std::mutex> guard(impl_->reportMutex);
+    end = impl_->report(own, *impl_->kv);
+    impl_->reported = true;
   } else {
     end.hung = own.status == "hang";
     end.clean = own.clean();
     end.exitCode = end.hung ? 3 : (end.clean ? 0 : 1);
     end.summary = fmt::format("rank {}: {}", own.rank, own.describe());
   }
-  // The heartbeats say "done" from here on; the manager is no longer current.
+  // The heartbeats say "done" from here on; the manager is no longer current; a signal now does
+  // what it would do without a world.
+  impl_->signals.reset();
   impl_->watchdog.reset();
   impl_->processScope.reset();
   impl_->end = end;
@@ -472,6 +634,10 @@ World joinWorld(JoinOptions options) {
   watch.dumpSignal = SIGUSR1;
   impl->watchdog = std::make_unique<diagnostics::Watchdog>(
       impl->recorder, impl->transport.control->keyValueStore(), watch);
+
+  impl->signalKv = impl->transport.control->keyValueStore();
+  World::Impl* raw = impl.get();
+  impl->signals = std::make_unique<SignalWatcher>([raw](int signal) { raw->onSignal(signal); });
 
   impl->manager = std::make_shared<lifecycle::ResourceManager>(impl->transport.collective);
   impl->processScope = std::make_unique<lifecycle::ResourceManager::ProcessScope>(impl->manager);
