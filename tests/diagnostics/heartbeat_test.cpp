@@ -73,6 +73,24 @@ dx::FlightEntry entry(std::uint64_t sequence, std::string stage, int step, std::
 }  // namespace
 
 TEST_SUITE("heartbeat") {
+  TEST_CASE("a recorder that keeps no durations stays bounded; the ring is the same") {
+    const auto epoch = Clock::now();
+    dx::FlightRecorder kept(4, epoch);
+    dx::FlightRecorder bounded(4, epoch);
+    bounded.keepDurations(false);
+    for (std::uint64_t sequence = 1; sequence <= 100; ++sequence) {
+      for (dx::FlightRecorder* recorder : {&kept, &bounded}) {
+        recorder->onEnter(record(sequence, "recycle", epoch));
+        recorder->onExit(record(sequence, "recycle", epoch));
+      }
+    }
+    CHECK(kept.durations().size() == 100);
+    CHECK(bounded.durations().empty());
+    CHECK(bounded.entries().size() == 4);
+    CHECK(bounded.last()->sequence == 100);
+    CHECK(bounded.last()->status == "ok");
+  }
+
   TEST_CASE("a heartbeat says starting, running, waiting and done as the rank moves") {
     const auto epoch = Clock::now();
     dx::FlightRecorder recorder(8, epoch);

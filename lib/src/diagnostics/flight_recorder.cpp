@@ -65,8 +65,19 @@ void FlightRecorder::onExit(const collective::CollectiveRecord& record) {
       break;
     }
   }
-  durations_.emplace_back(record.stage,
-                          std::chrono::duration<double>(record.end - record.start).count());
+  if (keepDurations_) {
+    durations_.emplace_back(record.stage,
+                            std::chrono::duration<double>(record.end - record.start).count());
+  }
+}
+
+void FlightRecorder::keepDurations(bool keep) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  keepDurations_ = keep;
+  if (!keep) {
+    durations_.clear();
+    durations_.shrink_to_fit();
+  }
 }
 
 std::vector<FlightEntry> FlightRecorder::entries() const {

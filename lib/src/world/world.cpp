@@ -619,6 +619,7 @@ World joinWorld(JoinOptions options) {
   impl->kv = impl->transport.control->keyValueStore();
 
   impl->recorder = std::make_shared<diagnostics::FlightRecorder>(resolved.flightCapacity);
+  impl->recorder->keepDurations(false);  // bounded however long the program runs
   impl->transport.collective->setObserver(impl->recorder.get());
   // The program's body is its one step (step 0) for the heartbeats and the hang diagnosis:
   // "running" until close(), then "after its steps".

@@ -49,8 +49,12 @@ class FlightRecorder final : public collective::CollectiveObserver {
   // Last entry, if any.
   std::optional<FlightEntry> last() const;
   collective::Clock::time_point epoch() const noexcept { return epoch_; }
-  // Every collective's duration in seconds (not only the ring's), by stage.
+  // Every collective's duration in seconds (not only the ring's), by stage: one entry per
+  // collective, for a scenario run's timings. Empty when not kept.
   std::vector<std::pair<std::string, double>> durations() const;
+  // Whether durations() keeps every collective's (default: yes). A program's world runs for
+  // as long as the program does: its recorder keeps none, so that it stays bounded.
+  void keepDurations(bool keep);
 
  private:
   double sinceEpoch(collective::Clock::time_point t) const;
@@ -60,6 +64,7 @@ class FlightRecorder final : public collective::CollectiveObserver {
   collective::Clock::time_point epoch_;
   int step_ = -1;
   bool stepsBegun_ = false;
+  bool keepDurations_ = true;
   std::deque<FlightEntry> entries_;
   std::vector<std::pair<std::string, double>> durations_;
 };
