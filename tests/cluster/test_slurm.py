@@ -2,6 +2,7 @@
 """hmc-run under a real Slurm across the hosts of a cluster box (tests/cluster/slurm_box.py).
 
 Usage: test_slurm.py HMC_RUN SOURCE_DIR [-k NAME] [--prefix PREFIX] [--keep DIR]
+                     [--example build/examples/hmc-train-loop]
 
 The box: hosts h1..h4 (cluster_box.py, prefix `hmcsl` unless --prefix), Debian's slurm-wlm and
 munge. h4 is the head node (munged, slurmctld, where srun/sbatch/scancel are typed); h1..h3
@@ -18,6 +19,8 @@ Cases:
     output file shows the pass;
   - a skipped close across hosts: exit 3, the diagnosis names rank 5 (never arrived, on h3)
     and the stage the others wait in;
+  - the embedding example (a user's program on hmc::joinWorld, not hmc-run) with the same
+    skipped close: rank 0's report names rank 5 on h3 and where the others wait;
   - a power cut of h3, and of h1 (the store's host), while the other ranks wait in a barrier
     (deadline 4 s) for a rank of the victim: every surviving rank ends within its deadline +
     2 s of the cut, srun exits nonzero, the report (where a rank of rank 0's host survives to
@@ -57,6 +60,9 @@ HMC_RUN = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else "build/app/hmc-r
 SOURCE_DIR = os.path.abspath(sys.argv[2] if len(sys.argv) > 2 else ".")
 ONLY = sys.argv[sys.argv.index("-k") + 1] if "-k" in sys.argv else None
 PREFIX = sys.argv[sys.argv.index("--prefix") + 1] if "--prefix" in sys.argv else "hmcsl"
+# The embedding example (examples/train_loop.cpp), a user's program on hmc::joinWorld.
+EXAMPLE = (os.path.abspath(sys.argv[sys.argv.index("--example") + 1])
+           if "--example" in sys.argv else None)
 # --keep DIR: a copy of the box's out/ (scenarios, reports, job output) and Slurm's logs, taken
 # before the teardown removes them.
 KEEP = sys.argv[sys.argv.index("--keep") + 1] if "--keep" in sys.argv else None
@@ -449,6 +455,36 @@ def skipped_close_across_hosts_exits_3_naming_the_missing_rank(ctx):
     assert re.search(r"rank {} \(host {}\) never arrived".format(
         missing, HOST_OF_RANK[missing]), run.stdout), run
     assert_job_gone(ctx, None, "skipped-close")
+
+
+@test
+def the_embedding_example_under_srun_names_a_skipped_close_and_its_host(ctx):
+    """Not hmc-run: a user's LibTorch program (examples/train_loop.cpp) joins its world with
+    hmc::joinWorld under srun on 3 hosts; the last rank skips its close, and rank 0's report
+    names it with its host and where it never arrived."""
+    assert EXAMPLE is not None and os.access(EXAMPLE, os.X_OK), \
+        "no embedding example: pass --example build/examples/hmc-train-loop"
+    missing = WORLD - 1
+    argv = ["srun", "-N", str(len(NODES)), "-n", str(WORLD), "--ntasks-per-node",
+            str(WORLD // len(NODES)), "-J", "embed", EXAMPLE, "--steps", "4", "--skip-close",
+            str(missing), "--linger", "10"]
+    began = time.monotonic()
+    proc = ctx.start(argv, "embed", env={"HMC_TIMEOUT": "3", "HMC_NAME": "embed",
+                                         "HMC_JOIN_TIMEOUT": str(JOIN_TIMEOUT_S)})
+    run = finish(proc, argv, began, RUN_BOUND_S, None)
+    text = run.stdout + run.stderr
+    assert run.returncode != 0, run
+    assert "# hmc: world 'embed' of {} ranks joined (srun, transport tcp)".format(WORLD) in text, \
+        run
+    assert re.search(r"^  rank {} \({}:\d+\): no end within 1 s; its heartbeat: running".format(
+        missing, re.escape(HOST_OF_RANK[missing])), text, re.M), run
+    for rank in range(missing):
+        assert re.search(r"^  rank {} \({}:\d+\): hang in 'close validation' #\d+".format(
+            rank, re.escape(HOST_OF_RANK[rank])), text, re.M), run
+    assert re.search(r"^# waits: .*rank {} \(host {}\) never arrived".format(
+        missing, re.escape(HOST_OF_RANK[missing])), text, re.M), run
+    assert "# HUNG: " in text, run
+    assert_job_gone(ctx, None, "embed")
 
 
 def barrier_scenario(name, sleeper, timeout_s):
