@@ -38,7 +38,7 @@ CLI::App* addRenderCommand(CLI::App& app, RenderOptions& options) {
       "Draw a JSON document hmc-run wrote (a --report file, or `compare --json` output) as one "
       "self-contained HTML page, e.g. a report copied from a cluster");
   sub->add_option("document", options.documentPath,
-                  "hmc-report/1, hmc-report-set/1 or hmc-compare/1 JSON")
+                  "hmc-report/1, hmc-report-set/1, hmc-compare/1 or hmc-world-end/1 JSON")
       ->required();
   sub->add_option("--html", options.htmlPath, "Write the page here; - for standard output")
       ->required();
@@ -61,10 +61,12 @@ int runRender(const RenderOptions& options) {
       page = render::renderHtmlCompare(document);
     } else if (format == "hmc-report/1" || format == "hmc-report-set/1") {
       page = render::renderHtmlReport(document);
+    } else if (format == "hmc-world-end/1") {
+      page = render::renderHtmlWorldEnd(document);
     } else {
       throw ValueError(fmt::format(
-          "{}: unknown format '{}': expected hmc-report/1, hmc-report-set/1 (hmc-run --report) "
-          "or hmc-compare/1 (hmc-run compare --json)",
+          "{}: unknown format '{}': expected hmc-report/1, hmc-report-set/1 (hmc-run --report), "
+          "hmc-compare/1 (hmc-run compare --json) or hmc-world-end/1 (a program's HMC_REPORT)",
           options.documentPath, hmc::printable(format)));
     }
     scenario::writeOutputFile(options.htmlPath, page);

@@ -9,7 +9,8 @@ Cases (torchrun and mpirun, as users start them, on 127.0.0.1):
   - one rank skips its module's close (--skip-close): rank 0 waits in 'close validation' until
     the deadline; its report comes within the deadline + 2 s of its close, names the rank that
     never came, the stage and the host; `hmc-run status`, attached while rank 0 waits, names
-    the waiting rank; the JSON report (HMC_REPORT) says the same; the launcher's exit is not 0;
+    the waiting rank; the JSON report (HMC_REPORT) says the same and `hmc-run render` draws it;
+    the launcher's exit is not 0;
   - torchrun stopped with SIGTERM: rank 0 reports what every rank was doing before the signal;
   - a rank that dies in the middle of its steps: rank 0's report names it with its host.
 
@@ -172,6 +173,19 @@ def check_skipped_close(launcher, world, attach_status):
         assert document["outcome"] == "hang" and document["exit_code"] == 3, document
         assert document["ranks"][skipper]["status"] == "missing", document
         assert HOST in document["ranks"][skipper]["where"], document
+        # hmc-run render draws it: the verdict, the missing rank with its host, the stage.
+        page = os.path.join(folder, "end.html")
+        drawn = subprocess.run([HMC_RUN, "render", report, "--html", page], capture_output=True,
+                               text=True, timeout=60)
+        assert drawn.returncode == 0, drawn.stderr
+        with open(page) as f:
+            html = f.read()
+        assert "Some rank did not reach the end" in html, html[:2000]
+        assert re.search(rf"<td class=\"num\">{skipper}</td><td>{re.escape(HOST)}:\d+</td>"
+                         r"<td><strong>missing</strong></td>", html), html
+        assert "<td>&#39;close validation&#39; #" in html, html
+        assert "not checked: the world hung" in html and "not checked: not checked" not in html, \
+            html
         if status is not None:
             lines = status.stdout
             assert status.returncode in (0, 3), f"status exit {status.returncode}:\n{lines}" \

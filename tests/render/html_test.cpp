@@ -389,4 +389,33 @@ TEST_SUITE("render") {
                                          "0.05 (2 compared)") != std::string::npos);
   }
 
+  TEST_CASE("a program's world end is drawn: the verdict, every rank's end and leaks") {
+    const json clean = {{"format", "hmc-world-end/1"},
+                        {"name", "train"},
+                        {"world_size", 2},
+                        {"launcher", "torchrun"},
+                        {"transport", "tcp"},
+                        {"timeout_s", 30},
+                        {"store", "h1:29500"},
+                        {"outcome", "pass"},
+                        {"exit_code", 0},
+                        {"ranks",
+                         {{{"rank", 0}, {"host", "h1"}, {"pid", 11}, {"status", "ok"},
+                           {"error", ""}, {"stage", ""}, {"sequence", 0},
+                           {"leaks", {{"checked", true}, {"groups_left", 0},
+                                      {"bound_groups_left", 0}}}},
+                          {{"rank", 1}, {"host", "h2"}, {"pid", 12}, {"status", "error"},
+                           {"error", "<b>manifest</b>"}, {"stage", "close validation"},
+                           {"sequence", 7},
+                           {"leaks", {{"checked", true}, {"groups_left", 2},
+                                      {"bound_groups_left", 1}}}}}}};
+    const std::string page = hmc::render::renderHtmlWorldEnd(clean);
+    CHECK(page.find("Every rank ended cleanly") != std::string::npos);
+    CHECK(page.find("<td>h2:12</td><td><strong>error</strong></td>") != std::string::npos);
+    CHECK(page.find("&lt;b&gt;manifest&lt;/b&gt;") != std::string::npos);  // escaped
+    CHECK(page.find("2 groups left open (1 bound)") != std::string::npos);
+    CHECK(page.find("<td>none</td>") != std::string::npos);
+    CHECK_THROWS_AS(hmc::render::renderHtmlWorldEnd(json{{"format", "hmc-report/1"}}),
+                    hmc::ValueError);
+  }
 }  // TEST_SUITE

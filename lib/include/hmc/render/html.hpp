@@ -3,6 +3,7 @@
 // script or font fetched at view time, a Content-Security-Policy that forbids any) for
 //   - a run: an `hmc-report/1` document, or an `hmc-report-set/1` (one section per report);
 //   - a comparison: the `hmc-compare/1` document of `hmc-run compare`;
+//   - a program's world end: the `hmc-world-end/1` document of hmc::joinWorld's report;
 // and the comparison as a Markdown table for a CI job summary (markdown.hpp).
 //
 // Rendered from the documents, not from the C++ structs, so a report written on a cluster can
@@ -36,6 +37,9 @@ std::string renderHtmlReport(const nlohmann::json& reportDocument);
 // `values` (the samples) are drawn as two dot strips; without them, as their medians.
 std::string renderHtmlCompare(const nlohmann::json& compareDocument);
 
+// The page of a program's world end: `hmc-world-end/1` (hmc/world/world.hpp, HMC_REPORT): the
+// verdict, every rank's end (where, stage, what, leaks) and where the others waited.
+std::string renderHtmlWorldEnd(const nlohmann::json& worldEndDocument);
 // `text` safe in HTML text and in a quoted attribute value: & < > " ' escaped, control
 // characters (other than newline and tab) and invalid UTF-8 shown as hmc::printable does.
 std::string escapeHtml(std::string_view text);
