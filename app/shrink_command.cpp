@@ -4,14 +4,12 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "exit_codes.hpp"
@@ -148,28 +146,17 @@ class TrialRunner {
     const scenario::Scenario parsed = scenario::parseScenarioText(text, options_.input);
     scenario::ReportBuilder builder(parsed, 0);
     bool any = false;
-    bool interrupted = false;
-    if (plan_.transport == collective::Transport::kThreads) {
-      // runOnThreads directly rather than a driver per trial: one signal watcher for the whole
-      // shrink instead of a thread started and joined for each of hundreds of trials.
-      scenario::ThreadRunOptions threads;
-      threads.interrupt = &interrupt_;
-      if (!interrupt_.interrupted()) {
-        builder.add(scenario::runOnThreads(parsed, threads));
-        any = true;
-      }
-      interrupted = interrupt_.interrupted();
-    } else {
-      world::WorldOptions world = worldOptions(plan_, run_, executable_);
-      const auto driver = world::makeWorldDriver(std::move(world));
-      const world::WorldRun ran =
-          driver->run({parsed, options_.input, text},
-                      [&builder, &any](std::vector<scenario::RankResult> ranks) {
-                        builder.add(std::move(ranks));
-                        any = true;
-                      });
-      interrupted = ran.interrupted;
-    }
+    // Every trial through the run's driver: thread ranks share this runner's interrupt (one
+    // signal forwarder for the whole shrink), rank processes are started and stopped by it.
+    world::WorldOptions world = worldOptions(plan_, run_, executable_);
+    world.interrupt = &interrupt_;
+    const auto driver = world::makeWorldDriver(std::move(world));
+    const world::WorldRun ran = driver->run(
+        {parsed, options_.input, text}, [&builder, &any](std::vector<scenario::RankResult> ranks) {
+          builder.add(std::move(ranks));
+          any = true;
+        });
+    const bool interrupted = ran.interrupted || interrupt_.interrupted();
     Trial trial;
     trial.interrupted = interrupted || !any || world::pendingSignal() != 0;
     if (!any) return trial;
@@ -181,20 +168,7 @@ class TrialRunner {
 
   // Ctrl-C, SIGTERM or SIGHUP stop the thread ranks of the trial in progress.
   void watchSignals() {
-    watcher_ = std::thread([this] {
-      while (!done_.load()) {
-        if (const int signal = world::pendingSignal(); signal != 0) {
-          interrupt_.interrupt(
-              fmt::format("interrupted by signal {} ({})", signal, strsignal(signal)));
-          return;
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      }
-    });
-  }
-  ~TrialRunner() {
-    done_ = true;
-    if (watcher_.joinable()) watcher_.join();
+    forwarder_.emplace([this](int, const std::string& why) { interrupt_.interrupt(why); });
   }
   TrialRunner(const TrialRunner&) = delete;
   TrialRunner& operator=(const TrialRunner&) = delete;
@@ -205,8 +179,7 @@ class TrialRunner {
   RunOptions run_;
   RunPlan plan_;
   scenario::ThreadInterrupt interrupt_;
-  std::atomic<bool> done_{false};
-  std::thread watcher_;
+  std::optional<world::SignalForwarder> forwarder_;  // after interrupt_: stops first
 };
 
 // "# shrink: trial 57, trying 1,203 steps x 16 ranks, best 310 steps x 16 ranks, 12 s" on a
@@ -294,10 +267,10 @@ class ShrinkSession {
     start_ = Clock::now();
     if (const int code = keepFirstFailure(); code >= 0) return code;
     chooseTrialDeadline();
-    say(
-        fmt::format("# shrinking {}: trials on {} with a {:g} s deadline, at most {:g} s "
-                    "(--max-seconds), matching at --same {}",
-                    from_, runner_.transport(), trialTimeout_, options_.budget.count(), options_.same));
+    say(fmt::format(
+        "# shrinking {}: trials on {} with a {:g} s deadline, at most {:g} s "
+        "(--max-seconds), matching at --same {}",
+        from_, runner_.transport(), trialTimeout_, options_.budget.count(), options_.same));
     shrink();
     if (interrupted_) return interruptedAfter("while shrinking");
     return confirmAndWrite();

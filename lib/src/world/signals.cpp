@@ -1,11 +1,13 @@
 #include "hmc/world/signals.hpp"
 
+#include <fmt/format.h>
 #include <pthread.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <ctime>
 
 namespace hmc::world {
@@ -136,6 +138,23 @@ TerminationWatcher::TerminationWatcher(std::function<bool(int)> onSignal, unsign
 
 TerminationWatcher::~TerminationWatcher() {
   pthread_kill(thread_.native_handle(), kStopWatcher);
+  thread_.join();
+}
+
+SignalForwarder::SignalForwarder(std::function<void(int, const std::string&)> onSignal)
+    : thread_([this, onSignal = std::move(onSignal)] {
+        while (!done_.load()) {
+          if (const int signal = pendingSignal(); signal != 0) {
+            onSignal(signal,
+                     fmt::format("interrupted by signal {} ({})", signal, strsignal(signal)));
+            return;
+          }
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        }
+      }) {}
+
+SignalForwarder::~SignalForwarder() {
+  done_ = true;
   thread_.join();
 }
 

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <optional>
 #include <thread>
 
 #include "hmc/scenario/thread_driver.hpp"
@@ -17,7 +18,8 @@ namespace hmc::world {
 namespace {
 
 // Every rank a thread of this process. Ctrl-C, SIGTERM or SIGHUP (recorded by the run's
-// SignalScope) stops the ranks' collectives.
+// SignalScope) stops the ranks' collectives: through the caller's interrupt when it gives one
+// (WorldOptions::interrupt), else through a SignalForwarder of this run.
 class ThreadsWorld final : public WorldDriver {
  public:
   explicit ThreadsWorld(WorldOptions options) : options_(std::move(options)) {}
@@ -30,9 +32,14 @@ class ThreadsWorld final : public WorldDriver {
         if (rank == 0) options_.onRankZeroStep(step);
       };
     }
-    scenario::ThreadInterrupt interrupt;
+    // The caller's interrupt (it forwards the signals itself), else one for this run.
+    scenario::ThreadInterrupt own;
+    scenario::ThreadInterrupt& interrupt = options_.interrupt ? *options_.interrupt : own;
     runOptions.interrupt = &interrupt;
-    SignalForwarder forwarder(interrupt);
+    std::optional<SignalForwarder> forwarder;
+    if (!options_.interrupt) {
+      forwarder.emplace([&interrupt](int, const std::string& why) { interrupt.interrupt(why); });
+    }
     WorldRun ran;
     for (int repetition = 0; repetition < options_.launch.repetitions && !interrupt.interrupted();
          ++repetition) {
@@ -48,30 +55,6 @@ class ThreadsWorld final : public WorldDriver {
   std::string describe() const override { return "threads"; }
 
  private:
-  // Watches pendingSignal() on a thread of its own and interrupts the ranks at the first.
-  class SignalForwarder {
-   public:
-    explicit SignalForwarder(scenario::ThreadInterrupt& interrupt)
-        : thread_([this, &interrupt] {
-            while (!done_.load()) {
-              if (const int signal = pendingSignal(); signal != 0) {
-                interrupt.interrupt(
-                    fmt::format("interrupted by signal {} ({})", signal, strsignal(signal)));
-                return;
-              }
-              std::this_thread::sleep_for(std::chrono::milliseconds(20));
-            }
-          }) {}
-    ~SignalForwarder() {
-      done_ = true;
-      thread_.join();
-    }
-
-   private:
-    std::atomic<bool> done_{false};
-    std::thread thread_;
-  };
-
   WorldOptions options_;
 };
 

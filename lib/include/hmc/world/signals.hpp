@@ -10,8 +10,10 @@
 //   rank's evidence, then _exit); a second signal during the callback ends the process at
 //   once, and the callback is bounded by a hard deadline (alarm) too.
 
+#include <atomic>
 #include <csignal>
 #include <functional>
+#include <string>
 #include <thread>
 
 namespace hmc::world {
@@ -37,6 +39,22 @@ void blockTerminationSignals();
 // Unblocks them in the calling thread (where a SignalScope's handler, or the default action,
 // should take them).
 void unblockTerminationSignals();
+
+// Under a SignalScope: watches pendingSignal() on a thread of its own (every 20 ms) and calls
+// `onSignal(signal, "interrupted by signal N (NAME)")` once, at the first; stops with its
+// destructor. The one home of that loop for the thread ranks' driver and for shrink, which keeps
+// one for all its trials.
+class SignalForwarder {
+ public:
+  explicit SignalForwarder(std::function<void(int signal, const std::string& why)> onSignal);
+  ~SignalForwarder();
+  SignalForwarder(const SignalForwarder&) = delete;
+  SignalForwarder& operator=(const SignalForwarder&) = delete;
+
+ private:
+  std::atomic<bool> done_{false};
+  std::thread thread_;
+};
 
 class TerminationWatcher {
  public:

@@ -16,6 +16,7 @@
 
 #include "hmc/scenario/report.hpp"
 #include "hmc/scenario/scenario.hpp"
+#include "hmc/scenario/thread_driver.hpp"
 #include "hmc/world/rank_launch.hpp"
 #include "hmc/world/result_files.hpp"
 #include "hmc/world/teardown.hpp"
@@ -63,6 +64,10 @@ struct WorldOptions {
   std::optional<int> masterPort;
   // Thread ranks: called on rank 0's thread after each top-level step (progress).
   std::function<void(const scenario::StepResult& step)> onRankZeroStep;
+  // Thread ranks: an interrupt the caller owns and forwards the signals to (shrink: one
+  // SignalForwarder for all its trials rather than a thread per trial). Null: the driver
+  // forwards the run's signals itself.
+  scenario::ThreadInterrupt* interrupt = nullptr;
   // Under a launcher, the reporting rank stopped by a signal (teardown.hpp).
   InterruptedReport onInterrupted;
 };
