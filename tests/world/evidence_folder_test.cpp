@@ -2,6 +2,7 @@
 // folder on rank 0's node, joined only when it is safe to, its files, and who reports.
 
 #include "hmc/world/evidence_folder.hpp"
+#include "hmc/world/result_gatherer.hpp"
 
 #include <doctest/doctest.h>
 #include <sys/stat.h>
@@ -160,5 +161,18 @@ TEST_SUITE("evidence folder") {
     CHECK(none.writeResults("x") == "no local evidence folder");
     CHECK_FALSE(none.readResults(0).has_value());
     none.remove();
+  }
+
+  TEST_CASE("the missing-rank rule: a rank of this node that ended, else what the caller knows") {
+    const EvidenceFolder zero = EvidenceFolder::create(0);
+    REQUIRE(zero.usable());
+    writePid(zero, 1, deadPid());  // rank 1 ran here and its process ended
+    writePid(zero, 2, getpid());   // rank 2 runs here, alive
+    const auto why = hmc::world::missingRankRule(
+        zero, 0, [](int rank) { return "deadline passed for rank " + std::to_string(rank); });
+    CHECK(why(1) == hmc::world::endedWithoutResult(1, 0));
+    CHECK(why(2) == "deadline passed for rank 2");  // alive: not ended
+    CHECK(why(3) == "deadline passed for rank 3");  // another node's rank
+    zero.remove();
   }
 }

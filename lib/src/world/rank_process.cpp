@@ -8,7 +8,6 @@
 #include <chrono>
 #include <memory>
 #include <string>
-#include <thread>
 
 #include "hmc/collective/transport_factory.hpp"
 #include "hmc/diagnostics/watchdog.hpp"
@@ -258,13 +257,13 @@ RankProcessOutcome RankRun::finishUnderLauncher() {
   outcome.merged = gatherResults(
       kv_.get(), placement_, readLocalResults(local_, placement_.worldSize, self, Clock::now()),
       timeout_,
-      [&](int rank) {
-        if (local_.ended(rank)) return endedWithoutResult(rank, self);
-        return fmt::format(
-            "no result from rank {} within {:g} s: it died, was stopped, or never finished its "
-            "steps",
-            rank, std::chrono::duration<double>(timeout_).count());
-      },
+      missingRankRule(local_, self,
+                      [this](int rank) {
+                        return fmt::format(
+                            "no result from rank {} within {:g} s: it died, was stopped, or "
+                            "never finished its steps",
+                            rank, std::chrono::duration<double>(timeout_).count());
+                      }),
       local_, silent_ ? &*silent_ : nullptr);
   try {
     kv_->set(keys::kResultsRead, "1");
@@ -273,9 +272,7 @@ RankProcessOutcome RankRun::finishUnderLauncher() {
   }
   // Every result is here: the report is this thread's now, even if a launcher's SIGTERM comes
   // before it is printed (else the watcher, finding the folder removed, would hand on nothing).
-  if (!handOff_.claimForMainThread()) {
-    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));  // the watcher reports
-  }
+  if (!handOff_.claimForMainThread()) handOff_.awaitSignalExit();  // the watcher reports
   local_.remove();
   return outcome;
 }
@@ -313,24 +310,20 @@ RankProcessOutcome RankRun::reportWithoutStore(const std::vector<scenario::RankR
                                          Clock::now() + timeout_ + std::chrono::seconds(1));
   found[self] = own;
   RankProcessOutcome outcome;
-  outcome.merged =
-      withOwn(gatherResults(
-                  nullptr, placement_, std::move(found), std::chrono::milliseconds(0),
-                  [&](int rank) {
-                    if (local_.ended(rank)) {
-                      return endedWithoutResult(rank, self);
-                    }
-                    return fmt::format(
-                        "no result from rank {}: it lost the store too and wrote nothing to "
-                        "{} within the deadline",
-                        rank, local_.path());
-                  },
-                  local_),
-              own, placement_);
+  outcome.merged = withOwn(
+      gatherResults(nullptr, placement_, std::move(found), std::chrono::milliseconds(0),
+                    missingRankRule(local_, self,
+                                    [this](int rank) {
+                                      return fmt::format(
+                                          "no result from rank {}: it lost the store too and wrote "
+                                          "nothing to {} within the deadline",
+                                          rank, local_.path());
+                                    }),
+                    local_),
+      own, placement_);
   if (!handOff_.claimForMainThread()) {
-    // A termination signal came first: the watcher reports and exits the process (its hard
-    // limit bounds it).
-    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+    // A termination signal came first: the watcher reports and exits the process.
+    handOff_.awaitSignalExit();
   }
   local_.remove();
   fmt::print(stderr, "hmc-run rank {}: lost {} ({}); reporting what every rank did\n", self, host,

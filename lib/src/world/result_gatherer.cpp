@@ -274,4 +274,10 @@ std::string endedWithoutResult(int rank, int reporter) {
                          : std::string());
 }
 
+MissingWhy missingRankRule(const EvidenceFolder& folder, int self, MissingWhy otherwise) {
+  return [folder, self, otherwise = std::move(otherwise)](int rank) {
+    return folder.ended(rank) ? endedWithoutResult(rank, self) : otherwise(rank);
+  };
+}
+
 }  // namespace hmc::world

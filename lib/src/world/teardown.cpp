@@ -4,6 +4,8 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <csignal>
+#include <cstdlib>
 #include <future>
 #include <thread>
 
@@ -69,6 +71,15 @@ bool TerminationHandOff::claimForMainThread() {
   return claimant_.compare_exchange_strong(nobody, Claimant::kMainThread);
 }
 
+void TerminationHandOff::awaitSignalExit() const {
+  const auto until = Clock::now() + kAwaitSignalExit;
+  while (Clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const int signal = signal_.load();
+  spdlog::error("rank {}: the hand-off of signal {} did not end the process within {} s",
+                launch_.placement.rank, signal, kAwaitSignalExit.count());
+  std::_Exit(128 + (signal != 0 ? signal : SIGTERM));
+}
+
 bool TerminationHandOff::handOn(int signal, bool early) {
   // The main thread reports and exits by itself (the watcher's hard limit still bounds it).
   if (early) {
@@ -76,6 +87,8 @@ bool TerminationHandOff::handOn(int signal, bool early) {
   } else if (Claimant nobody = Claimant::kNobody;
              !claimant_.compare_exchange_strong(nobody, Claimant::kWatcher)) {
     return false;
+  } else {
+    signal_ = signal;
   }
   const RankPlacement& placement = launch_.placement;
   const auto snap = progress_.snapshot(scenario_, placement.rank, signal);
@@ -162,11 +175,10 @@ void TerminationHandOff::report(int signal, bool early,
   // heartbeat may show it waiting in a collective this rank completed).
   found[placement.rank] = results;
   const int self = placement.rank;
-  const MissingWhy missingWhy = [self, folder](int rank) {
-    if (folder.ended(rank)) return endedWithoutResult(rank, self);
+  const MissingWhy missingWhy = missingRankRule(folder, self, [](int rank) {
     return fmt::format("no result from rank {}: it died, was stopped, or never finished its steps",
                        rank);
-  };
+  });
   std::vector<std::vector<scenario::RankResult>> merged;
   bool gathered = false;
   if (kv && static_cast<int>(found.size()) < placement.worldSize) {

@@ -119,4 +119,10 @@ std::vector<std::vector<scenario::RankResult>> withOwn(
 // A rank of this node whose process is gone and left no result, as `reporter` says it.
 std::string endedWithoutResult(int rank, int reporter);
 
+// The missing-rank rule's one home, for every gathering (the end of a run, a lost store, a
+// signal): a rank of this node whose process ended says endedWithoutResult(rank, self); any
+// other says `otherwise(rank)`, what the caller knows of why it left none (its deadline
+// passed, the store was lost, the signal came first).
+MissingWhy missingRankRule(const EvidenceFolder& folder, int self, MissingWhy otherwise);
+
 }  // namespace hmc::world

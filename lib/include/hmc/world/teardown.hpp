@@ -102,6 +102,12 @@ class TerminationHandOff {
   // The main thread claims the hand-off of the end of the run; false when a signal's hand-off
   // claimed it first (which then reports and exits the process).
   bool claimForMainThread();
+  // The main thread's one exit after claimForMainThread() returned false: the signal's thread
+  // owns the end of the run, reports, and ends the process (its TerminationWatcher exits with
+  // 128 + the signal, or its hard limit's SIGALRM does). This waits for that; should neither
+  // come within kAwaitSignalExit, it ends the process itself with 128 + the signal.
+  [[noreturn]] void awaitSignalExit() const;
+  static constexpr std::chrono::seconds kAwaitSignalExit{30};
 
   // On the signal's thread: hands on what the rank did. Returns whether the process should
   // exit now (TerminationWatcher), false when the main thread is reporting already.
@@ -124,6 +130,7 @@ class TerminationHandOff {
   collective::Collective::ClosedPeers closedPeers_;
   EvidenceFolder folder_;
   std::atomic<Claimant> claimant_{Claimant::kNobody};
+  std::atomic<int> signal_{0};  // the signal whose hand-off claimed the end (awaitSignalExit)
   std::optional<std::chrono::steady_clock::time_point> earlyReportAt_;  // the signal's thread
 };
 
