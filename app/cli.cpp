@@ -118,15 +118,16 @@ void addRunOptions(CLI::App& app, RunOptions& options) {
          [&options](const double& seconds) {
            options.joinTimeout = collective::timeoutFromSeconds(seconds);
          },
-                 "How long a rank process may take to join its world, in seconds (0 < s <= 1e6): "
-                 "start, load LibTorch, reach the store and meet every other rank; --timeout "
-                 "bounds each collective after that. The default suits a cluster, where ranks "
-                 "start one by one and load LibTorch from network file systems (like torchrun's "
-                 "rendezvous timeout); the ranks that did not join are named. Applies to rank "
-                 "processes (tcp, store, gloo, nccl); the threads transport forms no world and "
-                 "ignores it. e.g. --join-timeout 60")
+         "How long a rank process may take to join its world, in seconds (0 < s <= 1e6): "
+         "start, load LibTorch, reach the store and meet every other rank; --timeout "
+         "bounds each collective after that. The default suits a cluster, where ranks "
+         "start one by one and load LibTorch from network file systems (like torchrun's "
+         "rendezvous timeout); the ranks that did not join are named. Applies to rank "
+         "processes (tcp, store, gloo, nccl); the threads transport forms no world and "
+         "ignores it. e.g. --join-timeout 60")
       ->check(secondsValidator("join timeout"))
-      ->default_str(fmt::format("{:g}", std::chrono::duration<double>(options.joinTimeout).count()));
+      ->default_str(
+          fmt::format("{:g}", std::chrono::duration<double>(options.joinTimeout).count()));
   app.add_option("--repetitions", options.repetitions,
                  "Run each scenario this many times (same ranks, fresh managers); the report "
                  "keeps every repetition's raw timing samples, e.g. --repetitions 10")

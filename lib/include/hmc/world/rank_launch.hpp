@@ -1,8 +1,9 @@
 #pragma once
 // The configuration of one rank process, written once: hmc-run's parent fills a RankLaunch,
 // turns it into the hidden `_rank` command line (toArgs), and the rank process reads it back
-// (hmc-run's app/rank_options.hpp) — the same struct on both sides. Under torchrun/srun/mpirun each
-// process fills it from the launcher's variables instead.
+// (hmc-run's app/rank_options.hpp): the same struct on both sides. Under torchrun, srun or
+// mpirun each process fills it from the launcher's variables instead (and hmc::joinWorld
+// does, for a user's program).
 //
 // ScenarioOverrides are what the command line replaces in a scenario (--world-size, --device,
 // --timeout); loadScenario applies them in the one place where every process reads a scenario.

@@ -53,7 +53,7 @@ class WorldDriver {
   virtual std::string describe() const = 0;
 };
 
-// What every driver needs, decided once for the run (main.cpp's RunPlan).
+// What every driver needs, decided once for the run (hmc-run: app/run_plan.hpp's RunPlan).
 struct WorldOptions {
   // Every rank's configuration: transport, overrides, repetitions, flight capacity, log
   // level, and under a launcher this process's placement (launch.placement.underLauncher()).
