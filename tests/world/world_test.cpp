@@ -99,7 +99,7 @@ TEST_SUITE("world") {
          {std::tuple{"HMC_TIMEOUT", "soon", "HMC_TIMEOUT='soon'"},
           std::tuple{"HMC_TIMEOUT", "0", "seconds > 0"},
           std::tuple{"HMC_RANK", "1x", "HMC_RANK='1x'"},
-          std::tuple{"HMC_MASTER_PORT", "70000", "[0, 65535]"},
+          std::tuple{"HMC_MASTER_PORT", "70000", "not an integer in 0..65535"},
           std::tuple{"HMC_TRANSPORT", "threads", "between processes"}}) {
       CAPTURE(name);
       CAPTURE(value);

@@ -13,23 +13,10 @@
 #include <cstring>
 
 #include "hmc/error.hpp"
+#include "hmc/text.hpp"
 
 namespace hmc::collective {
 namespace {
-
-int parseInt(const std::string& name, const std::string& value, int low, int high) {
-  std::size_t used = 0;
-  long parsed = 0;
-  try {
-    parsed = std::stol(value, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used != value.size() || value.empty() || parsed < low || parsed > high) {
-    throw ValueError(fmt::format("{}='{}' is not an integer in {}..{}", name, value, low, high));
-  }
-  return static_cast<int>(parsed);
-}
 
 struct Pair {
   const char* rankVar;
@@ -46,8 +33,8 @@ std::optional<std::pair<int, int>> readPair(const EnvLookup& env, const Pair& pa
         "{} is set but {} is not: a {} launch sets both; set the missing one or unset the other",
         rank ? pair.rankVar : pair.sizeVar, rank ? pair.sizeVar : pair.rankVar, pair.launcher));
   }
-  const int world = parseInt(pair.sizeVar, *size, 1, 1 << 20);
-  const int r = parseInt(pair.rankVar, *rank, 0, 1 << 20);
+  const int world = parseIntVariable(pair.sizeVar, *size, 1, 1 << 20);
+  const int r = parseIntVariable(pair.rankVar, *rank, 0, 1 << 20);
   if (r >= world) {
     throw ValueError(fmt::format("{}={} is outside the world of {}={} ranks", pair.rankVar, r,
                                  pair.sizeVar, world));
@@ -62,7 +49,7 @@ void choosePort(LaunchEnv& launch, const EnvLookup& env, const LaunchOverrides& 
     launch.masterPort = *overrides.masterPort;
     launch.masterPortOrigin = "--master-port";
   } else if (const auto port = env("MASTER_PORT")) {
-    launch.masterPort = parseInt("MASTER_PORT", *port, 1, 65535);
+    launch.masterPort = parseIntVariable("MASTER_PORT", *port, 1, 65535);
     launch.masterPortOrigin = "MASTER_PORT";
   } else if (const auto job = jobVar ? env(jobVar) : std::nullopt; job && !job->empty()) {
     const auto step = stepVar ? env(stepVar) : std::nullopt;
@@ -94,6 +81,21 @@ constexpr const char* kOneNode = "one node: every rank is local";
 constexpr const char* kLoopback = "127.0.0.1";
 
 }  // namespace
+
+int parseIntVariable(const std::string& name, const std::string& value, int low, int high) {
+  std::size_t used = 0;
+  long parsed = 0;
+  try {
+    parsed = std::stol(value, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != value.size() || value.empty() || parsed < low || parsed > high) {
+    throw ValueError(
+        fmt::format("{}='{}' is not an integer in {}..{}", name, printable(value), low, high));
+  }
+  return static_cast<int>(parsed);
+}
 
 EnvLookup processEnvironment() {
   return [](const std::string& name) -> std::optional<std::string> {
@@ -167,7 +169,8 @@ std::optional<LaunchEnv> detectLaunch(const EnvLookup& env, const LaunchOverride
     std::tie(launch.rank, launch.worldSize) = *mpi;
     if (!explicitAddr(launch, env, overrides)) {
       const auto local = env("OMPI_COMM_WORLD_LOCAL_SIZE");
-      const int localSize = local ? parseInt("OMPI_COMM_WORLD_LOCAL_SIZE", *local, 1, 1 << 20) : 0;
+      const int localSize =
+          local ? parseIntVariable("OMPI_COMM_WORLD_LOCAL_SIZE", *local, 1, 1 << 20) : 0;
       if (localSize != launch.worldSize) {
         throw ValueError(fmt::format(
             "OMPI_COMM_WORLD_RANK is set (an mpirun launch) and the ranks span several nodes "
@@ -194,7 +197,7 @@ std::optional<LaunchEnv> detectLaunch(const EnvLookup& env, const LaunchOverride
       const char* countVar = "SLURM_STEP_NUM_NODES";
       auto count = env(countVar);
       if (!count) count = env(countVar = "SLURM_NNODES");
-      const bool oneNode = (count && parseInt(countVar, *count, 1, 1 << 20) == 1) ||
+      const bool oneNode = (count && parseIntVariable(countVar, *count, 1, 1 << 20) == 1) ||
                            (nodes && !nodes->empty() && slurmHostCount(*nodes) == 1);
       if (oneNode) {
         launch.masterAddr = kLoopback;

@@ -58,17 +58,6 @@ std::optional<std::string> variable(const char* name) {
   return std::string(value);
 }
 
-int intVariable(const char* name, const std::string& text, int low, int high) {
-  try {
-    std::size_t used = 0;
-    const long value = std::stol(text, &used);
-    if (used == text.size() && value >= low && value <= high) return static_cast<int>(value);
-  } catch (const std::exception&) {
-  }
-  throw ValueError(fmt::format("{}='{}': expected a whole number in [{}, {}]", name,
-                               printable(text), low, high));
-}
-
 std::chrono::milliseconds secondsVariable(const char* name, const std::string& text) {
   try {
     std::size_t used = 0;
@@ -261,12 +250,13 @@ class SignalWatcher {
 }  // namespace
 
 JoinOptions JoinOptions::withEnvironment(JoinOptions options) {
-  if (auto text = variable("HMC_RANK")) options.rank = intVariable("HMC_RANK", *text, 0, 1 << 24);
+  if (auto text = variable("HMC_RANK"))
+    options.rank = collective::parseIntVariable("HMC_RANK", *text, 0, 1 << 24);
   if (auto text = variable("HMC_WORLD_SIZE"))
-    options.worldSize = intVariable("HMC_WORLD_SIZE", *text, 1, 1 << 24);
+    options.worldSize = collective::parseIntVariable("HMC_WORLD_SIZE", *text, 1, 1 << 24);
   if (auto text = variable("HMC_MASTER_ADDR")) options.masterAddr = *text;
   if (auto text = variable("HMC_MASTER_PORT"))
-    options.masterPort = intVariable("HMC_MASTER_PORT", *text, 0, 65535);
+    options.masterPort = collective::parseIntVariable("HMC_MASTER_PORT", *text, 0, 65535);
   if (auto text = variable("HMC_TRANSPORT")) {
     const auto transport = collective::transportFromString(*text);
     if (!transport || *transport == collective::Transport::kThreads ||
@@ -283,8 +273,8 @@ JoinOptions JoinOptions::withEnvironment(JoinOptions options) {
     options.joinTimeout = secondsVariable("HMC_JOIN_TIMEOUT", *text);
   if (auto text = variable("HMC_NAME")) options.name = *text;
   if (auto text = variable("HMC_FLIGHT_CAPACITY"))
-    options.flightCapacity =
-        static_cast<std::size_t>(intVariable("HMC_FLIGHT_CAPACITY", *text, 1, 1 << 20));
+    options.flightCapacity = static_cast<std::size_t>(
+        collective::parseIntVariable("HMC_FLIGHT_CAPACITY", *text, 1, 1 << 20));
   if (auto text = variable("HMC_REPORT")) options.reportPath = *text;
   return options;
 }

@@ -55,6 +55,10 @@ using EnvLookup = std::function<std::optional<std::string>(const std::string& na
 // The process environment (getenv).
 EnvLookup processEnvironment();
 
+// The integer in variable `name`'s `value`, within [low, high]; else a ValueError naming both
+// ("RANK='x' is not an integer in 0..1048576"). Launchers' variables and hmc's own (HMC_RANK...).
+int parseIntVariable(const std::string& name, const std::string& value, int low, int high);
+
 // nullopt when no launcher variables are set. Throws ValueError as described above.
 std::optional<LaunchEnv> detectLaunch(const EnvLookup& env, const LaunchOverrides& overrides = {});
 
