@@ -1,23 +1,17 @@
 #include "hmc/world/world.hpp"
 
-#include <fcntl.h>
 #include <fmt/format.h>
-#include <poll.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
 #include <string.h>
-#include <unistd.h>
 
-#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
 #include <functional>
-#include <iterator>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -35,6 +29,7 @@
 #include "hmc/world/rank_placement.hpp"
 #include "hmc/world/result_gatherer.hpp"
 #include "hmc/world/run_keys.hpp"
+#include "hmc/world/signals.hpp"
 
 namespace hmc {
 namespace {
@@ -180,71 +175,20 @@ std::optional<diagnostics::FlightEntry> firstHang(const diagnostics::FlightRecor
   return std::nullopt;
 }
 
-// The termination signals a launcher's teardown sends (torchrun and srun: SIGTERM; Ctrl-C:
-// SIGINT; a lost terminal: SIGHUP). The handler only writes the signal's number to a pipe; a
-// thread of the world reads it and hands on what the rank did (World::Impl::onSignal), then
-// the signal ends the process as it would have. One world per process owns them.
-constexpr int kTerminationSignals[] = {SIGTERM, SIGINT, SIGHUP};
-int gSignalPipe[2] = {-1, -1};
-
-extern "C" void onTerminationSignal(int signal) {
-  const int saved = errno;
-  const unsigned char byte = static_cast<unsigned char>(signal);
-  [[maybe_unused]] const ssize_t written = ::write(gSignalPipe[1], &byte, 1);
-  errno = saved;
-}
-
-class SignalWatcher {
- public:
-  using Callback = std::function<void(int signal)>;
-  // Installs the handlers and starts the thread; inactive when another world owns the signals.
-  explicit SignalWatcher(Callback callback) : callback_(std::move(callback)) {
-    if (gSignalPipe[0] >= 0 || ::pipe2(gSignalPipe, O_CLOEXEC | O_NONBLOCK) != 0) return;
-    struct sigaction action {};
-    action.sa_handler = onTerminationSignal;
-    sigemptyset(&action.sa_mask);
-    action.sa_flags = SA_RESTART;
-    for (std::size_t i = 0; i < std::size(kTerminationSignals); ++i) {
-      sigaction(kTerminationSignals[i], &action, &previous_[i]);
-    }
-    active_ = true;
-    thread_ = std::thread([this] { watch(); });
-  }
-  // Restores the previous handlers. Never throws.
-  ~SignalWatcher() {
-    if (!active_) return;
-    for (std::size_t i = 0; i < std::size(kTerminationSignals); ++i) {
-      sigaction(kTerminationSignals[i], &previous_[i], nullptr);
-    }
-    const unsigned char stop = 0;
-    [[maybe_unused]] const ssize_t written = ::write(gSignalPipe[1], &stop, 1);
-    thread_.join();
-    ::close(gSignalPipe[0]);
-    ::close(gSignalPipe[1]);
-    gSignalPipe[0] = gSignalPipe[1] = -1;
-  }
-  SignalWatcher(const SignalWatcher&) = delete;
-  SignalWatcher& operator=(const SignalWatcher&) = delete;
-
- private:
-  void watch() {
-    for (;;) {
-      pollfd ready{gSignalPipe[0], POLLIN, 0};
-      if (::poll(&ready, 1, -1) < 0 && errno != EINTR) return;
-      unsigned char byte = 0;
-      if (::read(gSignalPipe[0], &byte, 1) != 1) continue;
-      if (byte == 0) return;  // the world ended
-      callback_(byte);
-      // What the signal would have done: the process ends by it (128 + signal for launchers).
-      ::signal(byte, SIG_DFL);
-      ::raise(byte);
-    }
-  }
-
-  Callback callback_;
-  bool active_ = false;
-  struct sigaction previous_[std::size(kTerminationSignals)]{};
-  std::thread thread_;
+// A launcher's teardown (torchrun and srun: SIGTERM; Ctrl-C: SIGINT; a lost terminal: SIGHUP):
+// the SignalScope records the signal (hmc/world/signals.hpp, as hmc-run's own runs do) and a
+// SignalForwarder hands it to the world on a thread of its own, which hands on what this rank
+// did; then the signal ends the process as it would have (128 + signal for launchers). One
+// world per process takes the signals.
+struct TerminationSignals {
+  explicit TerminationSignals(std::function<void(int signal)> onSignal)
+      : forwarder([onSignal = std::move(onSignal)](int signal, const std::string&) {
+          onSignal(signal);
+          ::signal(signal, SIG_DFL);
+          ::raise(signal);
+        }) {}
+  world::SignalScope scope;          // first: installed before the forwarder looks
+  world::SignalForwarder forwarder;  // stops before the scope restores the handlers
 };
 
 }  // namespace
@@ -295,7 +239,7 @@ struct World::Impl {
   std::shared_ptr<collective::KeyValueStore> signalKv;
   std::mutex reportMutex;
   bool reported = false;
-  std::unique_ptr<SignalWatcher> signals;
+  std::unique_ptr<TerminationSignals> signals;
 
   ~Impl() {
     // The signals first (their thread uses everything below), then the manager stops being
@@ -628,7 +572,8 @@ World joinWorld(JoinOptions options) {
 
   impl->signalKv = impl->transport.control->keyValueStore();
   World::Impl* raw = impl.get();
-  impl->signals = std::make_unique<SignalWatcher>([raw](int signal) { raw->onSignal(signal); });
+  impl->signals =
+      std::make_unique<TerminationSignals>([raw](int signal) { raw->onSignal(signal); });
 
   impl->manager = std::make_shared<lifecycle::ResourceManager>(impl->transport.collective);
   impl->processScope = std::make_unique<lifecycle::ResourceManager::ProcessScope>(impl->manager);
