@@ -9,10 +9,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <climits>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <system_error>
@@ -644,6 +646,43 @@ namespace {
 // merely slow (a loaded host, a stopped process: the kernel still answers) from one that cannot
 // be reached. Slow: a fresh connection (the old one owes the late answer) and the request again,
 // until the store timeout; unreachable or refused: BackendError at once.
+//
+// Every connection of a process to one store shares what the last of them learned: once one
+// found the store's host unreachable (the watchdog's, polling every 0.5 s, learns it seconds
+// before a collective's deadline), the others' next request begins with the handshake and
+// fails at once when it still fails, instead of waiting kRequestDeadline first. A handshake
+// that succeeds, or any answer, clears the mark: a cut that healed costs nothing.
+class UnreachableStores {
+ public:
+  static UnreachableStores& instance() {
+    static UnreachableStores stores;
+    return stores;
+  }
+  void mark(const std::string& endpoint, std::string reason) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    reasons_[endpoint] = std::move(reason);
+    marked_.store(true, std::memory_order_release);
+  }
+  void clear(const std::string& endpoint) {
+    if (!marked_.load(std::memory_order_acquire)) return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    reasons_.erase(endpoint);
+    marked_.store(!reasons_.empty(), std::memory_order_release);
+  }
+  std::optional<std::string> reason(const std::string& endpoint) const {
+    if (!marked_.load(std::memory_order_acquire)) return std::nullopt;
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto found = reasons_.find(endpoint);
+    if (found == reasons_.end()) return std::nullopt;
+    return found->second;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::atomic<bool> marked_{false};
+  std::map<std::string, std::string> reasons_;
+};
+
 class StoreKeyValue final : public KeyValueStore {
  public:
   static constexpr std::chrono::milliseconds kRequestDeadline{1000};
@@ -709,10 +748,23 @@ class StoreKeyValue final : public KeyValueStore {
   template <typename Fn>
   void call(const char* what, Fn&& fn) {
     std::lock_guard<std::mutex> lock(mutex_);  // one request in flight per connection
+    auto& unreachableStores = UnreachableStores::instance();
+    if (const auto earlier = unreachableStores.reason(endpoint_)) {
+      const std::string unreachable =
+          hmc::detail::handshakeFails(addresses_, kHandshakeDeadline);
+      if (!unreachable.empty()) {
+        throw BackendError(fmt::format(
+            "c10d store {} {}: {} (another connection of this process), and {} now: its host "
+            "is down or cut off from this one, or the store's process ended",
+            endpoint_, what, *earlier, unreachable));
+      }
+      unreachableStores.clear(endpoint_);
+    }
     const auto deadline = Clock::now() + timeout_;
     for (;;) {
       try {
         fn();
+        unreachableStores.clear(endpoint_);
         return;
       } catch (const Error&) {
         throw;
@@ -724,10 +776,13 @@ class StoreKeyValue final : public KeyValueStore {
         const std::string unreachable =
             hmc::detail::handshakeFails(addresses_, kHandshakeDeadline);
         if (!unreachable.empty()) {
+          const std::string silence =
+              fmt::format("no answer within {}", formatSeconds(readDeadline_));
+          unreachableStores.mark(endpoint_, silence);
           throw BackendError(fmt::format(
-              "c10d store {} {}: no answer within {}, and {}: its host is down or cut off from "
-              "this one, or the store's process ended",
-              endpoint_, what, formatSeconds(readDeadline_), unreachable));
+              "c10d store {} {}: {}, and {}: its host is down or cut off from this one, or the "
+              "store's process ended",
+              endpoint_, what, silence, unreachable));
         }
         if (Clock::now() >= deadline) {
           throw TimeoutError(fmt::format("c10d store {} {}: {} (no answer within {})",
