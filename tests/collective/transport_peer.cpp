@@ -371,7 +371,8 @@ int main(int argc, char** argv) {
             std::atoi(argv[3]),
             std::atoi(argv[4]),
             std::chrono::milliseconds(std::atoi(argv[5])),
-            argv[6]};
+            argv[6],
+            std::nullopt};
   if (argc == 8) args.joinTimeout = std::chrono::milliseconds(std::atoi(argv[7]));
   std::string kind = "ok";
   std::string message;
