@@ -141,6 +141,10 @@ void addRunOptions(CLI::App& app, RunOptions& options) {
   app.add_option("--trace", options.tracePath,
                  "Write a Chrome trace (one track per rank; opens in Perfetto) here; - for "
                  "standard output");
+  app.add_option("--record", options.recordDirectory,
+                 "Record every rank's lifecycle calls (the first repetition) in this folder, "
+                 "one file per rank (rank-N.hmcrec); `hmc-run record merge DIR -o FILE` makes a "
+                 "scenario of them (docs/record-replay.md)");
   app.add_option("--html", options.htmlPath,
                  "Write the report as one self-contained HTML page here (a timeline of the steps "
                  "per rank, the hang's missing ranks, bind times, leaks, the environment; no "
@@ -230,6 +234,9 @@ CommandLine::CommandLine()
       "  hmc-run render report.json --html report.html     draw a report written earlier\n"
       "  hmc-run shrink big-failing.json -o minimal.json   the smallest scenario that fails the\n"
       "                                                    same way (docs/shrink.md)\n"
+      "  hmc-run scenario.json --record rec/               record each rank's lifecycle calls;\n"
+      "  hmc-run record merge rec/ -o replay.json          then a scenario that replays them\n"
+      "                                                    (docs/record-replay.md)\n"
       "\n"
       "Exit codes: 0 every expectation met, 1 an expectation failed, 2 bad input or usage,\n"
       "3 an unexpected hang, 130 interrupted. Formats: docs/scenario-format.md (hmc-scenario/1,\n"
@@ -259,6 +266,7 @@ CommandLine::CommandLine()
 
   compareCommand = addCompareCommand(app, compare);  // app/compare_command.*
   renderCommand = addRenderCommand(app, render);     // app/render_command.*
+  recordCommand = addRecordCommand(app, record);     // app/record_command.*
 
   shrinkCommand = addShrinkCommand(app, shrink);  // app/shrink_command.hpp
 }
@@ -282,7 +290,9 @@ std::optional<int> CommandLine::parse(int argc, char** argv) {
 
 bool CommandLine::needsTorch() const {
   if (*rankCommand || *shrinkCommand) return true;
-  if (*compareCommand || *renderCommand || *validateCommand || *listCommand) return false;
+  if (*compareCommand || *renderCommand || *recordCommand || *validateCommand || *listCommand) {
+    return false;
+  }
   return *statusCommand || !run.paths.empty();
 }
 
@@ -294,6 +304,10 @@ int CommandLine::runWithoutTorch() {
   if (*renderCommand) {
     world::unblockTerminationSignals();
     return runRender(render);
+  }
+  if (*recordCommand) {
+    world::unblockTerminationSignals();
+    return runRecord(*recordCommand, record);
   }
   setUpLogging(run.logLevel);
   world::unblockTerminationSignals();

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "compare_command.hpp"
+#include "record_command.hpp"
 #include "exit_codes.hpp"
 #include "hmc/collective/transport.hpp"
 #include "hmc/world/rank_launch.hpp"
@@ -48,6 +49,7 @@ struct CommandLine {
   world::RankLaunch rankLaunch;
   StatusOptions status;
   CompareOptions compare;
+  RecordOptions record;
   RenderOptions render;
   ShrinkOptions shrink;
   std::vector<std::string> validateFiles;
@@ -59,6 +61,7 @@ struct CommandLine {
   CLI::App* statusCommand = nullptr;
   CLI::App* listCommand = nullptr;
   CLI::App* compareCommand = nullptr;
+  CLI::App* recordCommand = nullptr;
   CLI::App* renderCommand = nullptr;
   CLI::App* shrinkCommand = nullptr;
 };

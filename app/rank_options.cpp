@@ -33,6 +33,7 @@ void addRankOptions(CLI::App& command, world::RankLaunch& launch) {
   command.add_option("--flight-capacity", launch.flightCapacity);
   command.add_option("--result-file", launch.resultFile)->required();
   command.add_option("--log-level", launch.logLevel);
+  command.add_option("--record", launch.recordDirectory);
   command.add_flag_function("--agent-hosts-store", [&launch](std::int64_t count) {
     launch.placement.storeHost =
         count > 0 ? world::StoreHost::kLauncherAgent : world::StoreHost::kRankZero;

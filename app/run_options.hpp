@@ -28,6 +28,7 @@ struct RunOptions {
   std::chrono::milliseconds joinTimeout = world::kDefaultJoinTimeout;  // --join-timeout
   int repetitions = 1;
   std::optional<int> warmup;  // default: 1 when repetitions > 1
+  std::optional<std::string> recordDirectory;  // --record: each rank's lifecycle calls
 };
 
 // The `hmc` logger on stderr at `level` (trace ... off).

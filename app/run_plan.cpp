@@ -73,6 +73,12 @@ int planRun(const RunOptions& options, RunPlan* plan, const collective::EnvLooku
   }
   plan->warmup = options.warmup.value_or(options.repetitions > 1 ? 1 : 0);
   plan->flightCapacity = options.tracePath ? (1u << 16) : 64u;
+  if (options.recordDirectory && options.paths.size() > 1) {
+    usageError(fmt::format("--record {}: one scenario at a time ({} given): each run's ranks "
+                           "write rank-N.hmcrec there",
+                           *options.recordDirectory, options.paths.size()));
+    return kExitUsage;
+  }
   // Output paths are checked before anything runs, so a long run's results are not lost.
   if (plan->reporting) {
     for (const auto* path : {&options.reportPath, &options.tracePath, &options.htmlPath}) {
@@ -170,6 +176,7 @@ world::WorldOptions worldOptions(const RunPlan& plan, const RunOptions& options,
   world.launch.flightCapacity = plan.flightCapacity;
   world.launch.logLevel = options.logLevel;
   world.launch.joinTimeout = options.joinTimeout;
+  world.launch.recordDirectory = options.recordDirectory;
   if (plan.placement) world.launch.placement = *plan.placement;
   world.executable = executable;
   world.masterPort = options.masterPort;

@@ -312,6 +312,16 @@ void ResourceManager::recycle(ResourceGroup& target, const Binding& binding,
 }
 
 void ResourceManager::closeGroups(std::optional<std::vector<GroupPtr>> requested) {
+  // Every group: the program's close_all (a module's close() names its group).
+  if (!requested && recorder_) {
+    record::recordCall(recorder_.get(), record::EventOp::kCloseAll, -1,
+                       [&] { closeSelected(std::nullopt); });
+  } else {
+    closeSelected(std::move(requested));
+  }
+}
+
+void ResourceManager::closeSelected(std::optional<std::vector<GroupPtr>> requested) {
   const std::vector<GroupPtr> selected = requested ? std::move(*requested) : groups();
   const std::vector<GroupPtr> bound = boundGroups(selected);
   validateCollectiveClose(bound);
@@ -327,7 +337,9 @@ void ResourceManager::closeGroups(std::optional<std::vector<GroupPtr>> requested
                                     [](const auto& entry) { return entry.second->resources; });
   if (runtimeRelease_ && !anyBound) {
     const std::function<void()> release = runtimeRelease_;
-    collective_->collectiveCall(kRuntimeReleaseStage, [&] { releaseRuntime(release); });
+    record::recordCall(recorder_.get(), record::EventOp::kRelease, -1, [&] {
+      collective_->collectiveCall(kRuntimeReleaseStage, [&] { releaseRuntime(release); });
+    });
     runtimeRelease_ = nullptr;
     runtimeReleased_ = false;
   }
@@ -408,7 +420,9 @@ std::vector<json> ResourceManager::activeSpecifications(const json& scopeKey) co
 
 void ResourceManager::shutdown() {
   if (!automaticCleanup_) return;
-  closeGroups();
+  // The automatic cleanup at a rank's end is not a call of the program: not recorded as a
+  // close_all (a replay runs its own).
+  closeSelected(std::nullopt);
   automaticCleanup_ = false;
 }
 

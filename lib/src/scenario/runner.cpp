@@ -137,6 +137,7 @@ class RankState {
         manager_(std::make_shared<lifecycle::ResourceManager>(env.collective)),
         resources_(std::make_shared<resources::RankResources>()) {
     resources_->setRank(rank_);
+    manager_->setRecorder(env.recording);
 #if HMC_HAVE_CUDA
     resources_->setNcclRuntimeFactory(ncclFactoryFor(env.collective));
 #endif
@@ -160,7 +161,12 @@ class RankState {
   // Runs `step` (all its `repeat`s); the first failure ends it. `entry` is null for nested
   // steps, whose bind information is not reported (as in the reference runner).
   void run(const Step& step, StepResult* entry) {
+    record::Recorder* recording = manager_->recorder();
+    if (recording != nullptr && step.op != Op::kRepeat) {
+      recording->expect(toString(step.expect), step.expectError);
+    }
     for (int i = 0; i < step.repeat; ++i) runOnce(step, entry);
+    if (recording != nullptr) recording->expect("ok", std::nullopt);
   }
 
   void releaseAll() {
@@ -233,6 +239,7 @@ class RankState {
         options.scope = step.scope;
         options.manager = manager_;
         options.resources = resources_;
+        options.name = step.module;
         modules_[step.module] = nn::makeScratchModule(step.type, std::move(options));
         break;
       }
@@ -264,15 +271,22 @@ class RankState {
           y.sum().backward();
         } else {
           pending_[step.module].push_back(std::move(y));
+          if (record::Recorder* recording = manager_->recorder()) {
+            recording->append(record::EventOp::kPending, module->recordIndex(),
+                              record::Outcome::kOk, std::chrono::nanoseconds(0));
+          }
         }
         break;
       }
       case Op::kBackward: {
         auto it = pending_.find(step.module);
         if (it == pending_.end()) break;
+        const std::int32_t index = live(step.module)->recordIndex();
         std::vector<torch::Tensor> outputs = std::move(it->second);
         pending_.erase(it);
-        for (auto& y : outputs) y.sum().backward();
+        record::recordCall(manager_->recorder(), record::EventOp::kBackward, index, [&] {
+          for (auto& y : outputs) y.sum().backward();
+        });
         break;
       }
       case Op::kDrop:
@@ -291,31 +305,31 @@ class RankState {
         timings_.close.push_back(secondsSince(start));
         break;
       }
-      case Op::kCheck: {
-        const FinalState state = finalState();
-        if (step.groups && *step.groups != state.groups) {
-          throw CheckFailed(
-              fmt::format("check failed: groups is {}, expected {}", state.groups, *step.groups));
-        }
-        if (step.boundGroups && *step.boundGroups != state.boundGroups) {
-          throw CheckFailed(fmt::format("check failed: bound_groups is {}, expected {}",
-                                        state.boundGroups, *step.boundGroups));
-        }
-        if (step.runtimeLive && *step.runtimeLive != state.runtimeLive) {
-          throw CheckFailed(fmt::format("check failed: runtime_live is {}, expected {}",
-                                        pythonBool(state.runtimeLive),
-                                        pythonBool(*step.runtimeLive)));
-        }
+      case Op::kCheck:
+        record::recordCall(manager_->recorder(), record::EventOp::kCheck, -1,
+                           [&] { runCheck(step); }, checkDetail(step));
         break;
-      }
       case Op::kFault:
-        runFault(step);
+        if (step.faultKind == FaultKind::kCrash && manager_->recorder()) {
+          // Recorded first: the process exits (a thread rank unwinds) inside.
+          manager_->recorder()->append(record::EventOp::kFault, -1, record::Outcome::kOk,
+                                       std::chrono::nanoseconds(0), faultDetail(step));
+          runFault(step);
+          break;
+        }
+        record::recordCall(manager_->recorder(), record::EventOp::kFault,
+                           step.module.empty() ? -1 : live(step.module)->recordIndex(),
+                           [&] { runFault(step); }, faultDetail(step));
         break;
       case Op::kBarrier:
-        env_.collective->barrier();
+        record::recordCall(manager_->recorder(), record::EventOp::kBarrier, -1,
+                           [&] { env_.collective->barrier(); });
         break;
       case Op::kSleep:
-        std::this_thread::sleep_for(std::chrono::duration<double>(step.seconds));
+        record::recordCall(
+            manager_->recorder(), record::EventOp::kSleep, -1,
+            [&] { std::this_thread::sleep_for(std::chrono::duration<double>(step.seconds)); },
+            {{"seconds", step.seconds}});
         break;
       case Op::kRepeat:
         for (int i = 0; i < step.count; ++i) {
@@ -328,6 +342,54 @@ class RankState {
           }
         }
         break;
+    }
+  }
+
+  static nlohmann::json checkDetail(const Step& step) {
+    nlohmann::json detail = nlohmann::json::object();
+    if (step.groups) detail["groups"] = *step.groups;
+    if (step.boundGroups) detail["bound_groups"] = *step.boundGroups;
+    if (step.runtimeLive) detail["runtime_live"] = *step.runtimeLive;
+    return detail;
+  }
+
+  static nlohmann::json faultDetail(const Step& step) {
+    nlohmann::json detail = {{"fault", toString(step.faultKind)}};
+    switch (step.faultKind) {
+      case FaultKind::kCloseError:
+      case FaultKind::kReleaseError:
+        detail["count"] = step.faultCount;
+        break;
+      case FaultKind::kBusy:
+        detail["busy"] = step.busy;
+        break;
+      case FaultKind::kStall:
+        detail["seconds"] = step.seconds;
+        break;
+      case FaultKind::kCrash:
+        break;
+      case FaultKind::kLeak:
+        detail["resource"] = toString(step.leakResource);
+        if (step.leakResource == LeakResource::kMemory) detail["bytes"] = step.leakBytes;
+        break;
+    }
+    return detail;
+  }
+
+  void runCheck(const Step& step) {
+    const FinalState state = finalState();
+    if (step.groups && *step.groups != state.groups) {
+      throw CheckFailed(
+          fmt::format("check failed: groups is {}, expected {}", state.groups, *step.groups));
+    }
+    if (step.boundGroups && *step.boundGroups != state.boundGroups) {
+      throw CheckFailed(fmt::format("check failed: bound_groups is {}, expected {}",
+                                    state.boundGroups, *step.boundGroups));
+    }
+    if (step.runtimeLive && *step.runtimeLive != state.runtimeLive) {
+      throw CheckFailed(fmt::format("check failed: runtime_live is {}, expected {}",
+                                    pythonBool(state.runtimeLive),
+                                    pythonBool(*step.runtimeLive)));
     }
   }
 
@@ -632,6 +694,11 @@ RankResult runRank(const Scenario& scenario, RankEnvironment& env) {
     result.steps.push_back(std::move(entry));
   }
   recorder.setStep(-1);
+  // What follows (the automatic shutdown, the modules' release) is the runner's, not a step's.
+  if (env.recording) {
+    env.recording->end();
+    state.manager().setRecorder(nullptr);
+  }
   result.final = state.finalState();
   result.leaks = checkLeaks(state, result, env, device);
   result.timings = state.timings();

@@ -82,6 +82,10 @@ std::vector<RankResult> runOnThreads(const Scenario& scenario, const ThreadRunOp
         env.epoch = epoch;
         env.flightCapacity = options.flightCapacity;
         env.sampleProcess = false;  // once, below, when every rank thread has ended
+        if (options.recordDirectory) {
+          env.recording = record::openRankRecording(*options.recordDirectory, rank, worldSize,
+                                                    scenario.name, scenario.timeoutS);
+        }
         env.crash = [&world, rank] {
           world->markFailed(rank, "exited at once (fault crash)");
           throw RankCrashed();

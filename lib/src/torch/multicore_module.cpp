@@ -16,6 +16,10 @@ using lifecycle::GroupPtr;
 MulticoreModule::MulticoreModule(MulticoreOptions options)
     : manager_(options.manager ? std::move(options.manager)
                                : lifecycle::ResourceManager::current()) {
+  if (record::Recorder* recorder = manager_->recorder()) {
+    recordIndex_ = recorder->create(options.name, options.specification, options.compatibilityKey,
+                                    options.scopeKey);
+  }
   auto [group, token] =
       manager_->createGroup(std::move(options.specification), std::move(options.compatibilityKey),
                             std::move(options.scopeKey));
@@ -24,7 +28,22 @@ MulticoreModule::MulticoreModule(MulticoreOptions options)
 }
 
 MulticoreModule::~MulticoreModule() {
+  // Not recorder(): the concrete type is already destroyed here.
+  record::Recorder* recorder = recordIndex_ >= 0 ? manager_->recorder() : nullptr;
+  if (recorder != nullptr) {
+    recorder->append(record::EventOp::kDrop, recordIndex_, record::Outcome::kOk,
+                     std::chrono::nanoseconds(0));
+  }
   if (finalizerAttached_) manager_->retire(group_->identifier, memberToken_);
+}
+
+record::Recorder* MulticoreModule::recorder() {
+  if (recordIndex_ < 0) return nullptr;
+  record::Recorder* recorder = manager_->recorder();
+  if (recorder != nullptr && !recorder->typeKnown(recordIndex_)) {
+    recorder->setType(recordIndex_, typeNamespace() + "." + typeName());
+  }
+  return recorder;
 }
 
 void MulticoreModule::shareExecutionResources(const std::vector<MulticoreModule*>& modules) {
@@ -34,6 +53,22 @@ void MulticoreModule::shareExecutionResources(const std::vector<MulticoreModule*
 void MulticoreModule::shareImpl(const std::vector<MulticoreModule*>& members,
                                 std::string_view className,
                                 const std::function<bool(const MulticoreModule&)>& isInstance) {
+  record::Recorder* recorder = members.empty() ? nullptr : members.front()->recorder();
+  nlohmann::json names = nlohmann::json::array();
+  if (recorder != nullptr) {
+    for (MulticoreModule* member : members) {
+      member->recorder();  // its type, before the event
+      names.push_back(member->recordIndex_);
+    }
+  }
+  record::recordCall(
+      recorder, record::EventOp::kShare, recorder ? members.front()->recordIndex_ : -1,
+      [&] { shareChecked(members, className, isInstance); }, {{"modules", names}});
+}
+
+void MulticoreModule::shareChecked(const std::vector<MulticoreModule*>& members,
+                                   std::string_view className,
+                                   const std::function<bool(const MulticoreModule&)>& isInstance) {
   // _validate_shared_members
   if (members.empty()) {
     throw ValueError("shared multicore execution requires at least one module.");
@@ -100,6 +135,33 @@ void MulticoreModule::moveToResourceGroup(const GroupPtr& target) {
 
 std::shared_ptr<lifecycle::Resource> MulticoreModule::getExecutionResources(
     const torch::Tensor& tensor) {
+  record::Recorder* recorder = this->recorder();
+  if (recorder == nullptr) return bindOrReuse(tensor);
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    auto resources = bindOrReuse(tensor);
+    nlohmann::json detail;
+    if (lastBind_) {
+      detail = {{"device", group_->binding->device},
+                {"dtype", group_->binding->dtype},
+                {"reused", lastBind_->reused}};
+    }
+    recorder->append(record::EventOp::kForward, recordIndex_, record::Outcome::kOk,
+                     std::chrono::steady_clock::now() - start, detail);
+    return resources;
+  } catch (const std::exception& error) {
+    nlohmann::json detail = record::errorDetail(error);
+    if (tensor.defined()) {
+      detail["device"] = tensor.device().str();
+      detail["dtype"] = dtypeName(tensor.scalar_type());
+    }
+    recorder->append(record::EventOp::kForward, recordIndex_, record::outcomeOf(error),
+                     std::chrono::steady_clock::now() - start, detail);
+    throw;
+  }
+}
+
+std::shared_ptr<lifecycle::Resource> MulticoreModule::bindOrReuse(const torch::Tensor& tensor) {
   if (closed_ || group_->closed) {
     throw RuntimeError("cannot execute a closed multicore module.");
   }
@@ -145,6 +207,10 @@ lifecycle::Binding MulticoreModule::executionBinding(const torch::Tensor& tensor
 }
 
 void MulticoreModule::close() {
+  record::recordCall(recorder(), record::EventOp::kClose, recordIndex_, [&] { closeOnce(); });
+}
+
+void MulticoreModule::closeOnce() {
   if (closed_) return;
   const GroupPtr group = group_;
   if (group->resources && group->members == std::set<lifecycle::MemberToken>{memberToken_}) {

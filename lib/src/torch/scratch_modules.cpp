@@ -98,7 +98,8 @@ MulticoreOptions baseOptions(const std::string& kind, const ScratchOptions& opti
       options.compat && !options.compat->is_null() ? *options.compat : spec;
   // The reference keys on json.dumps(..., sort_keys=True): compare serialised text, so that
   // 1 and 1.0 stay different keys as they are there.
-  return MulticoreOptions{spec.dump(), compat.dump(), options.scope, options.manager};
+  return MulticoreOptions{spec.dump(), compat.dump(), options.scope, options.manager,
+                          options.name};
 }
 
 }  // namespace

@@ -52,6 +52,10 @@ std::vector<std::string> RankLaunch::toArgs() const {
       "--join-timeout",
       fmt::format("{:.17g}", std::chrono::duration<double>(joinTimeout).count())};
   if (placement.storeHost == StoreHost::kLauncherAgent) args.push_back("--agent-hosts-store");
+  if (recordDirectory) {
+    args.push_back("--record");
+    args.push_back(*recordDirectory);
+  }
   const auto overrideArgs = overrides.toArgs();
   args.insert(args.end(), overrideArgs.begin(), overrideArgs.end());
   return args;

@@ -184,6 +184,11 @@ void RankRun::runRepetition(int repetition) {
   scenario::RankEnvironment env;
   env.collective = transport_->collective;
   env.recorder = std::make_shared<diagnostics::FlightRecorder>(launch_.flightCapacity, env.epoch);
+  if (launch_.recordDirectory && repetition == 0) {
+    env.recording =
+        record::openRankRecording(*launch_.recordDirectory, placement_.rank,
+                                  placement_.worldSize, scenario_.name, scenario_.timeoutS);
+  }
   env.crash = [] { _exit(kCrashExitStatus); };
   env.onStep = [this](const scenario::StepResult& step) { progress_.stepDone(step); };
   env.agreeOnShutdown = [this, repetition](bool clean) {

@@ -220,6 +220,11 @@ JoinOptions JoinOptions::withEnvironment(JoinOptions options) {
     options.flightCapacity = static_cast<std::size_t>(
         collective::parseIntVariable("HMC_FLIGHT_CAPACITY", *text, 1, 1 << 20));
   if (auto text = variable("HMC_REPORT")) options.reportPath = *text;
+  if (auto text = variable("HMC_RECORD")) options.recordDirectory = *text;
+  if (auto text = variable("HMC_RECORD_CAP")) {
+    options.recordCap = static_cast<std::uint64_t>(
+        collective::parseIntVariable("HMC_RECORD_CAP", *text, 4096, INT32_MAX));
+  }
   return options;
 }
 
@@ -510,6 +515,8 @@ WorldEnd World::close() {
   if (impl_->end) return *impl_->end;
   impl_->recorder->setStep(-1);  // the program's body (step 0) is over: "after its steps"
   const RankEnd own = impl_->closeOwn();
+  // Complete before the report: a rank that is killed while the others report keeps it.
+  if (record::Recorder* recording = impl_->manager->recorder()) recording->end();
   impl_->publish(own, *impl_->kv);
   WorldEnd end;
   if (impl_->placement.rank == 0) {
@@ -577,6 +584,13 @@ World joinWorld(JoinOptions options) {
 
   impl->manager = std::make_shared<lifecycle::ResourceManager>(impl->transport.collective);
   impl->processScope = std::make_unique<lifecycle::ResourceManager::ProcessScope>(impl->manager);
+  if (resolved.recordDirectory) {
+    impl->manager->setRecorder(
+        record::openRankRecording(*resolved.recordDirectory, placement.rank,
+                                  placement.worldSize, resolved.name,
+                                  std::chrono::duration<double>(resolved.timeout).count(),
+                                  resolved.recordCap));
+  }
   if (placement.rank == 0) {
     const auto& control = *impl->transport.control;
     fmt::print(stderr,

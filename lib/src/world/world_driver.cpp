@@ -27,6 +27,7 @@ class ThreadsWorld final : public WorldDriver {
   WorldRun run(const WorldInput& input, const RepetitionSink& sink) override {
     scenario::ThreadRunOptions runOptions;
     runOptions.flightCapacity = options_.launch.flightCapacity;
+    runOptions.recordDirectory = options_.launch.recordDirectory;
     if (options_.onRankZeroStep) {
       runOptions.onStep = [this](int rank, const scenario::StepResult& step) {
         if (rank == 0) options_.onRankZeroStep(step);
@@ -44,6 +45,7 @@ class ThreadsWorld final : public WorldDriver {
     for (int repetition = 0; repetition < options_.launch.repetitions && !interrupt.interrupted();
          ++repetition) {
       auto ranks = scenario::runOnThreads(input.scenario, runOptions);
+      runOptions.recordDirectory.reset();  // the first repetition only
       const bool last = worldEnds(ranks);
       sink(std::move(ranks));
       if (last) break;

@@ -21,6 +21,7 @@
 
 #include "hmc/collective/collective.hpp"
 #include "hmc/lifecycle/resource_group.hpp"
+#include "hmc/record/recording.hpp"
 
 namespace hmc::lifecycle {
 
@@ -134,6 +135,12 @@ class ResourceManager {
   Agreement agreement() const noexcept { return agreement_; }
 
   // Introspection (local).
+  // The rank's recording (hmc/record/recording.hpp): null (the default) records nothing.
+  void setRecorder(std::shared_ptr<record::Recorder> recorder) noexcept {
+    recorder_ = std::move(recorder);
+  }
+  record::Recorder* recorder() const noexcept { return recorder_.get(); }
+
   std::vector<GroupPtr> groups() const;
   std::size_t groupCount() const noexcept { return groups_.size(); }
   std::size_t boundGroupCount() const;
@@ -144,8 +151,10 @@ class ResourceManager {
   void validateCollectiveClose(const std::vector<GroupPtr>& bound);
   void closeGroupCollectively(const GroupPtr& group);
   void releaseRuntime(const std::function<void()>& release);
+  void closeSelected(std::optional<std::vector<GroupPtr>> requested);
 
   std::shared_ptr<collective::Collective> collective_;
+  std::shared_ptr<record::Recorder> recorder_;
   GroupId nextGroupId_ = 0;
   MemberToken nextMemberToken_ = 0;
   BindingId nextBindingId_ = 0;

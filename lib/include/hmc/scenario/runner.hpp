@@ -13,6 +13,7 @@
 
 #include "hmc/collective/collective.hpp"
 #include "hmc/diagnostics/flight_recorder.hpp"
+#include "hmc/record/recording.hpp"
 #include "hmc/scenario/rank_result.hpp"
 #include "hmc/scenario/scenario.hpp"
 
@@ -37,6 +38,8 @@ struct RankEnvironment {
   // The rank's flight recorder, for a watchdog that reads it from another thread; null:
   // runRank makes its own (flightCapacity, epoch).
   std::shared_ptr<diagnostics::FlightRecorder> recorder;
+  // The rank's recording of its lifecycle calls (`--record`); null: none.
+  std::shared_ptr<record::Recorder> recording;
   // Called after every top-level step (progress, watchdog).
   std::function<void(const StepResult&)> onStep;
   // Whether this rank samples its process at the end of the run (RankResult::process); thread

@@ -42,6 +42,8 @@ struct ThreadRunOptions {
   ThreadInterrupt* interrupt = nullptr;
   // Sample the process once every rank thread ended (rank 0's RankResult::process, shared).
   bool sampleProcess = true;
+  // Each rank records its lifecycle calls in this folder (rank-N.hmcrec); nullopt: none.
+  std::optional<std::string> recordDirectory;
 };
 
 // Blocks until every rank thread has finished; bounded by the scenario's deadlines.

@@ -30,6 +30,9 @@ struct MulticoreOptions {
   nlohmann::json scopeKey;
   // The rank's manager; null means ResourceManager::current().
   std::shared_ptr<lifecycle::ResourceManager> manager;
+  // The module's name in the manager's recording (hmc/record/recording.hpp); empty: "m<N>",
+  // N its creation order on the rank.
+  std::string name;
 };
 
 // How the last first-binding went (what the report's `bind` section shows).
@@ -70,6 +73,8 @@ class MulticoreModule : public torch::nn::Module {
   bool isClosed() const noexcept { return closed_; }
   // Set by the getExecutionResources call that bound the group; reset by every later call.
   const std::optional<BindInfo>& lastBind() const noexcept { return lastBind_; }
+  // The module's index in its manager's recording (-1: not recorded).
+  std::int32_t recordIndex() const noexcept { return recordIndex_; }
 
  protected:
   // The group's resources, bound on first use (see the class comment). Throws
@@ -91,7 +96,15 @@ class MulticoreModule : public torch::nn::Module {
  private:
   static void shareImpl(const std::vector<MulticoreModule*>& members, std::string_view className,
                         const std::function<bool(const MulticoreModule&)>& isInstance);
+  static void shareChecked(const std::vector<MulticoreModule*>& members,
+                           std::string_view className,
+                           const std::function<bool(const MulticoreModule&)>& isInstance);
+  void closeOnce();
   void moveToResourceGroup(const lifecycle::GroupPtr& target);
+  std::shared_ptr<lifecycle::Resource> bindOrReuse(const torch::Tensor& tensor);
+  // The manager's recorder when this module is recorded (null: not recorded); the first call
+  // records the module's concrete type.
+  record::Recorder* recorder();
 
   std::shared_ptr<lifecycle::ResourceManager> manager_;
   lifecycle::GroupPtr group_;
@@ -99,6 +112,7 @@ class MulticoreModule : public torch::nn::Module {
   bool closed_ = false;
   bool finalizerAttached_ = true;
   std::optional<BindInfo> lastBind_;
+  std::int32_t recordIndex_ = -1;  // the module's index in the recording (-1: none)
 };
 
 }  // namespace hmc::nn

@@ -34,6 +34,7 @@ struct ScratchOptions {
   std::shared_ptr<resources::RankResources> resources;
   // The rank's manager; null means ResourceManager::current().
   std::shared_ptr<lifecycle::ResourceManager> manager;
+  std::string name;  // in the manager's recording (MulticoreOptions::name)
 };
 
 class ScratchModule : public MulticoreModule {

@@ -58,6 +58,8 @@ struct RankLaunch {
   // hmc-run's own launch: the stem of the rank's result files (repetitionResultFile).
   std::string resultFile;
   std::string logLevel = "warn";
+  // --record: the folder where each rank records its lifecycle calls (the first repetition).
+  std::optional<std::string> recordDirectory;
 
   // The `_rank` command line after the executable ("_rank", file, options...). The launcher
   // is not carried: a `_rank` process is always one of hmc-run's own launch.

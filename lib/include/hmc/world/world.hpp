@@ -50,6 +50,7 @@
 
 #include "hmc/collective/transport.hpp"
 #include "hmc/lifecycle/resource_manager.hpp"
+#include "hmc/record/recording.hpp"
 #include "hmc/world/rank_launch.hpp"
 
 namespace hmc {
@@ -74,6 +75,11 @@ struct JoinOptions {
   std::size_t flightCapacity = 64;
   // HMC_REPORT: where rank 0 writes the end report (JSON, format "hmc-world-end/1").
   std::optional<std::string> reportPath;
+  // HMC_RECORD: the folder where each rank records its lifecycle calls (rank-<N>.hmcrec,
+  // hmc/record/recording.hpp; created when missing); `hmc-run record merge` makes a scenario
+  // of them. HMC_RECORD_CAP (bytes): each file's cap.
+  std::optional<std::string> recordDirectory;
+  std::uint64_t recordCap = record::kDefaultCapBytes;
 
   // `options` with every HMC_* variable that is set in place. Throws ValueError.
   static JoinOptions withEnvironment(JoinOptions options);

@@ -1,0 +1,520 @@
+#include "hmc/record/recording.hpp"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <system_error>
+
+#include "hmc/config.hpp"
+#include "hmc/error.hpp"
+#include "hmc/host.hpp"
+#include "hmc/log.hpp"
+
+namespace hmc::record {
+namespace {
+
+constexpr char kMagic[8] = {'H', 'M', 'C', 'R', 'E', 'C', '0', '1'};
+constexpr std::string_view kFormat = "hmc-record/1";
+constexpr std::size_t kFrameHead = 8;  // u32 bytes + u32 CRC
+// op, outcome, 2 spare, i32 module, u64 duration ns, u64 start ns (since the recording began)
+constexpr std::size_t kEventFixed = 24;
+// Room kept for the "capped" and "end" frames.
+constexpr std::size_t kReserve = 2 * (kFrameHead + kEventFixed);
+
+const std::array<std::uint32_t, 256>& crcTable() {
+  static const std::array<std::uint32_t, 256> table = [] {
+    std::array<std::uint32_t, 256> t{};
+    for (std::uint32_t i = 0; i < 256; ++i) {
+      std::uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1u) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+      t[i] = c;
+    }
+    return t;
+  }();
+  return table;
+}
+
+std::uint32_t crc32(const unsigned char* data, std::size_t bytes) {
+  const auto& table = crcTable();
+  std::uint32_t c = 0xFFFFFFFFu;
+  for (std::size_t i = 0; i < bytes; ++i) c = table[(c ^ data[i]) & 0xFFu] ^ (c >> 8);
+  return c ^ 0xFFFFFFFFu;
+}
+
+void putU32(unsigned char* out, std::uint32_t v) {
+  for (int i = 0; i < 4; ++i) out[i] = static_cast<unsigned char>(v >> (8 * i));
+}
+void putU64(unsigned char* out, std::uint64_t v) {
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<unsigned char>(v >> (8 * i));
+}
+std::uint32_t getU32(const unsigned char* in) {
+  std::uint32_t v = 0;
+  for (int i = 3; i >= 0; --i) v = (v << 8) | in[i];
+  return v;
+}
+std::uint64_t getU64(const unsigned char* in) {
+  std::uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | in[i];
+  return v;
+}
+
+std::string systemError(int error) { return std::system_category().message(error); }
+
+}  // namespace
+
+std::string_view toString(EventOp op) noexcept {
+  switch (op) {
+    case EventOp::kCreate:
+      return "create";
+    case EventOp::kShare:
+      return "share";
+    case EventOp::kForward:
+      return "forward";
+    case EventOp::kPending:
+      return "pending";
+    case EventOp::kBackward:
+      return "backward";
+    case EventOp::kDrop:
+      return "drop";
+    case EventOp::kClose:
+      return "close";
+    case EventOp::kCloseAll:
+      return "close_all";
+    case EventOp::kRelease:
+      return "release";
+    case EventOp::kFault:
+      return "fault";
+    case EventOp::kBarrier:
+      return "barrier";
+    case EventOp::kSleep:
+      return "sleep";
+    case EventOp::kCheck:
+      return "check";
+    case EventOp::kEnd:
+      return "end";
+    case EventOp::kCapped:
+      return "capped";
+    case EventOp::kType:
+      return "type";
+  }
+  return "unknown";
+}
+
+std::string_view toString(Outcome outcome) noexcept {
+  switch (outcome) {
+    case Outcome::kOk:
+      return "ok";
+    case Outcome::kError:
+      return "error";
+    case Outcome::kHang:
+      return "hang";
+  }
+  return "unknown";
+}
+
+nlohmann::json RecordingHeader::toJson() const {
+  return {{"format", kFormat},
+          {"rank", rank},
+          {"world_size", worldSize},
+          {"host", host},
+          {"pid", pid},
+          {"version", version},
+          {"name", name},
+          {"started_unix", startedUnix},
+          {"cap_bytes", capBytes},
+          {"timeout_s", timeoutS}};
+}
+
+RecordingHeader RecordingHeader::fromJson(const nlohmann::json& value) {
+  if (!value.is_object() || value.value("format", "") != kFormat) {
+    throw ValueError(fmt::format("its header is not {}", kFormat));
+  }
+  RecordingHeader h;
+  h.rank = value.at("rank").get<int>();
+  h.worldSize = value.at("world_size").get<int>();
+  h.host = value.value("host", "");
+  h.pid = value.value("pid", 0L);
+  h.version = value.value("version", "");
+  h.name = value.value("name", "");
+  h.startedUnix = value.value("started_unix", 0.0);
+  h.capBytes = value.value("cap_bytes", kDefaultCapBytes);
+  h.timeoutS = value.value("timeout_s", 30.0);
+  return h;
+}
+
+Outcome outcomeOf(const std::exception& error) noexcept {
+  const ErrorKind kind = kindOf(error);
+  return kind == ErrorKind::kTimeout || kind == ErrorKind::kRankFailure ? Outcome::kHang
+                                                                        : Outcome::kError;
+}
+
+nlohmann::json errorDetail(const std::exception& error) {
+  std::string message = error.what();
+  message = message.substr(0, message.find('\n'));  // c10::Error: its backtrace follows
+  return {{"kind", toString(kindOf(error))}, {"message", std::move(message)}};
+}
+
+std::string recordingFileName(int rank) { return fmt::format("rank-{}.hmcrec", rank); }
+
+Recorder::Recorder(const std::string& path, RecordingHeader header)
+    : path_(path), header_(std::move(header)) {
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) {
+    throw RuntimeError(
+        fmt::format("cannot create the recording {}: {}; check that its folder "
+                    "exists and is writable",
+                    path, systemError(errno)));
+  }
+  size_ = std::max<std::uint64_t>(header_.capBytes, 4096);
+  if (::ftruncate(fd_, static_cast<off_t>(size_)) != 0) {
+    const int error = errno;
+    ::close(fd_);
+    throw RuntimeError(fmt::format("cannot size the recording {} to its cap of {} bytes: {}", path,
+                                   size_, systemError(error)));
+  }
+  void* map = ::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+  if (map == MAP_FAILED) {
+    const int error = errno;
+    ::close(fd_);
+    throw RuntimeError(fmt::format("cannot map the recording {}: {}", path, systemError(error)));
+  }
+  map_ = static_cast<unsigned char*>(map);
+  std::memcpy(map_, kMagic, sizeof(kMagic));
+  used_ = sizeof(kMagic);
+  const std::string head = header_.toJson().dump();
+  if (!writeFrame(head.data(), head.size())) {
+    end();
+    throw RuntimeError(
+        fmt::format("the recording {}: its cap of {} bytes cannot hold its header", path, size_));
+  }
+}
+
+Recorder::~Recorder() { end(); }
+
+bool Recorder::writeFrame(const void* payload, std::size_t bytes) {
+  if (used_ + kFrameHead + bytes > size_) return false;
+  unsigned char* at = map_ + used_;
+  std::memcpy(at + kFrameHead, payload, bytes);
+  putU32(at + 4, crc32(at + kFrameHead, bytes));
+  // The length last: a reader that sees it sees the rest (the same mapping, program order; a
+  // kill between the two leaves a zero length, where a reader stops).
+  putU32(at, static_cast<std::uint32_t>(bytes));
+  used_ += kFrameHead + bytes;
+  return true;
+}
+
+void Recorder::writeEvent(EventOp op, Outcome outcome, std::int32_t module,
+                          std::chrono::nanoseconds duration, std::string_view extra) {
+  if (stopped_) return;
+  const std::size_t bytes = kEventFixed + extra.size();
+  const bool fits = used_ + kFrameHead + bytes + kReserve <= size_;
+  const bool marker = op == EventOp::kEnd || op == EventOp::kCapped;
+  if (!fits && !marker) {
+    writeEvent(EventOp::kCapped, Outcome::kOk, -1, std::chrono::nanoseconds(0), {});
+    stopped_ = true;
+    logger()->warn(
+        "the recording {} reached its cap of {} bytes after {} events: the calls "
+        "after it are not recorded (raise HMC_RECORD_CAP)",
+        path_, size_, events_);
+    return;
+  }
+  unsigned char fixed[kEventFixed + 256];
+  unsigned char* payload = fixed;
+  std::string heap;
+  if (bytes > sizeof(fixed)) {
+    heap.resize(bytes);
+    payload = reinterpret_cast<unsigned char*>(heap.data());
+  }
+  payload[0] = static_cast<unsigned char>(op);
+  payload[1] = static_cast<unsigned char>(outcome);
+  payload[2] = payload[3] = 0;
+  putU32(payload + 4, static_cast<std::uint32_t>(module));
+  putU64(payload + 8, static_cast<std::uint64_t>(duration.count()));
+  const auto start = std::chrono::steady_clock::now() - duration - origin_;
+  putU64(payload + 16,
+         static_cast<std::uint64_t>(std::max<std::int64_t>(
+             0, std::chrono::duration_cast<std::chrono::nanoseconds>(start).count())));
+  if (!extra.empty()) std::memcpy(payload + kEventFixed, extra.data(), extra.size());
+  if (writeFrame(payload, bytes)) ++events_;
+}
+
+std::int32_t Recorder::create(std::string_view name, const nlohmann::json& specification,
+                              const nlohmann::json& compatibilityKey,
+                              const nlohmann::json& scopeKey) {
+  try {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const std::int32_t index = modules_++;
+    typed_.push_back(false);
+    scratch_ = specification.dump();
+    scratch_ += '\x1f';
+    scratch_ += compatibilityKey.dump();
+    scratch_ += '\x1f';
+    scratch_ += scopeKey.dump();
+    nlohmann::json detail = nlohmann::json::object();
+    if (!name.empty()) detail["n"] = name;
+    const auto found = specIds_.find(scratch_);
+    if (found != specIds_.end()) {
+      detail["s"] = found->second;
+    } else {
+      const auto id = static_cast<std::int32_t>(specIds_.size());
+      specIds_.emplace(scratch_, id);
+      detail["s"] = id;
+      detail["spec"] = specification;
+      detail["compat"] = compatibilityKey;
+      detail["scope"] = scopeKey;
+    }
+    writeEvent(EventOp::kCreate, Outcome::kOk, index, std::chrono::nanoseconds(0), detail.dump());
+    return index;
+  } catch (const std::exception& error) {
+    logger()->warn("the recording {}: cannot record a creation: {}", path_, error.what());
+    return -1;
+  }
+}
+
+void Recorder::expect(std::string_view expect, const std::optional<std::string>& error) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  expect_ = expect == "ok" ? std::string() : std::string(expect);
+  expectError_ = error;
+}
+
+void Recorder::append(EventOp op, std::int32_t module, Outcome outcome,
+                      std::chrono::nanoseconds duration, const nlohmann::json& detail) {
+  try {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!expect_.empty()) {
+      nlohmann::json expected = detail.is_object() ? detail : nlohmann::json::object();
+      expected["x"] = expect_;
+      if (expectError_) expected["xe"] = *expectError_;
+      writeEvent(op, outcome, module, duration, expected.dump());
+    } else if (detail.is_null()) {
+      writeEvent(op, outcome, module, duration, {});
+    } else {
+      writeEvent(op, outcome, module, duration, detail.dump());
+    }
+  } catch (const std::exception& error) {
+    logger()->warn("the recording {}: cannot record a {}: {}", path_, toString(op), error.what());
+  }
+}
+
+bool Recorder::typeKnown(std::int32_t module) const noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return module < 0 || static_cast<std::size_t>(module) >= typed_.size() ||
+         typed_[static_cast<std::size_t>(module)];
+}
+
+void Recorder::setType(std::int32_t module, const std::string& type) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (module < 0 || static_cast<std::size_t>(module) >= typed_.size()) return;
+  typed_[static_cast<std::size_t>(module)] = true;
+  writeEvent(EventOp::kType, Outcome::kOk, module, std::chrono::nanoseconds(0), type);
+}
+
+void Recorder::end() noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (map_ == nullptr) return;
+  if (!stopped_) writeEvent(EventOp::kEnd, Outcome::kOk, -1, std::chrono::nanoseconds(0), {});
+  stopped_ = true;
+  ::munmap(map_, size_);
+  map_ = nullptr;
+  if (::ftruncate(fd_, static_cast<off_t>(used_)) != 0) {
+    logger()->warn("the recording {}: cannot cut it to its {} bytes: {}", path_, used_,
+                   systemError(errno));
+  }
+  ::close(fd_);
+  fd_ = -1;
+}
+
+std::uint64_t Recorder::bytesWritten() const noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return used_;
+}
+
+std::uint64_t Recorder::events() const noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return events_;
+}
+
+Recording readRecording(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    throw ValueError(fmt::format("{}: cannot open it: {}", path, systemError(errno)));
+  }
+  const std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto* bytes = reinterpret_cast<const unsigned char*>(data.data());
+  if (data.size() < sizeof(kMagic) || std::memcmp(bytes, kMagic, sizeof(kMagic)) != 0) {
+    throw ValueError(fmt::format(
+        "{}: byte 0: not an hmc recording (it does not begin with \"HMCREC01\"); pass the "
+        "folder HMC_RECORD or --record wrote",
+        path));
+  }
+  Recording out;
+  out.path = path;
+  std::size_t at = sizeof(kMagic);
+  // One frame at `at`: its payload, or why there is none.
+  const auto frame = [&](std::string_view& payload) -> std::string {
+    if (at + kFrameHead > data.size()) {
+      return at == data.size() ? "" : fmt::format("a frame cut short at byte {}", at);
+    }
+    const std::uint32_t length = getU32(bytes + at);
+    if (length == 0) return "";
+    if (at + kFrameHead + length > data.size()) {
+      return fmt::format("a torn frame at byte {} ({} bytes announced, {} there)", at, length,
+                         data.size() - at - kFrameHead);
+    }
+    if (crc32(bytes + at + kFrameHead, length) != getU32(bytes + at + 4)) {
+      return fmt::format("a frame with a bad checksum at byte {}", at);
+    }
+    payload = std::string_view(data.data() + at + kFrameHead, length);
+    at += kFrameHead + length;
+    return "ok";
+  };
+  std::string_view payload;
+  const std::string headState = frame(payload);
+  if (headState != "ok") {
+    throw ValueError(fmt::format("{}: byte {}: no readable header ({})", path, sizeof(kMagic),
+                                 headState.empty() ? "the file ends there" : headState));
+  }
+  try {
+    out.header = RecordingHeader::fromJson(nlohmann::json::parse(payload));
+  } catch (const std::exception& error) {
+    throw ValueError(fmt::format("{}: byte {}: the header cannot be read: {}", path,
+                                 sizeof(kMagic) + kFrameHead, error.what()));
+  }
+  std::vector<nlohmann::json> specs;  // by spec id: {"spec","compat","scope"}
+  for (;;) {
+    const std::size_t frameAt = at;
+    const std::string state = frame(payload);
+    if (state != "ok") {
+      if (!out.ended && !out.capped) {
+        out.stop = state.empty()
+                       ? fmt::format(
+                             "the file ends after {} events without its end record: the "
+                             "rank was killed, or is still running",
+                             out.events.size())
+                       : fmt::format("{} after {} events: the rank was killed while writing it",
+                                     state, out.events.size());
+      }
+      break;
+    }
+    if (payload.size() < kEventFixed) {
+      out.stop = fmt::format("a frame of {} bytes at byte {}, too short for an event",
+                             payload.size(), frameAt);
+      break;
+    }
+    const auto* p = reinterpret_cast<const unsigned char*>(payload.data());
+    Event event;
+    event.op = static_cast<EventOp>(p[0]);
+    event.outcome = static_cast<Outcome>(p[1]);
+    event.module = static_cast<std::int32_t>(getU32(p + 4));
+    event.duration = std::chrono::nanoseconds(static_cast<std::int64_t>(getU64(p + 8)));
+    event.start = std::chrono::nanoseconds(static_cast<std::int64_t>(getU64(p + 16)));
+    const std::string_view extra = payload.substr(kEventFixed);
+    if (p[0] < 1 || p[0] > static_cast<unsigned char>(EventOp::kType) || p[1] > 2) {
+      out.stop = fmt::format("an event of unknown kind {} at byte {} (a newer hmc wrote it?)",
+                             static_cast<int>(p[0]), frameAt);
+      break;
+    }
+    if (event.op == EventOp::kType) {
+      if (event.module >= 0 && static_cast<std::size_t>(event.module) < out.moduleTypes.size()) {
+        out.moduleTypes[static_cast<std::size_t>(event.module)] = std::string(extra);
+      }
+      continue;
+    }
+    if (event.op == EventOp::kEnd) {
+      out.ended = true;
+      break;
+    }
+    if (event.op == EventOp::kCapped) {
+      out.capped = true;
+      out.stop = fmt::format("it reached its cap of {} bytes after {} events", out.header.capBytes,
+                             out.events.size());
+      break;
+    }
+    try {
+      if (!extra.empty()) event.detail = nlohmann::json::parse(extra);
+      if (event.op == EventOp::kCreate) {
+        const auto id = event.detail.at("s").get<std::size_t>();
+        if (event.detail.contains("spec")) {
+          if (id != specs.size()) throw ValueError("specification ids out of order");
+          specs.push_back({{"spec", event.detail["spec"]},
+                           {"compat", event.detail["compat"]},
+                           {"scope", event.detail["scope"]}});
+        }
+        if (id >= specs.size()) throw ValueError(fmt::format("unknown specification {}", id));
+        const std::string name =
+            event.detail.value("n", fmt::format("m{}", out.moduleNames.size()));
+        event.detail = specs[id];
+        event.detail["name"] = name;
+        if (event.module != static_cast<std::int32_t>(out.moduleNames.size())) {
+          throw ValueError(fmt::format("module {} created out of order", event.module));
+        }
+        out.moduleNames.push_back(name);
+        out.moduleTypes.emplace_back();
+      }
+    } catch (const std::exception& error) {
+      out.stop = fmt::format("an event at byte {} cannot be read: {}", frameAt, error.what());
+      break;
+    }
+    if (event.module >= static_cast<std::int32_t>(out.moduleNames.size())) {
+      out.stop =
+          fmt::format("an event at byte {} names module {}, never created", frameAt, event.module);
+      break;
+    }
+    out.events.push_back(std::move(event));
+  }
+  return out;
+}
+
+std::shared_ptr<Recorder> openRankRecording(const std::string& directory, int rank, int worldSize,
+                                            const std::string& name, double timeoutS,
+                                            std::uint64_t capBytes) {
+  if (::mkdir(directory.c_str(), 0755) != 0 && errno != EEXIST) {
+    throw RuntimeError(
+        fmt::format("cannot create the recording folder {}: {}", directory, systemError(errno)));
+  }
+  RecordingHeader header;
+  header.rank = rank;
+  header.worldSize = worldSize;
+  header.host = hostName();
+  header.pid = static_cast<long>(::getpid());
+  header.version = HMC_VERSION;
+  header.name = name;
+  header.startedUnix =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  header.capBytes = capBytes;
+  header.timeoutS = timeoutS;
+  return std::make_shared<Recorder>(directory + "/" + recordingFileName(rank), std::move(header));
+}
+
+std::vector<std::pair<int, std::string>> recordingFiles(const std::string& directory) {
+  std::vector<std::pair<int, std::string>> out;
+  DIR* dir = ::opendir(directory.c_str());
+  if (dir == nullptr) {
+    throw ValueError(
+        fmt::format("cannot read the recording folder {}: {}", directory, systemError(errno)));
+  }
+  while (const dirent* entry = ::readdir(dir)) {
+    const std::string name = entry->d_name;
+    int rank = -1;
+    char tail = 0;
+    if (std::sscanf(name.c_str(), "rank-%d.hmcre%c", &rank, &tail) == 2 && tail == 'c' &&
+        name == recordingFileName(rank)) {
+      out.emplace_back(rank, directory + "/" + name);
+    }
+  }
+  ::closedir(dir);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace hmc::record

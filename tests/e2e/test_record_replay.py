@@ -1,0 +1,220 @@
+#!/usr/bin/python3
+"""Record and replay (docs/record-replay.md): a run recorded with --record (or HMC_RECORD in a
+program) merges into a scenario that replays on thread ranks to the same verdict.
+
+    test_record_replay.py HMC_RUN SOURCE_DIR [EXAMPLE]
+
+Cases:
+  - every scenario of scenarios/ recorded on thread ranks, and on tcp rank processes: merged,
+    replayed on thread ranks; the replay's report equals the original's, timings, step
+    numbers, hosts and pids aside (outcome, hang with its diagnosis and the ranks' last
+    collectives, mismatches, leaks);
+  - the embedding example (a user's program, hmc::joinWorld) under torchrun with rank 1
+    skipping its close: recorded through HMC_RECORD, merged, replayed on 2 thread ranks: a
+    hang in 'close validation' where rank 1 never arrives, as the program's own report said;
+    the same with --expect observed passes (exit 0): the CI test of that failure;
+  - `record show` marks the first divergence; `record merge` of a folder with a torn, a
+    foreign and a missing rank file names each with the reason and merges the rest.
+
+Exit 0 when every case passed, 1 otherwise; a case whose tool is missing is skipped (77 when
+nothing failed).
+"""
+
+import glob
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+HMC_RUN, SOURCE = sys.argv[1], sys.argv[2]
+EXAMPLE = sys.argv[3] if len(sys.argv) > 3 and sys.argv[3] != "-k" else ""
+PYTHON = "/usr/bin/python3"
+TORCHRUN = os.path.join(SOURCE, "tests", "support", "torchrun")
+WORK = tempfile.mkdtemp(prefix="hmc-record-replay-")
+
+
+class Skip(Exception):
+    pass
+
+
+def run(args, env=None, timeout=120):
+    proc = subprocess.run([HMC_RUN] + args, capture_output=True, text=True, timeout=timeout,
+                          env=env)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+# What two runs of the same scenario share: not timings, step numbers (a divergence merges into
+# steps of its own), hosts or pids.
+def normalized(value):
+    if isinstance(value, dict):
+        return {k: normalized(v) for k, v in value.items()
+                if not (k.endswith("_s") or k in ("seconds", "step", "pid", "host"))}
+    if isinstance(value, list):
+        return [normalized(v) for v in value]
+    if isinstance(value, str):
+        # A crash is told as a process's exit status or a thread's fault: the same crash.
+        value = re.sub(r"crashed \((?:[^()]|\([^()]*\))*\)", "crashed", value)
+        return re.sub(r"step \d+", "step N", value)
+    return value
+
+
+def verdict(report_path):
+    doc = json.load(open(report_path))
+    out = {key: normalized(doc.get(key)) for key in ("outcome", "hang", "mismatches")}
+    leaks = doc.get("leaks") or {}
+    out["leaks"] = normalized(leaks.get("verdict") if isinstance(leaks, dict) else leaks)
+    # A crashed rank process's last collectives are what it published before it died: a race
+    # with its own exit, in the original as in any run; its crash is kept, its list is not.
+    hang = out.get("hang") or {}
+    for rank in hang.get("ranks", []) if isinstance(hang, dict) else []:
+        if "crashed" in (hang.get("diagnosis") or "") and rank.get("rank") in crashed(doc):
+            rank.pop("last_collectives", None)
+    if isinstance(hang, dict) and "diagnosis" in hang:
+        hang["diagnosis"] = re.sub(r"; last completed [^;]*$|; no collective completed$", "",
+                                   hang["diagnosis"])
+    return out
+
+
+def crashed(doc):
+    return {r.get("rank") for r in doc.get("ranks", []) if isinstance(r, dict) and r.get("crashed")}
+
+
+def round_trip(path, transport_args):
+    name = os.path.basename(path)[:-5]
+    folder = os.path.join(WORK, f"{name}-{'-'.join(transport_args) or 'threads'}")
+    first, second, merged = folder + ".1.json", folder + ".2.json", folder + ".scenario.json"
+    code1, out1 = run([path, "--record", folder, "--report", first, "-q"] + transport_args)
+    code, out = run(["record", "merge", folder, "-o", merged])
+    assert code == 0, f"{name}: merge failed ({code})\n{out}"
+    code2, out2 = run([merged, "--report", second, "-q"])
+    a, b = verdict(first), verdict(second)
+    assert code1 == code2 and a == b, (
+        f"{name} ({transport_args or 'threads'}): the replay differs: exit {code1} -> {code2}\n"
+        f"original: {json.dumps(a)[:1500]}\nreplay:   {json.dumps(b)[:1500]}\n{out1}\n{out2}")
+
+
+def scenarios():
+    return sorted(glob.glob(os.path.join(SOURCE, "scenarios", "*.json")))
+
+
+def check_threads():
+    for path in scenarios():
+        round_trip(path, [])
+
+
+def check_tcp_processes():
+    for path in scenarios():
+        round_trip(path, ["--transport", "tcp"])
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def check_embedding_skipped_close():
+    if not EXAMPLE:
+        raise Skip("no embedding example built (HMC_BUILD_EXAMPLES=OFF)")
+    if subprocess.run([PYTHON, "-c", "import torch.distributed.run"], capture_output=True,
+                      timeout=120).returncode != 0:
+        raise Skip("torchrun: python3-torch is not installed (scripts/setup installs it)")
+    folder = os.path.join(WORK, "embedding")
+    env = dict(os.environ, HMC_RECORD=folder, HMC_TIMEOUT="3", HMC_NAME="skipped-close")
+    proc = subprocess.run(
+        [PYTHON, TORCHRUN, "--nnodes", "1", "--nproc_per_node", "2", "--rdzv_backend", "c10d",
+         "--rdzv_endpoint", f"127.0.0.1:{free_port()}", "--rdzv_id",
+         f"hmc-rec-{os.getpid()}-{time.monotonic_ns()}", "--monitor_interval", "0.5",
+         "--no_python", EXAMPLE, "--steps", "3", "--skip-close", "1", "--linger", "1"],
+        capture_output=True, text=True, timeout=120, env=env)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0, f"the program's skipped close did not fail\n{text}"
+    waited = re.search(r"rank 0 \(\S+\): hang in 'close validation' #(\d+)", text)
+    assert waited, f"the program's report does not say rank 0 hung in 'close validation'\n{text}"
+    merged = folder + ".json"
+    code, out = run(["record", "merge", folder, "-o", merged])
+    assert code == 0, out
+    code, out = run([merged])
+    assert code == 3, f"the replay did not hang (exit {code})\n{out}"
+    # The same collective (stage and sequence) where rank 0 waited for rank 1 in vain.
+    assert f"# hang: rank 0 waits in 'close validation' #{waited.group(1)} " in out, out
+    assert re.search(rf"'close validation' #{waited.group(1)} timed out on rank 0: ranks \[1\] "
+                     r"did not arrive", out), out
+    # The CI test of that failure: each step expects what it did; passes while it reproduces.
+    code, out = run(["record", "merge", folder, "-o", merged, "--expect", "observed"])
+    assert code == 0, out
+    code, out = run([merged])
+    assert code == 0, f"the observed replay did not pass (exit {code})\n{out}"
+    code, out = run(["record", "show", folder])
+    assert code == 0 and re.search(r"^>\s+\d+ ", out, re.M), out
+    assert "# the ranks first differ at event" in out, out
+
+
+def check_bad_files():
+    folder = os.path.join(WORK, "bad")
+    code, out = run([os.path.join(SOURCE, "scenarios", "quickstart.json"), "--record", folder,
+                     "-q", "--world-size", "4"])
+    assert code == 0, out
+    rank1 = os.path.join(folder, "rank-1.hmcrec")
+    data = open(rank1, "rb").read()
+    open(rank1, "wb").write(data[:-40])  # torn
+    open(os.path.join(folder, "rank-2.hmcrec"), "w").write("{}\n")  # foreign
+    os.remove(os.path.join(folder, "rank-3.hmcrec"))  # missing
+    merged = folder + ".json"
+    code, out = run(["record", "merge", folder, "-o", merged])
+    assert code == 0, out
+    assert re.search(r"rank-1\.hmcrec: a torn frame at byte \d+ .* after \d+ events", out), out
+    assert "rank-2.hmcrec: byte 0: not an hmc recording" in out, out
+    assert "rank-3.hmcrec: missing (the world had 4 ranks)" in out, out
+    doc = json.load(open(merged))
+    assert doc["world_size"] == 4 and doc["steps"], doc
+    code, out = run(["record", "merge", os.path.join(WORK, "nothing-here"), "-o", merged])
+    assert code == 2 and "cannot read the recording folder" in out, out
+
+
+CASES = [
+    ("round_trip_threads", check_threads),
+    ("round_trip_tcp_processes", check_tcp_processes),
+    ("embedding_skipped_close_under_torchrun", check_embedding_skipped_close),
+    ("bad_files", check_bad_files),
+]
+
+
+def main():
+    passed = failed = skipped = 0
+    only = sys.argv[sys.argv.index("-k") + 1] if "-k" in sys.argv else None
+    try:
+        for name, fn in CASES:
+            if only and only not in name:
+                continue
+            began = time.monotonic()
+            try:
+                fn()
+                passed += 1
+                print(f"PASS {name} ({time.monotonic() - began:.1f} s)", flush=True)
+            except Skip as why:
+                skipped += 1
+                print(f"SKIP {name}: {why}", flush=True)
+            except Exception:  # noqa: BLE001 - every case runs
+                failed += 1
+                print(f"FAIL {name} ({time.monotonic() - began:.1f} s)", flush=True)
+                traceback.print_exc()
+    finally:
+        shutil.rmtree(WORK, ignore_errors=True)
+    print(f"{passed} passed, {failed} failed, {skipped} skipped")
+    if passed + failed + skipped == 0:
+        print(f"FAIL: no case matches -k {only}")
+        return 1
+    if failed:
+        return 1
+    return 77 if skipped and not passed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

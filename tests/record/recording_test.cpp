@@ -1,0 +1,213 @@
+// The recording file (hmc/record/recording.hpp) and the merge (hmc/record/merge.hpp): written,
+// read back, cut short as a kill would, torn, foreign, capped; ranks merged into steps.
+#include "hmc/record/recording.hpp"
+
+#include <doctest/doctest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+#include "hmc/error.hpp"
+#include "hmc/record/merge.hpp"
+
+namespace {
+
+using hmc::record::EventOp;
+using hmc::record::Outcome;
+using nlohmann::json;
+
+struct TempDir {
+  std::string path;
+  TempDir() {
+    char pattern[] = "/tmp/hmc-record-test-XXXXXX";
+    path = ::mkdtemp(pattern);
+  }
+  ~TempDir() { std::system(("rm -rf '" + path + "'").c_str()); }
+};
+
+std::string readAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+void writeAll(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+// A rank's small program: a module created, bound, closed with a hang at the end. `end`
+// false: the program is killed (SIGKILL, in a child process) after its last call.
+void recordRank(const std::string& dir, int rank, bool hang, bool end = true) {
+  pid_t child = 0;
+  if (!end) {
+    child = ::fork();
+    REQUIRE(child >= 0);
+    if (child > 0) {
+      int status = 0;
+      ::waitpid(child, &status, 0);
+      REQUIRE(WIFSIGNALED(status));
+      return;
+    }
+  }
+  auto recorder = hmc::record::openRankRecording(dir, rank, 2, "prog", 5.0, 1 << 16);
+  const json spec = R"({"type":"scratch_linear","features":4,"workspace_bytes":64})"_json;
+  const auto m = recorder->create("a", spec.dump(), spec.dump(), "default");
+  recorder->setType(m, "hmc.nn.ScratchLinear");
+  recorder->append(EventOp::kForward, m, Outcome::kOk, std::chrono::microseconds(3),
+                   {{"device", "cpu"}, {"dtype", "float32"}, {"reused", false}});
+  recorder->append(EventOp::kForward, m, Outcome::kOk, std::chrono::microseconds(1));
+  if (hang) {
+    recorder->append(EventOp::kClose, m, Outcome::kHang, std::chrono::seconds(5),
+                     {{"kind", "timeout"}, {"message", "'close validation' #1 timed out"}});
+  } else {
+    recorder->append(EventOp::kCloseAll, -1, Outcome::kOk, std::chrono::microseconds(9));
+  }
+  if (end) {
+    recorder->end();
+  } else {
+    ::raise(SIGKILL);  // no end frame, no cut: the mapping's pages are the file's
+  }
+}
+
+}  // namespace
+
+TEST_CASE("a recording reads back as written, and ends") {
+  TempDir dir;
+  recordRank(dir.path, 0, false);
+  const auto files = hmc::record::recordingFiles(dir.path);
+  REQUIRE(files.size() == 1);
+  const auto r = hmc::record::readRecording(files[0].second);
+  CHECK(r.ended);
+  CHECK(r.stop.empty());
+  CHECK(r.header.rank == 0);
+  CHECK(r.header.worldSize == 2);
+  CHECK(r.header.timeoutS == 5.0);
+  REQUIRE(r.events.size() == 4);
+  CHECK(std::string(hmc::record::toString(r.events[0].op)) == "create");
+  CHECK(r.events[0].detail["name"] == "a");
+  CHECK(r.moduleTypes[0] == "hmc.nn.ScratchLinear");
+  CHECK(r.events[1].detail["reused"] == false);
+  CHECK(r.events[1].duration == std::chrono::microseconds(3));
+  CHECK(r.events[2].detail.is_null());
+  CHECK(std::string(hmc::record::toString(r.events[3].op)) == "close_all");
+  // Cut to its frames at the end: plain events are 32 bytes.
+  CHECK(readAll(files[0].second).size() < 1024);
+}
+
+TEST_CASE("a second creation of the same specification refers to the first") {
+  TempDir dir;
+  auto recorder = hmc::record::openRankRecording(dir.path, 0, 1, "p", 1.0);
+  for (int i = 0; i < 100; ++i) recorder->create("", "{\"type\":\"x\"}", "k", "default");
+  recorder->end();
+  const auto r = hmc::record::readRecording(dir.path + "/rank-0.hmcrec");
+  REQUIRE(r.events.size() == 100);
+  CHECK(r.events[99].detail["spec"] == "{\"type\":\"x\"}");
+  CHECK(r.moduleNames[99] == "m99");
+  // Fixed 24 bytes + 8 of frame + a short reference, not the specification again.
+  CHECK(recorder->bytesWritten() / 100 < 60);
+}
+
+TEST_CASE("a file left by a killed rank stops cleanly at its last finished call") {
+  TempDir dir;
+  recordRank(dir.path, 1, false, /*end=*/false);
+  const auto r = hmc::record::readRecording(dir.path + "/rank-1.hmcrec");
+  CHECK_FALSE(r.ended);
+  CHECK(r.events.size() == 4);
+  CHECK(r.stop.find("without its end record") != std::string::npos);
+}
+
+TEST_CASE("a torn or corrupted last frame keeps the events before it and says where") {
+  TempDir dir;
+  recordRank(dir.path, 0, false);
+  const std::string path = dir.path + "/rank-0.hmcrec";
+  const std::string whole = readAll(path);
+  // Truncated in the middle of the end frame and of the close_all frame.
+  writeAll(path, whole.substr(0, whole.size() - 40));
+  auto r = hmc::record::readRecording(path);
+  CHECK(r.events.size() == 3);
+  CHECK(r.stop.find("byte") != std::string::npos);
+  // A flipped byte in the last event's payload: its checksum fails.
+  std::string flipped = whole;
+  flipped[whole.size() - 32 - 3] ^= 0x40;
+  writeAll(path, flipped);
+  r = hmc::record::readRecording(path);
+  CHECK(r.events.size() == 3);
+  CHECK(r.stop.find("bad checksum at byte") != std::string::npos);
+}
+
+TEST_CASE("a foreign file is an error naming the file and the offset") {
+  TempDir dir;
+  const std::string path = dir.path + "/rank-0.hmcrec";
+  writeAll(path, "{\"format\": \"hmc-report/1\"}");
+  try {
+    hmc::record::readRecording(path);
+    FAIL("no error");
+  } catch (const hmc::ValueError& error) {
+    CHECK(std::string(error.what()).find(path + ": byte 0: not an hmc recording") == 0);
+  }
+  writeAll(path, "HMCREC01");
+  CHECK_THROWS_WITH_AS(hmc::record::readRecording(path),
+                       doctest::Contains("byte 8: no readable header"), hmc::ValueError);
+}
+
+TEST_CASE("at its cap a recording marks where it stopped and keeps the beginning") {
+  TempDir dir;
+  auto recorder = hmc::record::openRankRecording(dir.path, 0, 1, "p", 1.0, 4096);
+  for (int i = 0; i < 1000; ++i) {
+    recorder->append(EventOp::kBarrier, -1, Outcome::kOk, std::chrono::nanoseconds(i));
+  }
+  recorder->end();
+  const auto r = hmc::record::readRecording(dir.path + "/rank-0.hmcrec");
+  CHECK(r.capped);
+  CHECK(r.events.size() > 100);
+  CHECK(r.events.size() < 1000);
+  CHECK(r.events[0].duration.count() == 0);  // the beginning is kept
+  CHECK(r.stop.find("reached its cap of 4096 bytes") != std::string::npos);
+}
+
+TEST_CASE("merge: shared steps, a divergence carries ranks, a killed rank crashes there") {
+  TempDir dir;
+  recordRank(dir.path, 0, true);
+  recordRank(dir.path, 1, false, /*end=*/false);
+  const auto merged = hmc::record::mergeRecordings(dir.path, hmc::record::MergeExpect::kProgram);
+  const json& steps = merged.scenario["steps"];
+  CHECK(merged.scenario["world_size"] == 2);
+  CHECK(merged.scenario["timeout_s"] == 5.0);
+  REQUIRE(steps.size() == 6);
+  CHECK(steps[0] == json{{"op", "create"},
+                         {"module", "a"},
+                         {"type", "scratch_linear"},
+                         {"features", 4},
+                         {"workspace_bytes", 64}});
+  CHECK(steps[1] == json{{"op", "forward"}, {"module", "a"}});
+  CHECK(steps[2] == json{{"op", "forward"}, {"module", "a"}});
+  CHECK(steps[3] == json{{"op", "close"}, {"module", "a"}, {"ranks", {0}}});
+  CHECK(steps[4] == json{{"op", "close_all"}, {"ranks", {1}}});
+  CHECK(steps[5]["kind"] == "crash");
+  CHECK(steps[5]["ranks"] == json{1});
+  REQUIRE(merged.problems.size() == 1);
+  CHECK(merged.problems[0].find("rank-1.hmcrec: the file ends after 4 events") !=
+        std::string::npos);
+  // observed: each step expects what it did.
+  const auto observed = hmc::record::mergeRecordings(dir.path, hmc::record::MergeExpect::kObserved);
+  CHECK(observed.scenario["steps"][3]["expect"] == "hang");
+}
+
+TEST_CASE("merge: a missing rank file and a foreign one are named, the rest is merged") {
+  TempDir dir;
+  auto a = hmc::record::openRankRecording(dir.path, 0, 3, "p", 1.0);
+  a->append(EventOp::kBarrier, -1, Outcome::kOk, std::chrono::nanoseconds(0));
+  a->end();
+  writeAll(dir.path + "/rank-1.hmcrec", "not a recording");
+  const auto merged = hmc::record::mergeRecordings(dir.path, hmc::record::MergeExpect::kProgram);
+  REQUIRE(merged.problems.size() == 2);
+  CHECK(merged.problems[0].find("rank-1.hmcrec: byte 0: not an hmc recording") !=
+        std::string::npos);
+  CHECK(merged.problems[1].find("rank-2.hmcrec: missing (the world had 3 ranks)") !=
+        std::string::npos);
+  CHECK(merged.scenario["steps"] == json::array({{{"op", "barrier"}, {"ranks", {0}}}}));
+}
