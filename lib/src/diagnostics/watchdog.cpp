@@ -88,6 +88,16 @@ bool Watchdog::beat(bool force) {
   return true;
 }
 
+bool Watchdog::beatNow() noexcept {
+  try {
+    return beat(true);
+  } catch (const std::exception& error) {
+    spdlog::debug("rank {}: the watchdog cannot write its heartbeat: {}", options_.rank,
+                  error.what());
+    return false;
+  }
+}
+
 void Watchdog::dumpIfRequested() {
   if (options_.dumpSignal == 0 || takeFlightDumpRequests() == 0) return;
   const std::string text = formatFlightDump(*recorder_, options_.rank, "SIGUSR1");

@@ -515,6 +515,10 @@ WorldEnd World::close() {
   if (impl_->end) return *impl_->end;
   impl_->recorder->setStep(-1);  // the program's body (step 0) is over: "after its steps"
   const RankEnd own = impl_->closeOwn();
+  // The heartbeat of the close's last collective, not of one up to a period ago: rank 0's
+  // report reads every rank's heartbeat right after (its "waits" line named rank 0's earlier
+  // 'close validation' #21 while the close had ended in #26).
+  impl_->watchdog->beatNow();
   // Complete before the report: a rank that is killed while the others report keeps it.
   if (record::Recorder* recording = impl_->manager->recorder()) recording->end();
   impl_->publish(own, *impl_->kv);

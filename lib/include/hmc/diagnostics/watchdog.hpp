@@ -83,6 +83,9 @@ class Watchdog {
 
   // Publishes now with `reason`. Never throws; returns whether it reached the store.
   bool publish(const std::string& reason) noexcept;
+  // Writes the heartbeat now, changed or not (a reader that must see the rank's last position,
+  // not the one of up to a period ago). Never throws; returns whether it reached the store.
+  bool beatNow() noexcept;
   // Publications that reached the store so far.
   std::size_t publications() const;
   // Heartbeats that reached the store so far.
