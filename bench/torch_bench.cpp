@@ -8,6 +8,7 @@
 //   the workspace), and backward of the sum: what scenarios/reuse-churn.json asks of LibTorch.
 // - BM_ReuseCycleModule: hmc::nn::ScratchLinear on a one-rank manager: the same work plus
 //   hmc's module (torch::nn::Module, group creation, bind through recycle, retire on drop).
+//   With /recorded:1 the manager records every call (docs/record-replay.md): its cost.
 // - BM_ReuseCycleRunner: the scenario runner (hmc-run's per-rank step loop, thread driver,
 //   one rank) on a `repeat` of create/forward/drop: adds step dispatch and report
 //   bookkeeping. Time per cycle is the counter `cycle` (the set-up and close of the run are
@@ -22,6 +23,11 @@
 #include <torch/autograd.h>
 #include <torch/torch.h>
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 
@@ -67,10 +73,18 @@ void BM_ReuseCycleFloor(benchmark::State& state) {
 }
 BENCHMARK(BM_ReuseCycleFloor)->MeasureProcessCPUTime();
 
+// Arg 1: the manager records every lifecycle call (HMC_RECORD, hmc/record/recording.hpp) to a
+// file in TMPDIR; arg 0: no recording. The recording's cost is the ratio of the two.
 void BM_ReuseCycleModule(benchmark::State& state) {
   hmc::scenario::limitTorchThreads(1);
   auto manager = std::make_shared<hmc::lifecycle::ResourceManager>(
       std::make_shared<hmc::collective::LocalCollective>());
+  std::string folder;
+  if (state.range(0) != 0) {
+    const char* tmp = std::getenv("TMPDIR");
+    folder = fmt::format("{}/hmc-bench-record-{}", tmp ? tmp : "/tmp", ::getpid());
+    manager->setRecorder(hmc::record::openRankRecording(folder, 0, 1, "torch_bench", 60.0));
+  }
   auto resources = std::make_shared<hmc::resources::RankResources>();
   std::int64_t cycles = 0;
   std::int64_t reused = 0;
@@ -89,8 +103,15 @@ void BM_ReuseCycleModule(benchmark::State& state) {
   manager->closeGroups();
   state.counters["reused"] = cycles > 0 ? static_cast<double>(reused) / cycles : 0.0;
   state.counters["groups"] = static_cast<double>(manager->groupCount());
+  if (hmc::record::Recorder* recorder = manager->recorder()) {
+    state.counters["bytes_per_event"] =
+        static_cast<double>(recorder->bytesWritten()) / std::max<std::uint64_t>(1, recorder->events());
+    manager->setRecorder(nullptr);
+    std::remove((folder + "/" + hmc::record::recordingFileName(0)).c_str());
+    ::rmdir(folder.c_str());
+  }
 }
-BENCHMARK(BM_ReuseCycleModule)->MeasureProcessCPUTime();
+BENCHMARK(BM_ReuseCycleModule)->ArgName("recorded")->Arg(0)->Arg(1)->MeasureProcessCPUTime();
 
 void BM_ReuseCycleRunner(benchmark::State& state) {
   const std::string text = fmt::format(R"({{

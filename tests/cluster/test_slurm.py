@@ -461,7 +461,9 @@ def skipped_close_across_hosts_exits_3_naming_the_missing_rank(ctx):
 def the_embedding_example_under_srun_names_a_skipped_close_and_its_host(ctx):
     """Not hmc-run: a user's LibTorch program (examples/train_loop.cpp) joins its world with
     hmc::joinWorld under srun on 3 hosts; the last rank skips its close, and rank 0's report
-    names it with its host and where it never arrived."""
+    names it with its host and where it never arrived. Recorded (HMC_RECORD) on the 3 hosts,
+    merged and replayed on thread ranks of one machine: the same collective, the same rank
+    missing (docs/record-replay.md)."""
     assert EXAMPLE is not None and os.access(EXAMPLE, os.X_OK), \
         "no embedding example: pass --example build/examples/hmc-train-loop"
     missing = WORLD - 1
@@ -469,8 +471,10 @@ def the_embedding_example_under_srun_names_a_skipped_close_and_its_host(ctx):
             str(WORLD // len(NODES)), "-J", "embed", EXAMPLE, "--steps", "4", "--skip-close",
             str(missing), "--linger", "10"]
     began = time.monotonic()
+    recorded = ctx.path("embed-record", ext="d")
     proc = ctx.start(argv, "embed", env={"HMC_TIMEOUT": "3", "HMC_NAME": "embed",
-                                         "HMC_JOIN_TIMEOUT": str(JOIN_TIMEOUT_S)})
+                                         "HMC_JOIN_TIMEOUT": str(JOIN_TIMEOUT_S),
+                                         "HMC_RECORD": recorded})
     run = finish(proc, argv, began, RUN_BOUND_S, None)
     text = run.stdout + run.stderr
     assert run.returncode != 0, run
@@ -485,6 +489,20 @@ def the_embedding_example_under_srun_names_a_skipped_close_and_its_host(ctx):
         missing, re.escape(HOST_OF_RANK[missing])), text, re.M), run
     assert "# HUNG: " in text, run
     assert_job_gone(ctx, None, "embed")
+    # The recording, brought to one machine.
+    waited = re.search(r"^  rank 0 \(\S+\): hang in 'close validation' #(\d+)", text, re.M)
+    merged = ctx.path("embed-replay")
+    out = subprocess.run([HMC_RUN, "record", "merge", recorded, "-o", merged],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out
+    replay = subprocess.run([HMC_RUN, merged], capture_output=True, text=True, timeout=120)
+    assert replay.returncode == 3, replay
+    assert f"# hang: rank 0 waits in 'close validation' #{waited.group(1)} " in replay.stdout, \
+        replay
+    # Rank `missing` worked alone past the deadline (a `sleep` in the replay) or was killed there.
+    assert re.search(r"'close validation' #{} (timed out on rank 0: ranks \[{}\] did not "
+                     r"arrive|on rank 0: rank {} failed)".format(waited.group(1), missing, missing),
+                     replay.stdout), replay
 
 
 def barrier_scenario(name, sleeper, timeout_s):
