@@ -214,7 +214,8 @@ bool Recorder::writeFrame(const void* payload, std::size_t bytes) {
 }
 
 void Recorder::writeEvent(EventOp op, Outcome outcome, std::int32_t module,
-                          std::chrono::nanoseconds duration, std::string_view extra) {
+                          std::chrono::nanoseconds duration, std::string_view extra,
+                          unsigned char encoding) {
   if (stopped_) return;
   const std::size_t bytes = kEventFixed + extra.size();
   const bool fits = used_ + kFrameHead + bytes + kReserve <= size_;
@@ -237,7 +238,8 @@ void Recorder::writeEvent(EventOp op, Outcome outcome, std::int32_t module,
   }
   payload[0] = static_cast<unsigned char>(op);
   payload[1] = static_cast<unsigned char>(outcome);
-  payload[2] = payload[3] = 0;
+  payload[2] = encoding;
+  payload[3] = 0;
   putU32(payload + 4, static_cast<std::uint32_t>(module));
   putU64(payload + 8, static_cast<std::uint64_t>(duration.count()));
   const auto start = std::chrono::steady_clock::now() - duration - origin_;
@@ -255,29 +257,70 @@ std::int32_t Recorder::create(std::string_view name, const nlohmann::json& speci
     std::lock_guard<std::mutex> lock(mutex_);
     const std::int32_t index = modules_++;
     typed_.push_back(false);
-    scratch_ = specification.dump();
-    scratch_ += '\x1f';
-    scratch_ += compatibilityKey.dump();
-    scratch_ += '\x1f';
-    scratch_ += scopeKey.dump();
-    nlohmann::json detail = nlohmann::json::object();
-    if (!name.empty()) detail["n"] = name;
-    const auto found = specIds_.find(scratch_);
-    if (found != specIds_.end()) {
-      detail["s"] = found->second;
-    } else {
-      const auto id = static_cast<std::int32_t>(specIds_.size());
-      specIds_.emplace(scratch_, id);
-      detail["s"] = id;
-      detail["spec"] = specification;
-      detail["compat"] = compatibilityKey;
-      detail["scope"] = scopeKey;
+    // The specification's id: a hash of the three values, then equality (no text printed for a
+    // specification seen before: the common case, a model rebuilt every step).
+    std::size_t hash = std::hash<nlohmann::json>{}(specification);
+    hash = hash * 31 + std::hash<nlohmann::json>{}(compatibilityKey);
+    hash = hash * 31 + std::hash<nlohmann::json>{}(scopeKey);
+    std::int32_t id = -1;
+    const auto [first, last] = specIds_.equal_range(hash);
+    for (auto it = first; it != last && id < 0; ++it) {
+      const Spec& known = specs_[static_cast<std::size_t>(it->second)];
+      if (known.specification == specification && known.compatibilityKey == compatibilityKey &&
+          known.scopeKey == scopeKey) {
+        id = it->second;
+      }
     }
-    writeEvent(EventOp::kCreate, Outcome::kOk, index, std::chrono::nanoseconds(0), detail.dump());
+    std::string definition;
+    if (id < 0) {
+      id = static_cast<std::int32_t>(specs_.size());
+      specs_.push_back(Spec{specification, compatibilityKey, scopeKey});
+      specIds_.emplace(hash, id);
+      definition = nlohmann::json{{"spec", specification},
+                                  {"compat", compatibilityKey},
+                                  {"scope", scopeKey}}
+                       .dump();
+    }
+    // Binary: u32 specification id, u16 name bytes, the name, the definition's JSON (only the
+    // first time).
+    const std::size_t nameBytes = std::min<std::size_t>(name.size(), 0xFFFF);
+    scratch_.resize(6 + nameBytes + definition.size());
+    auto* out = reinterpret_cast<unsigned char*>(scratch_.data());
+    putU32(out, static_cast<std::uint32_t>(id));
+    out[4] = static_cast<unsigned char>(nameBytes & 0xFF);
+    out[5] = static_cast<unsigned char>(nameBytes >> 8);
+    std::memcpy(out + 6, name.data(), nameBytes);
+    std::memcpy(out + 6 + nameBytes, definition.data(), definition.size());
+    writeEvent(EventOp::kCreate, Outcome::kOk, index, std::chrono::nanoseconds(0), scratch_,
+               kCreateBinary);
     return index;
   } catch (const std::exception& error) {
     logger()->warn("the recording {}: cannot record a creation: {}", path_, error.what());
     return -1;
+  }
+}
+
+void Recorder::bound(std::int32_t module, std::chrono::nanoseconds duration,
+                     std::string_view device, std::string_view dtype, bool reused) {
+  try {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!expect_.empty()) {
+      // hmc-run's runner with an expectation to carry: the JSON form.
+      nlohmann::json detail = {{"device", device}, {"dtype", dtype}, {"reused", reused},
+                               {"x", expect_}};
+      if (expectError_) detail["xe"] = *expectError_;
+      writeEvent(EventOp::kForward, Outcome::kOk, module, duration, detail.dump());
+      return;
+    }
+    // Binary: u8 reused, the device, a 0 byte, the dtype.
+    scratch_.clear();
+    scratch_ += reused ? '\x01' : '\x00';
+    scratch_ += device;
+    scratch_ += '\0';
+    scratch_ += dtype;
+    writeEvent(EventOp::kForward, Outcome::kOk, module, duration, scratch_, kBindBinary);
+  } catch (const std::exception& error) {
+    logger()->warn("the recording {}: cannot record a binding: {}", path_, error.what());
   }
 }
 
@@ -441,7 +484,30 @@ Recording readRecording(const std::string& path) {
       break;
     }
     try {
-      if (!extra.empty()) event.detail = nlohmann::json::parse(extra);
+      const unsigned char encoding = p[2];
+      if (encoding == 2) {  // a binding: u8 reused, device, 0, dtype
+        if (extra.empty()) throw ValueError("an empty binding");
+        const std::string_view rest = extra.substr(1);
+        const std::size_t zero = rest.find('\0');
+        if (zero == std::string_view::npos) throw ValueError("a binding without its dtype");
+        event.detail = {{"device", std::string(rest.substr(0, zero))},
+                        {"dtype", std::string(rest.substr(zero + 1))},
+                        {"reused", extra[0] != 0}};
+      } else if (encoding == 1) {  // a creation: u32 spec id, u16 name bytes, name, definition
+        if (extra.size() < 6) throw ValueError("a creation cut short");
+        const auto* b = reinterpret_cast<const unsigned char*>(extra.data());
+        const std::size_t nameBytes = b[4] | (static_cast<std::size_t>(b[5]) << 8);
+        if (extra.size() < 6 + nameBytes) throw ValueError("a creation's name cut short");
+        event.detail = {{"s", getU32(b)}};
+        if (nameBytes > 0) event.detail["n"] = std::string(extra.substr(6, nameBytes));
+        if (extra.size() > 6 + nameBytes) {
+          event.detail.update(nlohmann::json::parse(extra.substr(6 + nameBytes)));
+        }
+      } else if (encoding == 0) {
+        if (!extra.empty()) event.detail = nlohmann::json::parse(extra);
+      } else {
+        throw ValueError(fmt::format("unknown encoding {} (a newer hmc wrote it?)", encoding));
+      }
       if (event.op == EventOp::kCreate) {
         const auto id = event.detail.at("s").get<std::size_t>();
         if (event.detail.contains("spec")) {

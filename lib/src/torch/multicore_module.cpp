@@ -140,14 +140,13 @@ std::shared_ptr<lifecycle::Resource> MulticoreModule::getExecutionResources(
   const auto start = std::chrono::steady_clock::now();
   try {
     auto resources = bindOrReuse(tensor);
-    nlohmann::json detail;
+    const auto took = std::chrono::steady_clock::now() - start;
     if (lastBind_) {
-      detail = {{"device", group_->binding->device},
-                {"dtype", group_->binding->dtype},
-                {"reused", lastBind_->reused}};
+      recorder->bound(recordIndex_, took, group_->binding->device, group_->binding->dtype,
+                      lastBind_->reused);
+    } else {
+      recorder->append(record::EventOp::kForward, recordIndex_, record::Outcome::kOk, took);
     }
-    recorder->append(record::EventOp::kForward, recordIndex_, record::Outcome::kOk,
-                     std::chrono::steady_clock::now() - start, detail);
     return resources;
   } catch (const std::exception& error) {
     nlohmann::json detail = record::errorDetail(error);

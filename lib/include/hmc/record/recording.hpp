@@ -26,9 +26,11 @@
 // frame marks where it stopped; the calls after it are not recorded (never a ring that drops
 // the beginning).
 //
-// Cost: an event is its fixed 24 bytes plus the text only some carry (a creation's
-// specification the first time it is seen, an error's message, a binding); no allocation for
-// the common events. Thread safety: append is serialized by a lock; a rank's manager is used by
+// Cost: an event is its fixed 24 bytes plus what only some carry: a creation's name and
+// specification id (the specification's JSON only the first time it is seen), a binding's
+// device and dtype (bytes, not JSON), an error's kind and message (JSON). No JSON is built or
+// printed for a creation of a known specification, a binding, or a plain call. Thread safety:
+// append is serialized by a lock; a rank's manager is used by
 // one thread at a time anyway.
 
 #include <chrono>
@@ -118,6 +120,9 @@ class Recorder {
   // compatibility key and scope as the module was constructed.
   std::int32_t create(std::string_view name, const nlohmann::json& specification,
                       const nlohmann::json& compatibilityKey, const nlohmann::json& scopeKey);
+  // A forward that bound `module`'s group (recycled: `reused`) on `device` and `dtype`.
+  void bound(std::int32_t module, std::chrono::nanoseconds duration, std::string_view device,
+             std::string_view dtype, bool reused);
   // An event of `module` (or none: -1) with its outcome; `detail` may be null.
   void append(EventOp op, std::int32_t module, Outcome outcome, std::chrono::nanoseconds duration,
               const nlohmann::json& detail = nullptr);
@@ -134,9 +139,18 @@ class Recorder {
   std::uint64_t events() const noexcept;
 
  private:
+  // How an event's extra bytes are encoded (the payload's third byte).
+  static constexpr unsigned char kJson = 0;          // JSON text, or nothing
+  static constexpr unsigned char kCreateBinary = 1;  // see create()
+  static constexpr unsigned char kBindBinary = 2;    // see bound()
+  struct Spec {
+    nlohmann::json specification, compatibilityKey, scopeKey;
+  };
+
   bool writeFrame(const void* payload, std::size_t bytes);
   void writeEvent(EventOp op, Outcome outcome, std::int32_t module,
-                  std::chrono::nanoseconds duration, std::string_view extra);
+                  std::chrono::nanoseconds duration, std::string_view extra,
+                  unsigned char encoding = kJson);
 
   std::string path_;
   RecordingHeader header_;
@@ -149,7 +163,8 @@ class Recorder {
   bool stopped_ = false;  // capped, failed or ended
   std::int32_t modules_ = 0;
   std::vector<bool> typed_;
-  std::unordered_map<std::string, std::int32_t> specIds_;  // a specification's text -> its id
+  std::unordered_multimap<std::size_t, std::int32_t> specIds_;  // hash -> ids
+  std::vector<Spec> specs_;
   std::string scratch_;
   std::chrono::steady_clock::time_point origin_ = std::chrono::steady_clock::now();
   std::string expect_;
