@@ -2,6 +2,11 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <system_error>
 
 #include "exit_codes.hpp"
 #include "hmc/config.hpp"
@@ -78,6 +83,18 @@ int planRun(const RunOptions& options, RunPlan* plan, const collective::EnvLooku
                            "write rank-N.hmcrec there",
                            *options.recordDirectory, options.paths.size()));
     return kExitUsage;
+  }
+  if (options.recordDirectory) {
+    // Before anything runs: a folder that cannot be written is the user's to fix, not a failed
+    // rank.
+    const std::string& folder = *options.recordDirectory;
+    if ((::mkdir(folder.c_str(), 0755) != 0 && errno != EEXIST) ||
+        ::access(folder.c_str(), W_OK | X_OK) != 0) {
+      usageError(fmt::format("--record {}: cannot create or write to this folder: {}; give a "
+                             "writable folder",
+                             folder, std::system_category().message(errno)));
+      return kExitUsage;
+    }
   }
   // Output paths are checked before anything runs, so a long run's results are not lost.
   if (plan->reporting) {

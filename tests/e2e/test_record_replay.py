@@ -191,6 +191,10 @@ def check_bad_files():
     assert doc["world_size"] == 4 and doc["steps"], doc
     code, out = run(["record", "merge", os.path.join(WORK, "nothing-here"), "-o", merged])
     assert code == 2 and "cannot read the recording folder" in out, out
+    # A folder that cannot be made is a usage error before anything runs.
+    code, out = run([os.path.join(SOURCE, "scenarios", "quickstart.json"), "--record",
+                     os.path.join(merged, "under-a-file")])
+    assert code == 2 and "cannot create or write to this folder" in out, out
 
 
 CASES = [

@@ -82,10 +82,6 @@ std::vector<RankResult> runOnThreads(const Scenario& scenario, const ThreadRunOp
         env.epoch = epoch;
         env.flightCapacity = options.flightCapacity;
         env.sampleProcess = false;  // once, below, when every rank thread has ended
-        if (options.recordDirectory) {
-          env.recording = record::openRankRecording(*options.recordDirectory, rank, worldSize,
-                                                    scenario.name, scenario.timeoutS);
-        }
         env.crash = [&world, rank] {
           world->markFailed(rank, "exited at once (fault crash)");
           throw RankCrashed();
@@ -95,6 +91,10 @@ std::vector<RankResult> runOnThreads(const Scenario& scenario, const ThreadRunOp
           env.onStep = [&options, rank](const StepResult& step) { options.onStep(rank, step); };
         }
         try {
+          if (options.recordDirectory) {
+            env.recording = record::openRankRecording(*options.recordDirectory, rank, worldSize,
+                                                      scenario.name, scenario.timeoutS);
+          }
           results[rank] = runRank(scenario, env);
         } catch (const std::exception& error) {
           results[rank].rank = rank;
