@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "hmc/collective/collective.hpp"
+#include "hmc/collective/store_wire.hpp"
 #include "hmc/config.hpp"
 #include "hmc/error.hpp"
 #include "hmc/scenario/scenario.hpp"
@@ -293,6 +294,8 @@ bool CommandLine::needsTorch() const {
   if (*compareCommand || *renderCommand || *recordCommand || *validateCommand || *listCommand) {
     return false;
   }
+  // status: hmc's own store client where it speaks this LibTorch's protocol (store_wire.hpp).
+  if (*statusCommand && run.paths.empty()) return !collective::storeWireClientAvailable();
   return *statusCommand || !run.paths.empty();
 }
 
@@ -311,6 +314,7 @@ int CommandLine::runWithoutTorch() {
   }
   setUpLogging(run.logLevel);
   world::unblockTerminationSignals();
+  if (*statusCommand) return runStatus(status, collective::connectKeyValueStoreWire);
   if (*validateCommand) return validateScenarioFiles(validateFiles, validateWorldSize);
   if (*listCommand) return listScenarios(listDirectory);
   fmt::print(stderr,

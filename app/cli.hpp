@@ -1,8 +1,9 @@
 #pragma once
 // hmc-run's command line, declared once for both of its programs:
 // - `hmc-run` (front.cpp), the installed command: links no LibTorch, so `--help`, `--version`,
-//   `validate`, `list`, `compare` and `render` start in milliseconds; for everything else it execs
-// - `hmc-run-torch` (main.cpp, the runner): scenario runs, the hidden `_rank`, `status`,
+//   `validate`, `list`, `compare`, `render`, `record` and (built against LibTorch 1.x, whose
+//   store protocol hmc speaks) `status` start in milliseconds; for everything else it execs
+// - `hmc-run-torch` (main.cpp, the runner): scenario runs, the hidden `_rank`, `shrink`,
 //   with argv unchanged. The runner parses the same command line again and accepts every
 //   command itself, so either program gives the same outputs and exit codes.
 
@@ -37,11 +38,12 @@ struct CommandLine {
   // Parses argv. Returns the exit code when parsing ended the command (--help and --version
   // printed, or a usage error printed to stderr), else nullopt.
   std::optional<int> parse(int argc, char** argv);
-  // Whether the parsed command needs LibTorch: a scenario run, `_rank`, `status` or `shrink`.
+  // Whether the parsed command needs LibTorch: a scenario run, `_rank`, `shrink`, or `status`
+  // where hmc has no client of this LibTorch's store protocol (2.x).
   bool needsTorch() const;
-  // Runs a parsed command that needs no LibTorch (validate, list, compare, render, or no command at
-  // all: the "no scenario given" usage error) and returns its exit code. Only when
-  // !needsTorch().
+  // Runs a parsed command that needs no LibTorch (validate, list, compare, render, record,
+  // status, or no command at all: the "no scenario given" usage error) and returns its exit
+  // code. Only when !needsTorch().
   int runWithoutTorch();
 
   CLI::App app;

@@ -1,7 +1,8 @@
 // hmc-run, the installed command: the torch-free front. LibTorch brings about 290 shared
-// libraries (~0.8 s to load and relocate), so the commands that need none of it (--help,
-// --version, validate, list, compare, and usage errors) run here; a scenario run, `_rank` and
-// `status` exec the runner hmc-run-torch (main.cpp) with argv unchanged, so launchers
+// libraries (~1 s of CPU to load and relocate), so the commands that need none of it (--help,
+// --version, validate, list, compare, render, record, status where hmc speaks the store's
+// protocol, and usage errors) run here; a scenario run, `_rank` and `shrink` exec the runner
+// hmc-run-torch (main.cpp) with argv unchanged, so launchers
 // (torchrun, mpirun, hmc-run's own) that start `hmc-run ...` see one process with the same
 // pid, arguments, outputs and exit codes. Both parse the one command line of cli.hpp.
 //

@@ -34,6 +34,8 @@
 #include "cli.hpp"
 #include "hmc/collective/collective.hpp"
 #include "hmc/collective/launch_env.hpp"
+#include "hmc/collective/store_transport.hpp"
+#include "hmc/collective/store_wire.hpp"
 #include "hmc/collective/transport.hpp"
 #include "hmc/config.hpp"
 #include "hmc/error.hpp"
@@ -72,6 +74,22 @@ constexpr int kExitInterrupted = 130;
 
 // What hmc-run's own rank processes run: the front that exec'd this runner (it names itself in
 // HMC_RUN_FRONT), so that they are `hmc-run _rank ...` as before, else this program.
+// `hmc-run status`'s store: hmc's own client where it speaks this LibTorch's protocol (the front
+// then runs status itself, and the runner only when started directly), else c10d's.
+std::shared_ptr<hmc::collective::KeyValueStore> connectStatusStore(
+    const std::string& host, int port, const std::string& prefix,
+    std::chrono::milliseconds timeout) {
+  if (hmc::collective::storeWireClientAvailable()) {
+    return hmc::collective::connectKeyValueStoreWire(host, port, prefix, timeout);
+  }
+  hmc::collective::StoreTransportOptions client;
+  client.host = host;
+  client.port = port;
+  client.prefix = prefix;
+  client.timeout = timeout;
+  return hmc::collective::connectKeyValueStore(client);
+}
+
 std::string selfExecutable(const char* argv0) {
   if (const char* front = std::getenv(hmc::app::kFrontEnv);
       front != nullptr && *front != '\0' && access(front, X_OK) == 0) {
@@ -460,7 +478,7 @@ int main(int argc, char** argv) {
   hmc::app::setUpLogging(options.logLevel);
   if (*cli.statusCommand) {
     if (options.paths.empty()) hmc::world::unblockTerminationSignals();
-    return hmc::app::runStatus(cli.status);
+    return hmc::app::runStatus(cli.status, connectStatusStore);
   }
   try {
     return runScenarios(options, command, selfExecutable(argv[0]));

@@ -12,7 +12,6 @@
 #include <iostream>
 
 #include "exit_codes.hpp"
-#include "hmc/collective/store_transport.hpp"
 #include "hmc/diagnostics/hang_diagnosis.hpp"
 #include "hmc/diagnostics/job_status.hpp"
 #include "hmc/error.hpp"
@@ -123,7 +122,7 @@ void printTable(const diagnostics::JobStatus& status, double elapsedS) {
 
 }  // namespace
 
-int runStatus(const StatusOptions& options) {
+int runStatus(const StatusOptions& options, const StoreConnector& connect) {
   const auto start = std::chrono::steady_clock::now();
   const auto timeout = collective::timeoutFromSeconds(options.timeoutS);
   const std::string endpoint = fmt::format("{}:{}", options.masterAddr, options.masterPort);
@@ -138,13 +137,8 @@ int runStatus(const StatusOptions& options) {
   }
   diagnostics::JobStatus status;
   try {
-    collective::StoreTransportOptions client;
-    client.host = options.masterAddr;
-    client.port = options.masterPort;
-    client.prefix = options.prefix;
-    client.timeout = timeout;
     // A plain client: connecting writes no key (no worker count, no wait for workers).
-    auto store = collective::connectKeyValueStore(client);
+    auto store = connect(options.masterAddr, options.masterPort, options.prefix, timeout);
     status = diagnostics::readJobStatus(*store, endpoint, timeout);
   } catch (const Error& error) {
     fmt::print(stderr, "hmc-run status: {}\n", error.what());  // names host:port itself

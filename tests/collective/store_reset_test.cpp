@@ -24,6 +24,7 @@
 
 #include "collective/socket_guards.hpp"
 #include "hmc/collective/store_transport.hpp"
+#include "hmc/collective/store_wire.hpp"
 #include "hmc/error.hpp"
 
 namespace {
@@ -55,7 +56,7 @@ int clientOfAClosingServer() {
 
 // A forked child's waitpid status: exit 0 passes; otherwise the check fails saying how it ended.
 void checkExitedCleanly(const char* who, int status) {
-  DOCTEST_INFO(who, " status: ",
+  DOCTEST_INFO(std::string(who), " status: ",
                WIFSIGNALED(status)
                    ? std::string("killed by signal ") + ::strsignal(WTERMSIG(status))
                    : "exit " + std::to_string(WEXITSTATUS(status)));
@@ -124,17 +125,31 @@ char processState(pid_t pid) {
   return state;
 }
 
-// In a child: connects hmc's key-value client with a 1 s store timeout, stops the server's
-// process, then asks it something. 0: the request failed with a timeout within 0.5-10 s;
-// 30+: something else. A request that blocks is ended by the alarm (SIGALRM).
-int askAStoppedServer(int port, pid_t server) {
-  ::alarm(30);
+using KeyValueStorePtr = std::shared_ptr<hmc::collective::KeyValueStore>;
+using Connect = KeyValueStorePtr (*)(int port, std::chrono::milliseconds timeout);
+
+// hmc's key-value view of the store at 127.0.0.1:port through c10d's client ...
+KeyValueStorePtr viaC10d(int port, std::chrono::milliseconds timeout) {
   hmc::collective::StoreTransportOptions options;
   options.port = port;
   options.rank = 1;
   options.worldSize = 2;
-  options.timeout = std::chrono::seconds(1);
-  auto kv = hmc::collective::connectKeyValueStore(options);
+  options.timeout = timeout;
+  return hmc::collective::connectKeyValueStore(options);
+}
+
+// ... and through hmc's own client of the wire protocol (store_wire.hpp), as `hmc-run status`.
+KeyValueStorePtr viaWire(int port, std::chrono::milliseconds timeout) {
+  return hmc::collective::connectKeyValueStoreWire("127.0.0.1", port, "hmc", timeout);
+}
+
+// In a child: connects hmc's key-value client with a 1 s store timeout, stops the server's
+// process, then asks it something. 0: the request failed with a timeout within 0.5-10 s;
+// 30+: something else. A request that blocks is ended by the alarm (SIGALRM).
+template <Connect connect>
+int askAStoppedServer(int port, pid_t server) {
+  ::alarm(30);
+  auto kv = connect(port, std::chrono::seconds(1));
   kv->set("before", "1");
   if (!kv->check({"before"})) return 30;
   ::kill(server, SIGSTOP);
@@ -160,14 +175,10 @@ int askAStoppedServer(int port, pid_t server) {
 // process for 2.5 s (more than twice a request's own deadline, 1 s), and asks it something
 // meanwhile. 0: the answer came, after the pause, without an error (the client asked again on
 // a fresh connection once the server's host still answered a TCP handshake); 40+: not.
+template <Connect connect>
 int askAServerPausedPastARequestDeadline(int port, pid_t server) {
   ::alarm(60);
-  hmc::collective::StoreTransportOptions options;
-  options.port = port;
-  options.rank = 1;
-  options.worldSize = 2;
-  options.timeout = std::chrono::seconds(20);
-  auto kv = hmc::collective::connectKeyValueStore(options);
+  auto kv = connect(port, std::chrono::seconds(20));
   kv->set("before", "1");
   if (!kv->check({"before"})) return 40;
   ::kill(server, SIGSTOP);
@@ -194,6 +205,48 @@ int askAServerPausedPastARequestDeadline(int port, pid_t server) {
   if (code == 0 && seconds < 2.0) code = 43;  // answered before the resume: not paused at all
   if (code == 0 && !kv->check({"before"})) code = 44;  // the fresh connection works on
   return code;
+}
+
+// In a child: what one client writes the other reads, both ways, binary and large values, check,
+// add and deleteKey agree; a key that never comes is a TimeoutError at its timeout; the server
+// killed, the wire client's next request is a BackendError at once. 0: all held; 50+: not.
+int speakBothClients(int port, pid_t server) {
+  ::alarm(30);
+  auto c10d = viaC10d(port, std::chrono::seconds(5));
+  auto wire = viaWire(port, std::chrono::seconds(5));
+  const std::string binary("\0\x01\xff value\n", 10);
+  c10d->set("written/by/c10d", binary);
+  if (wire->get("written/by/c10d", std::chrono::seconds(1)) != binary) return 50;
+  const std::string large(300000, 'x');  // many reads on the wire
+  wire->set("large", large);
+  if (c10d->get("large", std::chrono::seconds(1)) != large) return 51;
+  if (wire->get("large", std::chrono::seconds(1)) != large) return 51;
+  if (!wire->check({"written/by/c10d", "large"})) return 52;
+  if (wire->check({"written/by/c10d", "never"})) return 53;
+  if (wire->add("count", 5) != 5 || c10d->add("count", 2) != 7 || wire->add("count", 0) != 7) {
+    return 54;
+  }
+  if (!wire->deleteKey("large") || c10d->check({"large"}) || wire->deleteKey("large")) return 55;
+  wire->set("empty", "");
+  if (c10d->get("empty", std::chrono::seconds(1)) != "" || !wire->check({"empty"})) return 56;
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    wire->get("never", std::chrono::milliseconds(300));
+    return 57;
+  } catch (const hmc::TimeoutError&) {
+  }
+  if (std::chrono::steady_clock::now() - start > std::chrono::seconds(3)) return 58;
+  ::kill(server, SIGKILL);
+  for (int i = 0; i < 500; ++i) {
+    try {
+      wire->check({"written/by/c10d"});
+    } catch (const hmc::BackendError& error) {
+      const std::string text = error.what();
+      return text.find("127.0.0.1:" + std::to_string(port)) != std::string::npos ? 0 : 59;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return 60;  // still answered 5 s after the server was killed
 }
 
 // Forks a store server and a client child running `client(port, serverPid)`; asserts that the
@@ -236,9 +289,18 @@ void againstAServer(int (*client)(int, pid_t)) {
 }  // namespace
 
 TEST_CASE("a request to a stopped store server fails within the store timeout") {
-  againstAServer(askAStoppedServer);
+  DOCTEST_SUBCASE("c10d's client") { againstAServer(askAStoppedServer<viaC10d>); }
+  DOCTEST_SUBCASE("hmc's wire client") { againstAServer(askAStoppedServer<viaWire>); }
 }
 
 TEST_CASE("a store paused past a request's deadline is asked again, not given up") {
-  againstAServer(askAServerPausedPastARequestDeadline);
+  DOCTEST_SUBCASE("c10d's client") { againstAServer(askAServerPausedPastARequestDeadline<viaC10d>); }
+  DOCTEST_SUBCASE("hmc's wire client") {
+    againstAServer(askAServerPausedPastARequestDeadline<viaWire>);
+  }
+}
+
+TEST_CASE("hmc's wire client and c10d's client read each other's keys") {
+  DOCTEST_REQUIRE(hmc::collective::storeWireClientAvailable());
+  againstAServer(speakBothClients);
 }

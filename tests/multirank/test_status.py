@@ -1,12 +1,13 @@
 #!/usr/bin/python3
 """`hmc-run status` against real multi-process jobs on 127.0.0.1 (CTest label multirank).
 
-Usage: test_status.py HMC_RUN SOURCE_DIR [-k NAME]
+Usage: test_status.py HMC_RUN SOURCE_DIR [--status-without-torch 0|1] [-k NAME]
 
 A self-launched tcp job honours --master-port and prints its store's address; `hmc-run status`
 attached to a hung 4-rank job names the rank that waits, where, and the ranks that never
 arrived, exit 0 while no rank is past its deadline, 3 once one waited past it, 2 when nothing
-listens or the usage is bad; `kill -USR1` on a rank dumps its flight record to stderr. Every
+listens or the usage is bad, and (--status-without-torch 1: a build whose hmc speaks its
+LibTorch's store protocol) the attach loads no LibTorch; `kill -USR1` on a rank dumps its flight record to stderr. Every
 wait is bounded; the job is killed with its whole process group at the end of each test.
 Python 3 standard library only. Prints "N passed, N failed" last.
 """
@@ -26,6 +27,8 @@ import traceback
 HMC_RUN = sys.argv[1] if len(sys.argv) > 1 else "build/app/hmc-run"
 SOURCE_DIR = sys.argv[2] if len(sys.argv) > 2 else "."
 ONLY = sys.argv[sys.argv.index("-k") + 1] if "-k" in sys.argv else None
+WITHOUT_TORCH = ("--status-without-torch" in sys.argv and
+                 sys.argv[sys.argv.index("--status-without-torch") + 1] == "1")
 TMP = tempfile.mkdtemp(prefix="hmc-status-")
 
 LAUNCH_VARS = re.compile(r"^(RANK|WORLD_SIZE|LOCAL_RANK|LOCAL_WORLD_SIZE|MASTER_ADDR|MASTER_PORT|"
@@ -96,11 +99,11 @@ class Job:
             return f.read()
 
 
-def status(port, *extra, bound=30):
+def status(port, *extra, bound=30, env=None):
     """Runs `hmc-run status` once; returns (exit code, stdout, stderr, wall seconds)."""
     began = time.monotonic()
     proc = subprocess.run([HMC_RUN, "status", "--master-port", str(port), *extra],
-                          env=clean_env(), capture_output=True, text=True, timeout=bound)
+                          env=clean_env(env), capture_output=True, text=True, timeout=bound)
     return proc.returncode, proc.stdout, proc.stderr, time.monotonic() - began
 
 
@@ -200,17 +203,25 @@ def test_hung_job_names_the_missing_ranks_and_the_stage():
         for rank in (1, 2, 3):
             assert f"rank {rank} never arrived: last completed 'recycle' #0 (step 1), " \
                    f"finished its steps" in diagnosis, diagnosis
-        # The same in the table, once more: how long one attach takes (reported, not asserted:
-        # most of it is loading LibTorch).
-        code, out, err, wall = status(job.port)
-        assert code == 0, (code, out, err)
+        # The same in the table, once more: how long one attach takes (reported, not asserted),
+        # and which shared libraries it loaded (the dynamic loader's own list).
+        code, out, err, wall = status(job.port, env={"LD_DEBUG": "files"})
+        assert code == 0, (code, out, err[-2000:])
+        loaded = [line for line in err.splitlines() if "file=" in line]
+        assert loaded, f"LD_DEBUG=files printed no loaded file: {err[-500:]}"
+        torch = [line for line in loaded if "libtorch" in line or "libc10" in line]
+        if WITHOUT_TORCH:
+            assert not torch, f"hmc-run status loaded LibTorch: {torch[:3]}"
+        else:  # LibTorch 2.x: c10d's client, in the runner
+            assert torch, "hmc-run status loaded no LibTorch, but this build has no wire client"
         assert re.search(r"^\s+0\s+waiting\s+2\s+close validation\s+1\s", out, re.M), out
         assert "# waits: rank 0 waits in 'close validation' #1 (step 2); rank 1 never arrived" \
             in out, out
         attach = re.search(r"# attached and read 4 heartbeats in ([0-9.]+) s", out)
         assert attach, out
         print(f"# status on a hung 4-rank tcp job: {wall:.2f} s wall (process start included), "
-              f"{float(attach.group(1)):.3f} s to attach and read")
+              f"{float(attach.group(1)):.3f} s to attach and read, LibTorch "
+              f"{'loaded' if torch else 'not loaded'}")
 
 
 def test_sigusr1_dumps_a_rank_flight_record_to_stderr():

@@ -85,69 +85,7 @@ struct Fd {
   }
 };
 
-// The addresses getaddrinfo found, in its order.
-std::vector<SocketAddress> addressesOf(const addrinfo* found) {
-  std::vector<SocketAddress> out;
-  for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
-    SocketAddress address;
-    std::memcpy(&address.address, a->ai_addr, a->ai_addrlen);
-    address.length = a->ai_addrlen;
-    address.family = a->ai_family;
-    out.push_back(address);
-  }
-  return out;
-}
-
-// A non-blocking connect of `socket` (a fresh socket of address.family) to `address`, waiting
-// for the handshake until `by`: 0 once connected, else the error (ETIMEDOUT at `by`).
-int connectBy(const Fd& socket, const SocketAddress& address, Clock::time_point by) {
-  if (::connect(socket.fd, reinterpret_cast<const sockaddr*>(&address.address), address.length) ==
-      0) {
-    return 0;
-  }
-  int error = errno;
-  if (error != EINPROGRESS) return error;
-  pollfd p{socket.fd, POLLOUT, 0};
-  int ready = 0;
-  while ((ready = ::poll(&p, 1, pollMillis(by))) < 0 && errno == EINTR) {
-  }
-  error = ETIMEDOUT;
-  if (ready > 0) {
-    socklen_t size = sizeof(error);
-    ::getsockopt(socket.fd, SOL_SOCKET, SO_ERROR, &error, &size);
-  }
-  return error;
-}
-
 }  // namespace
-
-std::vector<SocketAddress> resolveAddresses(const std::string& host, int port) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV;
-  addrinfo* found = nullptr;
-  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0) return {};
-  std::vector<SocketAddress> out = addressesOf(found);
-  ::freeaddrinfo(found);
-  return out;
-}
-
-std::string handshakeFails(const std::vector<SocketAddress>& addresses,
-                           std::chrono::milliseconds within) {
-  if (addresses.empty()) return {};  // not resolved: nothing to judge by (never "unreachable")
-  std::string why;
-  for (const SocketAddress& address : addresses) {
-    Fd socket{::socket(address.family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0)};
-    if (socket.fd < 0) continue;
-    const int error = connectBy(socket, address, Clock::now() + within);
-    if (error == 0) return {};
-    why = error == ETIMEDOUT
-              ? fmt::format("no TCP handshake with it within {}", collective::formatSeconds(within))
-              : fmt::format("a new connection to it fails ({})", osReason(error));
-  }
-  return why;
-}
 
 namespace {
 
@@ -213,7 +151,7 @@ void probeStore(const StoreTransportOptions& options, int port, Clock::time_poin
                                   ? std::min(deadline, Clock::now() + std::chrono::seconds(2))
                                   : deadline;
     // No socket (e.g. IPv6 disabled): try the next address.
-    int error = socket.fd < 0 ? errno : connectBy(socket, candidate, connectUntil);
+    int error = socket.fd < 0 ? errno : connectBy(socket.fd, candidate, connectUntil);
     if (error == 0) {
       const std::string request = c10d_compat::storeProbeRequest();
       if (request.empty()) return;
@@ -638,173 +576,55 @@ const std::string& StoreTransport::host() const noexcept { return state_->option
 
 namespace {
 
-// Every request of the out-of-band view is one round trip that a store answers at once, but a
-// store whose host went down or was cut off never answers, and c10d would block for the
-// connection's whole read deadline (the collective's: a rank cut off from rank 0 ended one
-// deadline late, after its collective had already timed out). So the connection's reads give up
-// after kRequestDeadline; then a TCP handshake with the store's address tells a store that is
-// merely slow (a loaded host, a stopped process: the kernel still answers) from one that cannot
-// be reached. Slow: a fresh connection (the old one owes the late answer) and the request again,
-// until the store timeout; unreachable or refused: BackendError at once.
-//
-// Every connection of a process to one store shares what the last of them learned: once one
-// found the store's host unreachable (the watchdog's, polling every 0.5 s, learns it seconds
-// before a collective's deadline), the others' next request begins with the handshake and
-// fails at once when it still fails, instead of waiting kRequestDeadline first. A handshake
-// that succeeds, or any answer, clears the mark: a cut that healed costs nothing.
-class UnreachableStores {
+// c10d's client as the out-of-band view's connection (store_connection.hpp): its errors as
+// ConnectionFailure, timed out or broken.
+class C10dConnection final : public hmc::detail::StoreConnection {
  public:
-  static UnreachableStores& instance() {
-    static UnreachableStores stores;
-    return stores;
-  }
-  void mark(const std::string& endpoint, std::string reason) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    reasons_[endpoint] = std::move(reason);
-    marked_.store(true, std::memory_order_release);
-  }
-  void clear(const std::string& endpoint) {
-    if (!marked_.load(std::memory_order_acquire)) return;
-    std::lock_guard<std::mutex> lock(mutex_);
-    reasons_.erase(endpoint);
-    marked_.store(!reasons_.empty(), std::memory_order_release);
-  }
-  std::optional<std::string> reason(const std::string& endpoint) const {
-    if (!marked_.load(std::memory_order_acquire)) return std::nullopt;
-    std::lock_guard<std::mutex> lock(mutex_);
-    const auto found = reasons_.find(endpoint);
-    if (found == reasons_.end()) return std::nullopt;
-    return found->second;
-  }
+  explicit C10dConnection(c10::intrusive_ptr<c10d::TCPStore> store) : store_(std::move(store)) {}
 
- private:
-  mutable std::mutex mutex_;
-  std::atomic<bool> marked_{false};
-  std::map<std::string, std::string> reasons_;
-};
-
-class StoreKeyValue final : public KeyValueStore {
- public:
-  static constexpr std::chrono::milliseconds kRequestDeadline{1000};
-  static constexpr std::chrono::milliseconds kHandshakeDeadline{500};
-  using Connect = std::function<c10::intrusive_ptr<c10d::TCPStore>(std::chrono::milliseconds)>;
-
-  StoreKeyValue(Connect connect, std::chrono::milliseconds timeout, std::string prefix,
-                std::string host, int port)
-      : connect_(std::move(connect)),
-        timeout_(timeout),
-        readDeadline_(std::min(timeout, kRequestDeadline)),
-        store_(connect_(readDeadline_)),
-        prefix_(std::move(prefix)),
-        endpoint_(fmt::format("{}:{}", host, port)),
-        addresses_(hmc::detail::resolveAddresses(host, port)) {}
-
-  void set(const std::string& key, const Bytes& value) override {
-    call("set", [&] { store_->set(prefix_ + key, compat::toVector(value)); });
-  }
-  // Polls rather than c10d's wait(), which would leave this connection's read deadline at
-  // `timeout` for every later request (and, timed out, owing the server's late answer).
-  Bytes get(const std::string& key, std::chrono::milliseconds timeout) override {
-    const auto deadline = Clock::now() + timeout;
-    auto pause = std::chrono::milliseconds(1);
-    for (;;) {
-      bool present = false;
-      call("get", [&] { present = store_->check({prefix_ + key}); });
-      if (present) break;
-      if (Clock::now() >= deadline) {
-        throw TimeoutError(fmt::format("c10d store {} get: key '{}' was not set within {}",
-                                       endpoint_, key, formatSeconds(timeout)));
-      }
-      std::this_thread::sleep_for(std::min(pause, remainingUntil(deadline)));
-      pause = std::min(pause * 2, std::chrono::milliseconds(50));
-    }
-    Bytes out;
-    call("get", [&] {
-      out = compat::toBytes(compat::getExisting(*store_, {prefix_ + key}).front());
-    });
-    return out;
+  void set(const std::string& key, const std::vector<std::uint8_t>& value) override {
+    guarded([&] { store_->set(key, value); });
   }
   bool check(const std::vector<std::string>& keys) override {
-    std::vector<std::string> full;
-    for (const auto& key : keys) full.push_back(prefix_ + key);
-    bool out = false;
-    call("check", [&] { out = store_->check(full); });
-    return out;
+    return guarded([&] { return store_->check(keys); });
+  }
+  std::vector<std::uint8_t> getExisting(const std::string& key) override {
+    return guarded([&] { return compat::getExisting(*store_, {key}).front(); });
   }
   bool deleteKey(const std::string& key) override {
-    bool out = false;
-    call("deleteKey", [&] { out = store_->deleteKey(prefix_ + key); });
-    return out;
+    return guarded([&] { return store_->deleteKey(key); });
   }
-  // Asked again after a late answer, an add may count twice: hmc adds only to counters that
-  // readers poll for a change (flight/published), where that does no harm.
   std::int64_t add(const std::string& key, std::int64_t delta) override {
-    std::int64_t out = 0;
-    call("add", [&] { out = store_->add(prefix_ + key, delta); });
-    return out;
+    return guarded([&] { return store_->add(key, delta); });
   }
 
  private:
   template <typename Fn>
-  void call(const char* what, Fn&& fn) {
-    std::lock_guard<std::mutex> lock(mutex_);  // one request in flight per connection
-    auto& unreachableStores = UnreachableStores::instance();
-    if (const auto earlier = unreachableStores.reason(endpoint_)) {
-      const std::string unreachable =
-          hmc::detail::handshakeFails(addresses_, kHandshakeDeadline);
-      if (!unreachable.empty()) {
-        throw BackendError(fmt::format(
-            "c10d store {} {}: {} (another connection of this process), and {} now: its host "
-            "is down or cut off from this one, or the store's process ended",
-            endpoint_, what, *earlier, unreachable));
-      }
-      unreachableStores.clear(endpoint_);
-    }
-    const auto deadline = Clock::now() + timeout_;
-    for (;;) {
-      try {
-        fn();
-        unreachableStores.clear(endpoint_);
-        return;
-      } catch (const Error&) {
-        throw;
-      } catch (const std::exception& error) {
-        const std::string reason = compat::messageOf(error);
-        if (!compat::isTimeout(reason)) {
-          throw BackendError(fmt::format("c10d store {} {}: {}", endpoint_, what, reason));
-        }
-        const std::string unreachable =
-            hmc::detail::handshakeFails(addresses_, kHandshakeDeadline);
-        if (!unreachable.empty()) {
-          const std::string silence =
-              fmt::format("no answer within {}", formatSeconds(readDeadline_));
-          unreachableStores.mark(endpoint_, silence);
-          throw BackendError(fmt::format(
-              "c10d store {} {}: {}, and {}: its host is down or cut off from this one, or the "
-              "store's process ended",
-              endpoint_, what, silence, unreachable));
-        }
-        if (Clock::now() >= deadline) {
-          throw TimeoutError(fmt::format("c10d store {} {}: {} (no answer within {})",
-                                         endpoint_, what, reason, formatSeconds(timeout_)));
-        }
-        spdlog::debug("c10d store {} {}: no answer within {}, but its host answers: asking "
-                      "again on a fresh connection",
-                      endpoint_, what, formatSeconds(readDeadline_));
-        store_ = connect_(readDeadline_);
-      }
+  static auto guarded(Fn&& fn) -> decltype(fn()) {
+    try {
+      return fn();
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& error) {
+      const std::string reason = compat::messageOf(error);
+      throw hmc::detail::ConnectionFailure(reason, compat::isTimeout(reason));
     }
   }
 
-  std::mutex mutex_;
-  Connect connect_;
-  std::chrono::milliseconds timeout_;
-  std::chrono::milliseconds readDeadline_;
   c10::intrusive_ptr<c10d::TCPStore> store_;
-  std::string prefix_;
-  std::string endpoint_;
-  std::vector<hmc::detail::SocketAddress> addresses_;
 };
+
+// The view over c10d connections that `connect` opens.
+std::shared_ptr<KeyValueStore> c10dKeyValueStore(
+    std::function<c10::intrusive_ptr<c10d::TCPStore>(std::chrono::milliseconds)> connect,
+    std::chrono::milliseconds timeout, std::string prefix, const std::string& host, int port) {
+  return hmc::detail::makeStoreKeyValue(
+      [connect = std::move(connect)](std::chrono::milliseconds reads) {
+        return std::unique_ptr<hmc::detail::StoreConnection>(
+            new C10dConnection(connect(reads)));
+      },
+      timeout, std::move(prefix), host, port);
+}
 
 }  // namespace
 
@@ -812,7 +632,7 @@ std::shared_ptr<KeyValueStore> connectKeyValueStore(const StoreTransportOptions&
   StoreTransportOptions client = options;
   client.isServer = false;
   client.validate();
-  return std::make_shared<StoreKeyValue>(
+  return c10dKeyValueStore(
       [client](std::chrono::milliseconds reads) {
         return hmc::detail::connectTcpStore(client, false, false, client.port, reads);
       },
@@ -824,7 +644,7 @@ std::shared_ptr<KeyValueStore> StoreTransport::keyValueStore() {
   StoreTransportOptions formed = s.options;
   formed.joinTimeout.reset();  // the world has formed: the server is there
   const int port = s.port;
-  return std::make_shared<StoreKeyValue>(
+  return c10dKeyValueStore(
       [formed, port](std::chrono::milliseconds reads) {
         return hmc::detail::connectTcpStore(formed, false, false, port, reads);
       },

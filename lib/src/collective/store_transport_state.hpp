@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "hmc/collective/store_transport.hpp"
+#include "store_connection.hpp"
 
 namespace hmc::detail {
 
@@ -30,22 +31,6 @@ using collective::StoreTransportOptions;
 c10::intrusive_ptr<c10d::TCPStore> connectTcpStore(
     const StoreTransportOptions& options, bool asServer, bool joining, int port,
     std::optional<std::chrono::milliseconds> readTimeout = std::nullopt);
-
-// One resolved address of a host and port.
-struct SocketAddress {
-  sockaddr_storage address{};
-  socklen_t length = 0;
-  int family = 0;
-};
-
-// The addresses of host:port (getaddrinfo), in its order; empty when it does not resolve.
-std::vector<SocketAddress> resolveAddresses(const std::string& host, int port);
-
-// "" when a TCP handshake with one of `addresses` completes within `within` (the kernel of the
-// host answers, whatever its process does; also "" for no addresses), else why not: "no TCP
-// handshake with it within 0.5 s", "a new connection to it fails (Connection refused)".
-std::string handshakeFails(const std::vector<SocketAddress>& addresses,
-                           std::chrono::milliseconds within);
 
 // The world's barrier on `store`: sets "<prefix>/kv/joined/<rank>", counts itself in
 // "<prefix>/kv/joined/count" and returns once every rank has. Throws TimeoutError at `deadline`
