@@ -144,7 +144,8 @@ void addRunOptions(CLI::App& app, RunOptions& options) {
                  "standard output");
   app.add_option("--record", options.recordDirectory,
                  "Record every rank's lifecycle calls (the first repetition) in this folder, "
-                 "one file per rank (rank-N.hmcrec); `hmc-run record merge DIR -o FILE` makes a "
+                 "one file per rank (rank-N.hmcrec; several scenarios: one subfolder each, "
+                 "named by the file's stem); `hmc-run record merge DIR -o FILE` makes a "
                  "scenario of them (docs/record-replay.md)");
   app.add_option("--html", options.htmlPath,
                  "Write the report as one self-contained HTML page here (a timeline of the steps "

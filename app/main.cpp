@@ -329,6 +329,10 @@ int runScenarios(const RunOptions& options, const std::vector<std::string>& comm
         plan.launch->launcher, files.size()));
     return kExitUsage;
   }
+  std::vector<std::optional<std::string>> recordFolders;
+  if (const int code = hmc::app::recordFolders(options, files, &recordFolders); code != 0) {
+    return code;
+  }
   hmc::scenario::limitTorchThreads(1);
   Publisher publisher(options, anyDirectory || files.size() > 1, files.size());
   if (plan.reporting) publisher.ensureReporters();
@@ -344,7 +348,8 @@ int runScenarios(const RunOptions& options, const std::vector<std::string>& comm
   Progress progress(plan.reporting && !options.quiet && isatty(STDERR_FILENO) != 0);
   Outcome overall = Outcome::kPass;
   bool interrupted = false;
-  for (const auto& file : files) {
+  for (std::size_t index = 0; index < files.size(); ++index) {
+    const std::string& file = files[index];
     if (hmc::world::pendingSignal() != 0) {
       interrupted = true;
       break;
@@ -364,6 +369,7 @@ int runScenarios(const RunOptions& options, const std::vector<std::string>& comm
     const auto start = std::chrono::steady_clock::now();
     std::string startedAt = isoNow();
     hmc::world::WorldOptions world = hmc::app::worldOptions(plan, options, executable);
+    world.launch.recordDirectory = recordFolders[index];
     world.onRankZeroStep = progressOf(progress, prepared.scenario);
     auto onInterrupted = std::make_shared<InterruptReporter>(options, plan, prepared.scenario,
                                                              startedAt, command, publisher);

@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <filesystem>
+#include <map>
 #include <system_error>
 
 #include "exit_codes.hpp"
@@ -27,6 +29,48 @@ const scenario::Step* firstCudaStep(const std::vector<scenario::Step>& steps) {
 }
 
 }  // namespace
+
+namespace {
+
+// Makes `folder` (its parent must exist) and checks that it can be written; false after a
+// usage error naming it.
+bool writableFolder(const std::string& folder) {
+  if ((::mkdir(folder.c_str(), 0755) != 0 && errno != EEXIST) ||
+      ::access(folder.c_str(), W_OK | X_OK) != 0) {
+    usageError(fmt::format("--record {}: cannot create or write to this folder: {}; give a "
+                           "writable folder",
+                           folder, std::system_category().message(errno)));
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+int recordFolders(const RunOptions& options, const std::vector<std::string>& files,
+                  std::vector<std::optional<std::string>>* folders) {
+  folders->assign(files.size(), std::nullopt);
+  if (!options.recordDirectory) return 0;
+  if (files.size() == 1) {
+    folders->front() = *options.recordDirectory;
+    return 0;
+  }
+  std::map<std::string, std::string> byStem;
+  for (std::size_t i = 0; i < files.size(); ++i) {
+    const std::string stem = std::filesystem::path(files[i]).stem().string();
+    if (const auto [at, fresh] = byStem.emplace(stem, files[i]); !fresh) {
+      usageError(fmt::format("--record {}: {} and {} would both record into {}/{}/; record them "
+                             "in two runs",
+                             *options.recordDirectory, at->second, files[i],
+                             *options.recordDirectory, stem));
+      return kExitUsage;
+    }
+    const std::string folder = (std::filesystem::path(*options.recordDirectory) / stem).string();
+    if (!writableFolder(folder)) return kExitUsage;
+    (*folders)[i] = folder;
+  }
+  return 0;
+}
 
 int planRun(const RunOptions& options, RunPlan* plan, const collective::EnvLookup& env) {
   try {
@@ -78,23 +122,10 @@ int planRun(const RunOptions& options, RunPlan* plan, const collective::EnvLooku
   }
   plan->warmup = options.warmup.value_or(options.repetitions > 1 ? 1 : 0);
   plan->flightCapacity = options.tracePath ? (1u << 16) : 64u;
-  if (options.recordDirectory && options.paths.size() > 1) {
-    usageError(fmt::format("--record {}: one scenario at a time ({} given): each run's ranks "
-                           "write rank-N.hmcrec there",
-                           *options.recordDirectory, options.paths.size()));
-    return kExitUsage;
-  }
   if (options.recordDirectory) {
     // Before anything runs: a folder that cannot be written is the user's to fix, not a failed
     // rank.
-    const std::string& folder = *options.recordDirectory;
-    if ((::mkdir(folder.c_str(), 0755) != 0 && errno != EEXIST) ||
-        ::access(folder.c_str(), W_OK | X_OK) != 0) {
-      usageError(fmt::format("--record {}: cannot create or write to this folder: {}; give a "
-                             "writable folder",
-                             folder, std::system_category().message(errno)));
-      return kExitUsage;
-    }
+    if (!writableFolder(*options.recordDirectory)) return kExitUsage;
   }
   // Output paths are checked before anything runs, so a long run's results are not lost.
   if (plan->reporting) {

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "hmc/collective/launch_env.hpp"
 #include "hmc/collective/transport.hpp"
@@ -35,6 +36,14 @@ struct RunPlan {
 // (usageError).
 int planRun(const RunOptions& options, RunPlan* plan,
             const collective::EnvLookup& env = collective::processEnvironment());
+
+// Where each of `files` records its ranks' calls under --record DIR: DIR itself for one
+// scenario; DIR/<file's stem>/ (created here) for several, so that one folder holds a whole
+// suite's recordings, each one `hmc-run record merge DIR/<stem>` away from its replay. Fills
+// `folders` (nullopt each without --record) and returns 0, or the exit code of a usage error
+// it printed (two files with one stem, a folder that cannot be made).
+int recordFolders(const RunOptions& options, const std::vector<std::string>& files,
+                  std::vector<std::optional<std::string>>* folders);
 
 // A scenario read once and parsed with the overrides, or why it cannot run here.
 struct PreparedScenario {

@@ -5,7 +5,8 @@ program) merges into a scenario that replays on thread ranks to the same verdict
     test_record_replay.py HMC_RUN SOURCE_DIR [EXAMPLE]
 
 Cases:
-  - every scenario of scenarios/ recorded on thread ranks, and on tcp rank processes: merged,
+  - every scenario of scenarios/ recorded on thread ranks, and on tcp rank processes (one run
+    of them all each way, one subfolder per scenario): merged,
     replayed on thread ranks; the replay's report equals the original's, timings, step
     numbers, hosts and pids aside (outcome, hang with its diagnosis and the ranks' last
     collectives, mismatches, leaks);
@@ -72,8 +73,7 @@ def normalized(value):
     return value
 
 
-def verdict(report_path):
-    doc = json.load(open(report_path))
+def verdict(doc):
     out = {key: normalized(doc.get(key)) for key in ("outcome", "hang", "mismatches")}
     leaks = doc.get("leaks") or {}
     out["leaks"] = normalized(leaks.get("verdict") if isinstance(leaks, dict) else leaks)
@@ -93,18 +93,39 @@ def crashed(doc):
     return {r.get("rank") for r in doc.get("ranks", []) if isinstance(r, dict) and r.get("crashed")}
 
 
-def round_trip(path, transport_args):
-    name = os.path.basename(path)[:-5]
-    folder = os.path.join(WORK, f"{name}-{'-'.join(transport_args) or 'threads'}")
-    first, second, merged = folder + ".1.json", folder + ".2.json", folder + ".scenario.json"
-    code1, out1 = run([path, "--record", folder, "--report", first, "-q"] + transport_args)
-    code, out = run(["record", "merge", folder, "-o", merged])
-    assert code == 0, f"{name}: merge failed ({code})\n{out}"
-    code2, out2 = run([merged, "--report", second, "-q"])
-    a, b = verdict(first), verdict(second)
-    assert code1 == code2 and a == b, (
-        f"{name} ({transport_args or 'threads'}): the replay differs: exit {code1} -> {code2}\n"
-        f"original: {json.dumps(a)[:1500]}\nreplay:   {json.dumps(b)[:1500]}\n{out1}\n{out2}")
+def reports_of(path):
+    with open(path) as f:
+        return json.load(f)["reports"]
+
+
+def round_trip(transport_args):
+    """Records every scenario of scenarios/ in one run (one subfolder each, named by the file's
+    stem), merges each folder, and replays the merged scenarios in one run on thread ranks;
+    each replay's verdict must equal its original's, and the runs' exit codes must agree. One
+    run each way rather than one per scenario: every hmc-run process loads LibTorch."""
+    paths = scenarios()
+    tag = "-".join(transport_args) or "threads"
+    folder = os.path.join(WORK, f"recorded-{tag}")
+    replays = os.path.join(WORK, f"replays-{tag}")
+    os.makedirs(replays)
+    first, second = folder + ".1.json", folder + ".2.json"
+    code1, out1 = run(paths + ["--record", folder, "--report", first, "-q"] + transport_args,
+                      timeout=600)
+    merged = []
+    for path in paths:
+        name = os.path.basename(path)[:-5]
+        merged.append(os.path.join(replays, name + ".json"))
+        code, out = run(["record", "merge", os.path.join(folder, name), "-o", merged[-1]])
+        assert code == 0, f"{name}: merge failed ({code})\n{out}"
+    code2, out2 = run(merged + ["--report", second, "-q"], timeout=600)
+    originals, replayed = reports_of(first), reports_of(second)
+    assert len(originals) == len(replayed) == len(paths), (len(originals), len(replayed))
+    for path, original, replay in zip(paths, originals, replayed):
+        a, b = verdict(original), verdict(replay)
+        assert a == b, (
+            f"{os.path.basename(path)} ({transport_args or 'threads'}): the replay differs\n"
+            f"original: {json.dumps(a)[:1500]}\nreplay:   {json.dumps(b)[:1500]}")
+    assert code1 == code2, f"exit {code1} -> {code2}\n{out1}\n{out2}"
 
 
 def scenarios():
@@ -112,13 +133,11 @@ def scenarios():
 
 
 def check_threads():
-    for path in scenarios():
-        round_trip(path, [])
+    round_trip([])
 
 
 def check_tcp_processes():
-    for path in scenarios():
-        round_trip(path, ["--transport", "tcp"])
+    round_trip(["--transport", "tcp"])
 
 
 def free_port():
@@ -195,6 +214,14 @@ def check_bad_files():
     code, out = run([os.path.join(SOURCE, "scenarios", "quickstart.json"), "--record",
                      os.path.join(merged, "under-a-file")])
     assert code == 2 and "cannot create or write to this folder" in out, out
+    # Two scenarios of one stem would record into one subfolder: refused before anything runs.
+    twin = os.path.join(WORK, "twin", "quickstart.json")
+    os.makedirs(os.path.dirname(twin))
+    shutil.copy(os.path.join(SOURCE, "scenarios", "quickstart.json"), twin)
+    code, out = run([os.path.join(SOURCE, "scenarios", "quickstart.json"), twin, "--record",
+                     os.path.join(WORK, "twins")])
+    assert code == 2 and "would both record into" in out and twin in out, out
+    assert not os.path.exists(os.path.join(WORK, "twins", "quickstart", "rank-0.hmcrec")), out
 
 
 CASES = [
