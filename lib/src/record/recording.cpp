@@ -304,12 +304,9 @@ void Recorder::bound(std::int32_t module, std::chrono::nanoseconds duration,
                      std::string_view device, std::string_view dtype, bool reused) {
   try {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (!expect_.empty()) {
-      // hmc-run's runner with an expectation to carry: the JSON form.
-      nlohmann::json detail = {{"device", device}, {"dtype", dtype}, {"reused", reused},
-                               {"x", expect_}};
-      if (expectError_) detail["xe"] = *expectError_;
-      writeEvent(EventOp::kForward, Outcome::kOk, module, duration, detail.dump());
+    if (!expect_.empty()) {  // hmc-run's runner with an expectation to carry: the JSON form
+      writeExpected(EventOp::kForward, Outcome::kOk, module, duration,
+                    {{"device", device}, {"dtype", dtype}, {"reused", reused}});
       return;
     }
     // Binary: u8 reused, the device, a 0 byte, the dtype.
@@ -324,6 +321,14 @@ void Recorder::bound(std::int32_t module, std::chrono::nanoseconds duration,
   }
 }
 
+void Recorder::writeExpected(EventOp op, Outcome outcome, std::int32_t module,
+                             std::chrono::nanoseconds duration, nlohmann::json detail) {
+  if (!detail.is_object()) detail = nlohmann::json::object();
+  detail["x"] = expect_;
+  if (expectError_) detail["xe"] = *expectError_;
+  writeEvent(op, outcome, module, duration, detail.dump());
+}
+
 void Recorder::expect(std::string_view expect, const std::optional<std::string>& error) {
   std::lock_guard<std::mutex> lock(mutex_);
   expect_ = expect == "ok" ? std::string() : std::string(expect);
@@ -335,10 +340,7 @@ void Recorder::append(EventOp op, std::int32_t module, Outcome outcome,
   try {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!expect_.empty()) {
-      nlohmann::json expected = detail.is_object() ? detail : nlohmann::json::object();
-      expected["x"] = expect_;
-      if (expectError_) expected["xe"] = *expectError_;
-      writeEvent(op, outcome, module, duration, expected.dump());
+      writeExpected(op, outcome, module, duration, detail);
     } else if (detail.is_null()) {
       writeEvent(op, outcome, module, duration, {});
     } else {

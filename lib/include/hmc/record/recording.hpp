@@ -151,6 +151,10 @@ class Recorder {
   void writeEvent(EventOp op, Outcome outcome, std::int32_t module,
                   std::chrono::nanoseconds duration, std::string_view extra,
                   unsigned char encoding = kJson);
+  // With the runner's expectation to carry (expect()): `detail` and the expectation, as JSON.
+  // Under mutex_.
+  void writeExpected(EventOp op, Outcome outcome, std::int32_t module,
+                     std::chrono::nanoseconds duration, nlohmann::json detail);
 
   std::string path_;
   RecordingHeader header_;
