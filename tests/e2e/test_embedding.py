@@ -28,7 +28,9 @@ import sys
 import tempfile
 import threading
 import time
-import traceback
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from cases import Skip, run_cases  # noqa: E402
 
 EXAMPLE, HMC_RUN, SOURCE = sys.argv[1], sys.argv[2], sys.argv[3]
 TORCHRUN = os.path.join(SOURCE, "tests", "support", "torchrun")
@@ -36,10 +38,6 @@ PYTHON = "/usr/bin/python3"
 HOST = socket.gethostname()
 DEADLINE_S = 4.0  # HMC_TIMEOUT of the skipped-close cases
 LINGER_S = 9.0    # how long the skipping rank works alone: past rank 0's report
-
-
-class Skip(Exception):
-    pass
 
 
 def free_port():
@@ -245,24 +243,8 @@ CASES = [
 
 
 def main():
-    failed, skipped, passed = [], [], 0
-    for name, case in CASES:
-        began = time.monotonic()
-        try:
-            case()
-            passed += 1
-            print(f"ok {name} ({time.monotonic() - began:.1f} s)", flush=True)
-        except Skip as why:
-            skipped.append(name)
-            print(f"skip {name}: {why}", flush=True)
-        except Exception:  # noqa: BLE001 - every failure is printed and counted
-            failed.append(name)
-            print(f"FAIL {name}:\n{traceback.format_exc()}", flush=True)
-    print(f"{passed} passed, {len(failed)} failed, {len(skipped)} skipped"
-          + (f": {', '.join(failed)}" if failed else ""))
-    if failed:
-        return 1
-    return 77 if skipped else 0
+    only = sys.argv[sys.argv.index("-k") + 1] if "-k" in sys.argv else None
+    return run_cases(CASES, only=only)
 
 
 if __name__ == "__main__":

@@ -32,17 +32,15 @@ import subprocess
 import sys
 import tempfile
 import time
-import traceback
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from cases import Skip, run_cases  # noqa: E402
 
 HMC_RUN, SOURCE = sys.argv[1], sys.argv[2]
 EXAMPLE = sys.argv[3] if len(sys.argv) > 3 and sys.argv[3] != "-k" else ""
 PYTHON = "/usr/bin/python3"
 TORCHRUN = os.path.join(SOURCE, "tests", "support", "torchrun")
 WORK = tempfile.mkdtemp(prefix="hmc-record-replay-")
-
-
-class Skip(Exception):
-    pass
 
 
 def run(args, env=None, timeout=120):
@@ -233,33 +231,8 @@ CASES = [
 
 
 def main():
-    passed = failed = skipped = 0
     only = sys.argv[sys.argv.index("-k") + 1] if "-k" in sys.argv else None
-    try:
-        for name, fn in CASES:
-            if only and only not in name:
-                continue
-            began = time.monotonic()
-            try:
-                fn()
-                passed += 1
-                print(f"PASS {name} ({time.monotonic() - began:.1f} s)", flush=True)
-            except Skip as why:
-                skipped += 1
-                print(f"SKIP {name}: {why}", flush=True)
-            except Exception:  # noqa: BLE001 - every case runs
-                failed += 1
-                print(f"FAIL {name} ({time.monotonic() - began:.1f} s)", flush=True)
-                traceback.print_exc()
-    finally:
-        shutil.rmtree(WORK, ignore_errors=True)
-    print(f"{passed} passed, {failed} failed, {skipped} skipped")
-    if passed + failed + skipped == 0:
-        print(f"FAIL: no case matches -k {only}")
-        return 1
-    if failed:
-        return 1
-    return 77 if skipped and not passed else 0
+    return run_cases(CASES, only=only, cleanup=lambda: shutil.rmtree(WORK, ignore_errors=True))
 
 
 if __name__ == "__main__":

@@ -35,11 +35,11 @@ import subprocess
 import sys
 import tempfile
 import time
-import traceback
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
 import shard  # noqa: E402
+from cases import Skip, run_cases  # noqa: E402
 
 HMC_RUN = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else "build/app/hmc-run")
 SOURCE_DIR = os.path.abspath(sys.argv[2] if len(sys.argv) > 2 else ".")
@@ -54,10 +54,6 @@ PYTHON = "/usr/bin/python3"
 # Variables of a launcher around this test must not leak into the launches it makes.
 LAUNCH_VARS = re.compile(r"^(RANK|WORLD_SIZE|LOCAL_RANK|LOCAL_WORLD_SIZE|MASTER_ADDR|MASTER_PORT|"
                          r"GROUP_RANK|TORCHELASTIC_.*|SLURM_.*|OMPI_.*|PMI_.*|PMIX_.*|HMC_.*)$")
-
-
-class Skip(Exception):
-    """A launcher this case needs is not installed."""
 
 
 def clean_env(extra=None):
@@ -748,30 +744,11 @@ def an_advertised_address_of_another_host_is_refused_by_name():
 
 
 def main():
-    passed = failed = 0
-    skipped = []
-    began_all = time.monotonic()
-    for fn in shard.pick([fn for fn in TESTS if not ONLY or ONLY in fn.__name__], SHARD):
-        began = time.monotonic()
-        try:
-            fn()
-            passed += 1
-            print(f"PASS {fn.__name__} ({time.monotonic() - began:.1f} s)", flush=True)
-        except Skip as why:
-            skipped.append(fn.__name__)
-            print(f"SKIP {fn.__name__}: {why}", flush=True)
-        except Exception:  # noqa: BLE001 - report every failure and go on
-            failed += 1
-            print(f"FAIL {fn.__name__} ({time.monotonic() - began:.1f} s)", flush=True)
-            traceback.print_exc()
+    picked = shard.pick([fn for fn in TESTS if not ONLY or ONLY in fn.__name__], SHARD)
     if not TEARDOWN:
         print("# not run: the crash and SIGTERM-to-the-launcher cases (pass --teardown-cases)")
-    print(f"{passed} passed, {failed} failed, {len(skipped)} skipped "
-          f"in {time.monotonic() - began_all:.1f} s")
-    shutil.rmtree(TMP, ignore_errors=True)
-    if failed or passed + len(skipped) == 0:
-        return 1
-    return 77 if skipped else 0
+    return run_cases([(fn.__name__, fn) for fn in picked], only=ONLY,
+                     cleanup=lambda: shutil.rmtree(TMP, ignore_errors=True))
 
 
 if __name__ == "__main__":

@@ -22,7 +22,9 @@ import subprocess
 import sys
 import tempfile
 import time
-import traceback
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from cases import run_cases  # noqa: E402
 
 HMC_RUN = sys.argv[1] if len(sys.argv) > 1 else "build/app/hmc-run"
 SOURCE_DIR = sys.argv[2] if len(sys.argv) > 2 else "."
@@ -270,22 +272,7 @@ def test_a_rank_past_its_deadline_exits_3():
 def main():
     tests = [(name, fn) for name, fn in sorted(globals().items())
              if name.startswith("test_") and callable(fn)]
-    passed = failed = 0
-    for name, fn in tests:
-        if ONLY and ONLY not in name:
-            continue
-        began = time.monotonic()
-        try:
-            fn()
-            passed += 1
-            print(f"PASS {name} ({time.monotonic() - began:.1f} s)", flush=True)
-        except Exception:  # noqa: BLE001 - report every failure and go on
-            failed += 1
-            print(f"FAIL {name} ({time.monotonic() - began:.1f} s)", flush=True)
-            traceback.print_exc()
-    print(f"{passed} passed, {failed} failed")
-    shutil.rmtree(TMP, ignore_errors=True)
-    return 0 if failed == 0 and passed > 0 else 1
+    return run_cases(tests, only=ONLY, cleanup=lambda: shutil.rmtree(TMP, ignore_errors=True))
 
 
 if __name__ == "__main__":
