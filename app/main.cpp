@@ -72,8 +72,6 @@ using hmc::app::RunPlan;
 using hmc::app::usageError;
 constexpr int kExitInterrupted = 130;
 
-// What hmc-run's own rank processes run: the front that exec'd this runner (it names itself in
-// HMC_RUN_FRONT), so that they are `hmc-run _rank ...` as before, else this program.
 // `hmc-run status`'s store: hmc's own client where it speaks this LibTorch's protocol (the front
 // then runs status itself, and the runner only when started directly), else c10d's.
 std::shared_ptr<hmc::collective::KeyValueStore> connectStatusStore(
@@ -90,6 +88,8 @@ std::shared_ptr<hmc::collective::KeyValueStore> connectStatusStore(
   return hmc::collective::connectKeyValueStore(client);
 }
 
+// What hmc-run's own rank processes run: the front that exec'd this runner (it names itself in
+// HMC_RUN_FRONT), so that they are `hmc-run _rank ...` as before, else this program.
 std::string selfExecutable(const char* argv0) {
   if (const char* front = std::getenv(hmc::app::kFrontEnv);
       front != nullptr && *front != '\0' && access(front, X_OK) == 0) {

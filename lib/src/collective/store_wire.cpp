@@ -136,7 +136,9 @@ class WireConnection final : public hmc::detail::StoreConnection {
         sent += static_cast<std::size_t>(n);
       } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
         await(POLLOUT);
-      } else if (n < 0 && errno != EINTR) {
+      } else if (n == 0) {  // not for a stream socket with bytes to send; never spin on it
+        throw ConnectionFailure("the connection took no bytes", false);
+      } else if (errno != EINTR) {
         throw ConnectionFailure(hmc::detail::osReason(errno), false);
       }
     }
