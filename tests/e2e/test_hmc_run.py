@@ -9,6 +9,7 @@ conformance field of hmc-report/1 and hmc's sections), the --trace JSON (one pro
 rank, flow events), the validate and list subcommands and --help.
 Prints one line per check and a closing "N passed, N failed"; exits 1 on any failure.
 """
+import functools
 import glob
 import ipaddress
 import json
@@ -185,20 +186,15 @@ def check_report(report, scenario, where):
 
 # ---- the checks -----------------------------------------------------------------------------
 
-_LIBRARY_RUN = []
-
-
+@functools.cache
 def library_run():
     """One run of every library file (a report set; each hmc-run process loads LibTorch, about
     1 s of CPU, so not a process per file), made once per shard: (process, {file: report})."""
-    if not _LIBRARY_RUN:
-        files = library()
-        report_path = os.path.join(WORK, "library.json")
-        proc = run_cpu(*files, "--report", report_path, timeout=300)
-        reports = load(report_path).get("reports", []) if os.path.exists(report_path) else []
-        _LIBRARY_RUN.append((proc, dict(zip(files, reports)) if len(reports) == len(files)
-                             else {}))
-    return _LIBRARY_RUN[0]
+    files = library()
+    report_path = os.path.join(WORK, "library.json")
+    proc = run_cpu(*files, "--report", report_path, timeout=300)
+    reports = load(report_path).get("reports", []) if os.path.exists(report_path) else []
+    return proc, dict(zip(files, reports)) if len(reports) == len(files) else {}
 
 
 def library_report(name):

@@ -6,6 +6,7 @@
 
 #include <netdb.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdint>
@@ -13,6 +14,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "hmc/collective/key_value_store.hpp"
@@ -53,6 +55,15 @@ std::shared_ptr<collective::KeyValueStore> makeStoreKeyValue(ConnectStore connec
                                                              std::chrono::milliseconds timeout,
                                                              std::string prefix,
                                                              const std::string& host, int port);
+
+// A socket descriptor, closed when it goes out of scope unless released.
+struct Fd {
+  int fd = -1;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+  int release() { return std::exchange(fd, -1); }
+};
 
 // One resolved address of a host and port.
 struct SocketAddress {

@@ -74,18 +74,7 @@ void StoreTransportOptions::validate() const {
 
 namespace hmc::detail {
 
-namespace {
-
 using collective::Clock;
-
-struct Fd {
-  int fd = -1;
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-};
-
-}  // namespace
 
 namespace {
 
