@@ -6,10 +6,17 @@
 #include "hmc/world/world.hpp"
 
 #include <doctest/doctest.h>
+#include <signal.h>
 #include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <thread>
 
@@ -155,5 +162,44 @@ TEST_SUITE("world") {
     CHECK(currentOnAnotherThread() == ResourceManager::processDefault());
     const hmc::WorldEnd again = moved.close();  // once: the first's result
     CHECK(again.summary == end.summary);
+  }
+
+  // torchrun's teardown sends SIGTERM to every rank at about once: a rank's close could fail on
+  // the peer that went first and report before its signal's thread looked (a HUNG report, then
+  // a process that lived on until the launcher's SIGKILL). The signal's end wins, and it still
+  // ends the process.
+  TEST_CASE("a termination signal just before close(): the report says stopped, and it ends") {
+    char folder[] = "/tmp/hmc-world-test-XXXXXX";
+    REQUIRE(::mkdtemp(folder) != nullptr);
+    const std::string report = std::string(folder) + "/report.json";
+    const pid_t child = ::fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+      ::signal(SIGTERM, SIG_DFL);  // a program's own (doctest's crash handler is not)
+      JoinOptions options;
+      options.rank = 0;
+      options.worldSize = 1;
+      options.masterPort = 0;
+      options.timeout = 5s;
+      options.name = "stopped";
+      options.reportPath = report;
+      hmc::World world = hmc::joinWorld(options);
+      ::raise(SIGTERM);  // recorded; the forwarding thread looks every 20 ms
+      world.close();     // mostly first to the report
+      std::fflush(nullptr);
+      ::_exit(42);       // the signal did not end the process
+    }
+    int status = 0;
+    REQUIRE(::waitpid(child, &status, 0) == child);
+    CHECK(WIFSIGNALED(status));
+    if (WIFSIGNALED(status)) CHECK(WTERMSIG(status) == SIGTERM);
+    if (WIFEXITED(status)) CHECK(WEXITSTATUS(status) == -1);  // shows the exit status
+    std::ifstream in(report);
+    std::stringstream text;
+    text << in.rdbuf();
+    INFO(text.str());
+    CHECK(text.str().find("\"exit_code\": 143") != std::string::npos);
+    CHECK(text.str().find("\"status\": \"stopped\"") != std::string::npos);
+    std::filesystem::remove_all(folder);
   }
 }

@@ -180,15 +180,30 @@ std::optional<diagnostics::FlightEntry> firstHang(const diagnostics::FlightRecor
 // SignalForwarder hands it to the world on a thread of its own, which hands on what this rank
 // did; then the signal ends the process as it would have (128 + signal for launchers). One
 // world per process takes the signals.
-struct TerminationSignals {
+// A signal that came while the world ended (the main thread reported first, or stopped the
+// forwarder before it looked) ends the process too, once the program's handlers are back.
+class TerminationSignals {
+ public:
   explicit TerminationSignals(std::function<void(int signal)> onSignal)
-      : forwarder([onSignal = std::move(onSignal)](int signal, const std::string&) {
-          onSignal(signal);
-          ::signal(signal, SIG_DFL);
-          ::raise(signal);
-        }) {}
-  world::SignalScope scope;          // first: installed before the forwarder looks
-  world::SignalForwarder forwarder;  // stops before the scope restores the handlers
+      : scope_(std::make_unique<world::SignalScope>()),
+        forwarder_(std::make_unique<world::SignalForwarder>(
+            [onSignal = std::move(onSignal)](int signal, const std::string&) {
+              onSignal(signal);
+              ::signal(signal, SIG_DFL);
+              ::raise(signal);
+            })) {}
+  TerminationSignals(const TerminationSignals&) = delete;
+  TerminationSignals& operator=(const TerminationSignals&) = delete;
+  ~TerminationSignals() {
+    forwarder_.reset();  // stops before the scope restores the handlers
+    const int signal = world::pendingSignal();
+    scope_.reset();
+    if (signal != 0) ::raise(signal);  // what it would have done without a world
+  }
+
+ private:
+  std::unique_ptr<world::SignalScope> scope_;  // first: installed before the forwarder looks
+  std::unique_ptr<world::SignalForwarder> forwarder_;
 };
 
 }  // namespace
@@ -265,6 +280,9 @@ struct World::Impl {
                                     collective::KeyValueStore& store);
   // The signal's thread: hand on what this rank did before the signal ends the process.
   void onSignal(int signal);
+  // Under reportMutex, once: publishes `own` (the end a signal that came already makes, in its
+  // place) and, on rank 0, reports every rank's.
+  WorldEnd handOn(RankEnd own, collective::KeyValueStore& store);
   void print(const WorldEnd& end, const std::vector<std::string>& lines,
              const std::optional<diagnostics::JobStatus>& status) const;
   void write(const WorldEnd& end, const nlohmann::json& ranks,
@@ -339,11 +357,26 @@ RankEnd World::Impl::stoppedEnd(int signal) const {
 void World::Impl::onSignal(int signal) {
   std::lock_guard<std::mutex> guard(reportMutex);
   if (reported || !signalKv) return;
-  const RankEnd own = stoppedEnd(signal);
-  publish(own, *signalKv);
-  if (placement.rank == 0) report(own, *signalKv, signal);
-  reported = true;
+  handOn(stoppedEnd(signal), *signalKv);
   std::fflush(stderr);
+}
+
+WorldEnd World::Impl::handOn(RankEnd own, collective::KeyValueStore& store) {
+  // A launcher's teardown signal that came before this end is what ended this rank, even when
+  // the main thread gets here first (its close failed as the peers went down with the same
+  // signal): its end and the report say so. pendingSignal() counts only while the world holds
+  // the signals.
+  const int signal = signals ? world::pendingSignal() : 0;
+  if (signal != 0 && own.status != "stopped") own = stoppedEnd(signal);
+  publish(own, store);
+  reported = true;
+  if (placement.rank == 0) return report(own, store, signal);
+  WorldEnd end;
+  end.hung = own.status == "hang" || own.status == "stopped";
+  end.clean = own.clean();
+  end.exitCode = signal != 0 ? 128 + signal : end.hung ? 3 : (end.clean ? 0 : 1);
+  end.summary = fmt::format("rank {}: {}", own.rank, own.describe());
+  return end;
 }
 
 // The other ranks' ends, waiting up to `wait` (ranks that fell silent are not waited for).
@@ -521,20 +554,20 @@ WorldEnd World::close() {
   impl_->watchdog->beatNow();
   // Complete before the report: a rank that is killed while the others report keeps it.
   if (record::Recorder* recording = impl_->manager->recorder()) recording->end();
-  impl_->publish(own, *impl_->kv);
   WorldEnd end;
-  if (impl_->placement.rank == 0) {
+  {
     std::lock_guard<std::mutex> guard(impl_->reportMutex);
-    end = impl_->report(own, *impl_->kv);
-    impl_->reported = true;
-  } else {
-    end.hung = own.status == "hang";
-    end.clean = own.clean();
-    end.exitCode = end.hung ? 3 : (end.clean ? 0 : 1);
-    end.summary = fmt::format("rank {}: {}", own.rank, own.describe());
+    if (impl_->reported) {
+      // The signal's thread handed on this rank's end and ends the process.
+      end.hung = true;
+      end.summary = fmt::format("rank {}: stopped by a signal", own.rank);
+      end.exitCode = 128 + world::pendingSignal();
+    } else {
+      end = impl_->handOn(own, *impl_->kv);
+    }
   }
   // The heartbeats say "done" from here on; the manager is no longer current; a signal now does
-  // what it would do without a world.
+  // what it would do without a world (one that came already ends the process here).
   impl_->signals.reset();
   impl_->watchdog.reset();
   impl_->processScope.reset();
