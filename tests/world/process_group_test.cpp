@@ -3,6 +3,8 @@
 #include "hmc/world/process_group.hpp"
 
 #include <doctest/doctest.h>
+#include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -11,6 +13,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <stdexcept>
 #include <string>
 #include <thread>
 
@@ -116,5 +119,54 @@ TEST_SUITE("process_group") {
       CHECK(alive(pid));
     }
     CHECK_FALSE(alive(pid));
+  }
+
+  TEST_CASE("a forked body: its return value is the exit status, its start an exec'd one's") {
+    // What exec would reset: a handled signal, a blocked one, a close-on-exec descriptor.
+    struct sigaction handler {};
+    struct sigaction previous {};
+    handler.sa_handler = [](int) {};
+    sigemptyset(&handler.sa_mask);
+    sigaction(SIGUSR1, &handler, &previous);
+    sigset_t hangup;
+    sigset_t mask;
+    sigemptyset(&hangup);
+    sigaddset(&hangup, SIGHUP);
+    pthread_sigmask(SIG_BLOCK, &hangup, &mask);
+    int closing[2];
+    int keeping[2];
+    REQUIRE(pipe2(closing, O_CLOEXEC) == 0);
+    REQUIRE(pipe(keeping) == 0);
+    ProcessGroup group;
+    const int checked = group.spawn([&closing, &keeping]() {
+      int wrong = 0;
+      struct sigaction now {};
+      sigaction(SIGUSR1, nullptr, &now);
+      if (now.sa_handler != SIG_DFL) wrong |= 1;
+      sigset_t blocked;
+      pthread_sigmask(SIG_SETMASK, nullptr, &blocked);
+      if (sigismember(&blocked, SIGHUP) == 1) wrong |= 2;
+      if (fcntl(closing[0], F_GETFD) != -1) wrong |= 4;   // closed, as exec closes it
+      if (fcntl(keeping[0], F_GETFD) == -1) wrong |= 8;   // inherited, as exec keeps it
+      return 40 + wrong;
+    });
+    const int threw = group.spawn([]() -> int { throw std::runtime_error("a rank's error"); });
+    sigaction(SIGUSR1, &previous, nullptr);
+    pthread_sigmask(SIG_SETMASK, &mask, nullptr);
+    for (int fd : {closing[0], closing[1], keeping[0], keeping[1]}) close(fd);
+    REQUIRE(reapAll(group));
+    CHECK(hmc::world::describeWaitStatus(*group.status(checked)) == "exited with status 40");
+    CHECK(hmc::world::describeWaitStatus(*group.status(threw)) == "exited with status 1");
+  }
+
+  TEST_CASE("a forked body stops at SIGTERM like an exec'd child") {
+    ProcessGroup group;
+    group.spawn([] {
+      for (;;) pause();
+      return 0;
+    });
+    group.stopNow();
+    REQUIRE(reapAll(group, 5s));
+    CHECK(hmc::world::describeWaitStatus(*group.status(0)) == "killed by signal 15 (Terminated)");
   }
 }

@@ -1,5 +1,7 @@
 #include "hmc/world/process_group.hpp"
 
+#include <dirent.h>
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -7,6 +9,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "hmc/error.hpp"
@@ -41,10 +45,52 @@ ProcessGroup::~ProcessGroup() {
   running_ = 0;
 }
 
-int ProcessGroup::spawn(const std::vector<std::string>& args) {
-  std::vector<char*> argv;
-  for (const auto& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
-  argv.push_back(nullptr);
+namespace {
+
+// In a new child: die with the parent, and start from the signal state an exec'd program has.
+void enterChild(pid_t parent) {
+  // Die with the parent, also when it is SIGKILLed; it may have died before this line.
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != parent) _exit(128 + SIGKILL);
+  // The parent's signal handlers and blocked signals are not the program's to inherit.
+  // (exec resets caught signals, but a handler could run before it; ignored ones stay so.)
+  for (int signal = 1; signal < NSIG; ++signal) {
+    struct sigaction current {};
+    if (signal == SIGKILL || signal == SIGSTOP || sigaction(signal, nullptr, &current) != 0) {
+      continue;
+    }
+    const bool handled = (current.sa_flags & SA_SIGINFO) != 0 ||
+                         (current.sa_handler != SIG_DFL && current.sa_handler != SIG_IGN);
+    if (handled || signal == SIGINT || signal == SIGTERM || signal == SIGHUP) {
+      ::signal(signal, SIG_DFL);
+    }
+  }
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, nullptr);
+}
+
+// What exec would close: the descriptors marked close-on-exec (sockets and files the parent
+// keeps for itself).
+void closeCloseOnExec() {
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return;
+  const int own = dirfd(dir);
+  std::vector<int> marked;
+  while (const dirent* entry = readdir(dir)) {
+    char* end = nullptr;
+    const long fd = std::strtol(entry->d_name, &end, 10);
+    if (end == entry->d_name || *end != '\0' || fd == own) continue;
+    const int flags = fcntl(static_cast<int>(fd), F_GETFD);
+    if (flags >= 0 && (flags & FD_CLOEXEC) != 0) marked.push_back(static_cast<int>(fd));
+  }
+  closedir(dir);
+  for (int fd : marked) close(fd);
+}
+
+}  // namespace
+
+int ProcessGroup::start(const std::function<void()>& inChild, const std::string& what) {
   const pid_t parent = getpid();
   // Every signal blocked across fork: the child runs none of this process's handlers (a
   // SIGTERM sent to it before it reset them ran the parent's handler in the child; TSan
@@ -59,36 +105,45 @@ int ProcessGroup::spawn(const std::vector<std::string>& args) {
     throw RuntimeError(fmt::format(
         "cannot start rank process {} of {}: fork: {} (a process or memory limit? see ulimit -u "
         "and ulimit -v)",
-        children_.size(), args.empty() ? "" : args[0], std::strerror(errno)));
+        children_.size(), what, std::strerror(errno)));
   }
   if (pid == 0) {
-    // Die with the parent, also when it is SIGKILLed; it may have died before this line.
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) _exit(128 + SIGKILL);
-    // The parent's signal handlers and blocked signals are not the program's to inherit.
-    // (exec resets caught signals, but a handler could run before it; ignored ones stay so.)
-    for (int signal = 1; signal < NSIG; ++signal) {
-      struct sigaction current {};
-      if (signal == SIGKILL || signal == SIGSTOP || sigaction(signal, nullptr, &current) != 0) {
-        continue;
-      }
-      const bool handled = (current.sa_flags & SA_SIGINFO) != 0 ||
-                           (current.sa_handler != SIG_DFL && current.sa_handler != SIG_IGN);
-      if (handled || signal == SIGINT || signal == SIGTERM || signal == SIGHUP) {
-        ::signal(signal, SIG_DFL);
-      }
-    }
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, nullptr);
-    execv(argv[0], argv.data());
-    std::fprintf(stderr, "hmc-run: cannot start rank process %s: %s\n", argv[0],
-                 std::strerror(errno));
-    _exit(127);
+    enterChild(parent);
+    inChild();  // does not return
   }
   children_.push_back(Child{pid, std::nullopt});
   ++running_;
   return static_cast<int>(children_.size()) - 1;
+}
+
+int ProcessGroup::spawn(const std::vector<std::string>& args) {
+  std::vector<char*> argv;
+  for (const auto& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
+  argv.push_back(nullptr);
+  return start(
+      [&argv] {
+        execv(argv[0], argv.data());
+        std::fprintf(stderr, "hmc-run: cannot start rank process %s: %s\n", argv[0],
+                     std::strerror(errno));
+        _exit(127);
+      },
+      args.empty() ? "" : args[0]);
+}
+
+int ProcessGroup::spawn(const std::function<int()>& body) {
+  return start(
+      [&body] {
+        closeCloseOnExec();
+        int code = 1;
+        try {
+          code = body();
+        } catch (const std::exception& error) {
+          std::fprintf(stderr, "hmc-run: rank process: %s\n", error.what());
+        }
+        std::fflush(nullptr);
+        _exit(code);
+      },
+      "a forked rank");
 }
 
 std::vector<int> ProcessGroup::poll() {

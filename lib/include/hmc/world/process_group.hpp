@@ -10,6 +10,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -33,6 +34,11 @@ class ProcessGroup {
   // Starts argv[0] with `argv`; returns the child's index. Throws RuntimeError (fork failed:
   // the OS reason, e.g. a process limit). A child that cannot exec exits with status 127.
   int spawn(const std::vector<std::string>& argv);
+  // Runs `body` in a forked copy of this process instead (no exec); its return value is the
+  // child's exit status. The child starts as an exec'd one would: the default action for every
+  // signal this process handles, no signal blocked, the descriptors marked close-on-exec
+  // closed. Only for a caller whose other threads (if any) hold no lock the body needs.
+  int spawn(const std::function<int()>& body);
 
   // One non-blocking pass: reaps the children that exited and sends the signals that are due.
   // Returns the indices that exited in this pass.
@@ -55,6 +61,8 @@ class ProcessGroup {
     pid_t pid = -1;
     std::optional<int> status;
   };
+  // Forks; the child runs `inChild` (which must not return), the parent records it.
+  int start(const std::function<void()>& inChild, const std::string& what);
   void signalRunning(int signal);
 
   std::chrono::milliseconds killAfter_;
