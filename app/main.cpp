@@ -310,8 +310,59 @@ std::function<void(const hmc::scenario::StepResult&)> progressOf(
   };
 }
 
+// EAGAIN from pthread_create or fork reaches a rank through c10d and std::thread as this text
+// alone, whatever the failed call: say which limit that usually is.
+std::string withLimitHint(std::string message) {
+  if (message.find("Resource temporarily unavailable") != std::string::npos &&
+      message.find("ulimit -u") == std::string::npos) {
+    message +=
+        " (a thread or process could not start: the limit on this user's processes and "
+        "threads (ulimit -u) or the cgroup's pids.max is probably reached)";
+  }
+  return message;
+}
+
+// The hidden `_rank` command: one rank process of hmc-run's own local launch.
+int runRankCommand(const hmc::world::RankLaunch& launch) {
+  hmc::scenario::Scenario scenario;
+  try {
+    scenario = launch.overrides.parse(
+        hmc::scenario::readScenarioFile(launch.scenarioFile),
+        launch.displayFile.empty() ? launch.scenarioFile : launch.displayFile);
+  } catch (const hmc::ScenarioError& error) {
+    fmt::print(stderr, "hmc-run rank {}: {}\n", launch.placement.rank, error.what());
+    return kExitUsage;
+  }
+  try {
+    hmc::scenario::limitTorchThreads(1);
+    hmc::world::runRankProcess(scenario, launch);
+  } catch (const std::exception& error) {
+    fmt::print(stderr, "hmc-run rank {}: {}\n", launch.placement.rank, withLimitHint(error.what()));
+    return 1;
+  }
+  return 0;
+}
+
+
+// A rank process forked from this runner (RankProgram::body): what main() does for
+// `hmc-run _rank ...`, without loading the program and LibTorch again.
+int forkedRankCommand(const hmc::world::RankLaunch& launch) {
+  hmc::world::blockTerminationSignals();
+  hmc::app::setUpLogging(launch.logLevel);
+  return runRankCommand(launch);
+}
+
+// hmc-run's own rank processes: forked from this runner where the scenario uses no CUDA (a
+// forked child cannot use a CUDA context of its parent, and deciding may create one), else
+// `executable _rank ...`.
+hmc::app::RankProgram rankProgram(const std::string& executable) {
+  return {executable, forkedRankCommand, [](const hmc::scenario::Scenario& scenario) {
+            return !hmc::scenario::usesCuda(scenario);
+          }};
+}
+
 int runScenarios(const RunOptions& options, const std::vector<std::string>& command,
-                 const std::string& executable) {
+                 const hmc::app::RankProgram& program) {
   RunPlan plan;
   if (const int code = planRun(options, &plan); code != 0) return code;
   bool anyDirectory = false;
@@ -368,7 +419,8 @@ int runScenarios(const RunOptions& options, const std::vector<std::string>& comm
     }
     const auto start = std::chrono::steady_clock::now();
     std::string startedAt = isoNow();
-    hmc::world::WorldOptions world = hmc::app::worldOptions(plan, options, executable);
+    hmc::world::WorldOptions world =
+        hmc::app::worldOptions(plan, options, program, prepared.scenario);
     world.launch.recordDirectory = recordFolders[index];
     world.onRankZeroStep = progressOf(progress, prepared.scenario);
     auto onInterrupted = std::make_shared<InterruptReporter>(options, plan, prepared.scenario,
@@ -418,39 +470,6 @@ int runScenarios(const RunOptions& options, const std::vector<std::string>& comm
   return hmc::scenario::exitCodeOf(overall);
 }
 
-// EAGAIN from pthread_create or fork reaches a rank through c10d and std::thread as this text
-// alone, whatever the failed call: say which limit that usually is.
-std::string withLimitHint(std::string message) {
-  if (message.find("Resource temporarily unavailable") != std::string::npos &&
-      message.find("ulimit -u") == std::string::npos) {
-    message +=
-        " (a thread or process could not start: the limit on this user's processes and "
-        "threads (ulimit -u) or the cgroup's pids.max is probably reached)";
-  }
-  return message;
-}
-
-// The hidden `_rank` command: one rank process of hmc-run's own local launch.
-int runRankCommand(const hmc::world::RankLaunch& launch) {
-  hmc::scenario::Scenario scenario;
-  try {
-    scenario = launch.overrides.parse(
-        hmc::scenario::readScenarioFile(launch.scenarioFile),
-        launch.displayFile.empty() ? launch.scenarioFile : launch.displayFile);
-  } catch (const hmc::ScenarioError& error) {
-    fmt::print(stderr, "hmc-run rank {}: {}\n", launch.placement.rank, error.what());
-    return kExitUsage;
-  }
-  try {
-    hmc::scenario::limitTorchThreads(1);
-    hmc::world::runRankProcess(scenario, launch);
-  } catch (const std::exception& error) {
-    fmt::print(stderr, "hmc-run rank {}: {}\n", launch.placement.rank, withLimitHint(error.what()));
-    return 1;
-  }
-  return 0;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -474,7 +493,7 @@ int main(int argc, char** argv) {
   if (*cli.shrinkCommand) {
     hmc::app::setUpLogging(cli.shrink.logLevel);
     try {
-      return hmc::app::runShrink(cli.shrink, selfExecutable(argv[0]));
+      return hmc::app::runShrink(cli.shrink, rankProgram(selfExecutable(argv[0])));
     } catch (const std::exception& error) {
       fmt::print(stderr, "hmc-run: shrink: internal error: {}\n", withLimitHint(error.what()));
       return 1;
@@ -487,7 +506,7 @@ int main(int argc, char** argv) {
     return hmc::app::runStatus(cli.status, connectStatusStore);
   }
   try {
-    return runScenarios(options, command, selfExecutable(argv[0]));
+    return runScenarios(options, command, rankProgram(selfExecutable(argv[0])));
   } catch (const hmc::Error& error) {
     // A rank that cannot join its world (no store at the master, a listener that is not one):
     // the message names what, where and what to do; it is not a bug of hmc-run.

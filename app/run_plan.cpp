@@ -216,7 +216,7 @@ PreparedScenario prepareScenario(const std::string& file, const RunOptions& opti
 }
 
 world::WorldOptions worldOptions(const RunPlan& plan, const RunOptions& options,
-                                 const std::string& executable) {
+                                 const RankProgram& program, const scenario::Scenario& scenario) {
   world::WorldOptions world;
   world.launch.overrides = options.overrides;
   world.launch.repetitions = options.repetitions;
@@ -226,7 +226,8 @@ world::WorldOptions worldOptions(const RunPlan& plan, const RunOptions& options,
   world.launch.joinTimeout = options.joinTimeout;
   world.launch.recordDirectory = options.recordDirectory;
   if (plan.placement) world.launch.placement = *plan.placement;
-  world.executable = executable;
+  world.executable = program.executable;
+  if (program.body && program.forkable && program.forkable(scenario)) world.rankBody = program.body;
   world.masterPort = options.masterPort;
   return world;
 }

@@ -5,6 +5,7 @@
 // world::WorldOptions of the driver that runs it (world_driver.hpp).
 
 #include <cstddef>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -54,8 +55,17 @@ struct PreparedScenario {
 PreparedScenario prepareScenario(const std::string& file, const RunOptions& options,
                                  const RunPlan& plan);
 
-// The driver's options for the plan; `executable` is what hmc-run's own rank processes run.
+// What hmc-run's own rank processes run: `executable` with the `_rank` command, or, for a
+// scenario `forkable` accepts, a forked copy of the runner that calls `body` (LibTorch is not
+// loaded again; main.cpp: the scenarios that do not use CUDA).
+struct RankProgram {
+  std::string executable;
+  std::function<int(const world::RankLaunch& launch)> body;
+  std::function<bool(const scenario::Scenario& scenario)> forkable;
+};
+
+// The driver's options for the plan and one scenario.
 world::WorldOptions worldOptions(const RunPlan& plan, const RunOptions& options,
-                                 const std::string& executable);
+                                 const RankProgram& program, const scenario::Scenario& scenario);
 
 }  // namespace hmc::app

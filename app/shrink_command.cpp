@@ -116,8 +116,8 @@ struct Trial {
 // Runs scenario documents on one world: every run a fresh world of the candidate's size.
 class TrialRunner {
  public:
-  TrialRunner(const ShrinkOptions& options, const std::string& executable)
-      : options_(options), executable_(executable) {
+  TrialRunner(const ShrinkOptions& options, const RankProgram& program)
+      : options_(options), program_(program) {
     run_.transport = options.transport;
     run_.logLevel = options.logLevel;
   }
@@ -148,7 +148,7 @@ class TrialRunner {
     bool any = false;
     // Every trial through the run's driver: thread ranks share this runner's interrupt (one
     // signal forwarder for the whole shrink), rank processes are started and stopped by it.
-    world::WorldOptions world = worldOptions(plan_, run_, executable_);
+    world::WorldOptions world = worldOptions(plan_, run_, program_, parsed);
     world.interrupt = &interrupt_;
     const auto driver = world::makeWorldDriver(std::move(world));
     const world::WorldRun ran = driver->run(
@@ -175,7 +175,7 @@ class TrialRunner {
 
  private:
   const ShrinkOptions& options_;
-  const std::string& executable_;
+  const RankProgram& program_;
   RunOptions run_;
   RunPlan plan_;
   scenario::ThreadInterrupt interrupt_;
@@ -450,11 +450,11 @@ class ShrinkSession {
 
 }  // namespace
 
-int runShrink(const ShrinkOptions& options, const std::string& executable) {
+int runShrink(const ShrinkOptions& options, const RankProgram& program) {
   if (const int code = checkOutput(options); code != 0) return code;
   std::optional<ShrinkInput> input = readInput(options);
   if (!input) return kExitUsage;
-  TrialRunner runner(options, executable);
+  TrialRunner runner(options, program);
   if (const int code = runner.plan(); code != 0) return code;
   scenario::limitTorchThreads(1);
   world::SignalScope signals;

@@ -35,8 +35,10 @@ struct ShrinkOptions {
 // Registers the `shrink` subcommand on `app` (torch-free: the front parses it too).
 CLI::App* addShrinkCommand(CLI::App& app, ShrinkOptions& options);
 
-// Runs the shrink (the runner only: it runs scenarios); returns the exit code. `executable`:
-// what rank processes run under --transport tcp/store/gloo.
-int runShrink(const ShrinkOptions& options, const std::string& executable);
+struct RankProgram;  // run_plan.hpp
+
+// Runs the shrink (the runner only: it runs scenarios); returns the exit code. `program`: what
+// rank processes run under --transport tcp/store/gloo.
+int runShrink(const ShrinkOptions& options, const RankProgram& program);
 
 }  // namespace hmc::app

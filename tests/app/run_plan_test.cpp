@@ -83,10 +83,17 @@ TEST_SUITE("run plan") {
     CHECK(plan.placement->masterAddr == "198.18.0.1");
     CHECK(plan.placement->masterPort == 29400);
     CHECK(plan.placement->launcher == "torchrun");
-    const auto world = hmc::app::worldOptions(plan, options, "/bin/hmc-run");
+    const hmc::scenario::Scenario scenario;
+    hmc::app::RankProgram program{"/bin/hmc-run", [](const hmc::world::RankLaunch&) { return 0; },
+                                  [](const hmc::scenario::Scenario&) { return true; }};
+    const auto world = hmc::app::worldOptions(plan, options, program, scenario);
     CHECK(world.launch.placement.underLauncher());
     CHECK(world.launch.placement.rank == 2);
     CHECK(name(world.launch.transport) == "tcp");
+    CHECK(world.executable == "/bin/hmc-run");
+    CHECK(static_cast<bool>(world.rankBody));  // forked ranks for a scenario that allows them
+    program.forkable = [](const hmc::scenario::Scenario&) { return false; };
+    CHECK_FALSE(static_cast<bool>(hmc::app::worldOptions(plan, options, program, scenario).rankBody));
   }
 
   TEST_CASE("usage errors stop a run before anything starts (exit 2)") {

@@ -62,15 +62,18 @@ def scenario(name, steps, world_size=2, timeout_s=5):
 
 
 def alive(pid):
-    """Whether pid is a live (not zombie) process that is still an hmc-run rank."""
+    """Whether pid is a live (not zombie) process that is still an hmc-run rank: a rank forked
+    from the runner is named hmc-rank-N, one it exec'd runs `hmc-run _rank ...`."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             state = f.read().rsplit(")", 1)[1].split()[0]
+        with open(f"/proc/{pid}/comm") as f:
+            comm = f.read().strip()
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             cmdline = f.read()
     except OSError:
         return False
-    return state != "Z" and b"_rank" in cmdline
+    return state != "Z" and (comm.startswith("hmc-rank-") or b"_rank" in cmdline)
 
 
 def read_pids(path):

@@ -4,6 +4,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -291,19 +292,66 @@ fs::path writeScenarioCopy(const RunFolder& folder, const std::string& text) {
 }
 
 // Starts rank 0 .. world-1 with their places (rank 0 hosts the store on `port`).
+// Forked ranks start together, once every one exists, as exec'd ones do (loading LibTorch
+// takes longer than the forks): a rank that started its threads at once could take the tasks a
+// later fork needs under a tight `ulimit -u`, and that rank would never start (with the gate,
+// each rank starts and reports the limit it ran into). A pipe: each child closes its copy of
+// the write end and waits for the end of file that the parent's close makes.
+class StartGate {
+ public:
+  explicit StartGate(bool wanted) {
+    if (wanted && pipe(ends_) != 0) {
+      throw RuntimeError(fmt::format("cannot start the rank processes: pipe: {}",
+                                     std::strerror(errno)));
+    }
+  }
+  ~StartGate() { open(); }
+  StartGate(const StartGate&) = delete;
+  StartGate& operator=(const StartGate&) = delete;
+  // In a child: blocks until the parent opened the gate (or died).
+  void wait() {
+    if (ends_[1] >= 0) close(ends_[1]);
+    char byte = 0;
+    while (ends_[0] >= 0 && read(ends_[0], &byte, 1) < 0 && errno == EINTR) {
+    }
+    if (ends_[0] >= 0) close(ends_[0]);
+  }
+  // In the parent: every child goes.
+  void open() {
+    for (int& end : ends_) {
+      if (end >= 0) close(end);
+      end = -1;
+    }
+  }
+
+ private:
+  int ends_[2] = {-1, -1};
+};
+
 void spawnRanks(ProcessGroup& ranks, const LocalLaunchOptions& options, int world,
                 const fs::path& scenarioCopy, int port, int glooPort,
                 const RepetitionFiles& files) {
+  StartGate gate(static_cast<bool>(options.rankBody));
   for (int rank = 0; rank < world; ++rank) {
     RankLaunch launch = options.launch;
     launch.scenarioFile = scenarioCopy.string();
     launch.placement =
         RankPlacement{rank, world, "127.0.0.1", port, glooPort, StoreHost::kRankZero, ""};
     launch.resultFile = files.stem(rank);
+    if (options.rankBody) {
+      ranks.spawn([&options, &launch, &gate, rank] {
+        const std::string name = fmt::format("hmc-rank-{}", rank);
+        prctl(PR_SET_NAME, name.c_str());
+        gate.wait();
+        return options.rankBody(launch);
+      });
+      continue;
+    }
     std::vector<std::string> args = launch.toArgs();
     args.insert(args.begin(), options.executable);
     ranks.spawn(args);
   }
+  gate.open();
   std::vector<pid_t> pids;
   for (int rank = 0; rank < world; ++rank) pids.push_back(ranks.pid(rank));
   writePidFile(pids);

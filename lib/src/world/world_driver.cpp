@@ -68,6 +68,7 @@ class LocalProcessWorld final : public WorldDriver {
   WorldRun run(const WorldInput& input, const RepetitionSink& sink) override {
     LocalLaunchOptions launch;
     launch.executable = options_.executable;
+    launch.rankBody = options_.rankBody;
     launch.launch = options_.launch;
     launch.launch.displayFile = input.file;
     launch.scenarioText = input.text;

@@ -1,6 +1,7 @@
 #pragma once
 // hmc-run's own launcher (like `torchrun --standalone`): starts world_size rank processes
-// (this executable again, with the hidden `_rank` command), rank 0 hosting the store on a
+// (this executable again, with the hidden `_rank` command, or a forked copy of this process:
+// LocalLaunchOptions::rankBody), rank 0 hosting the store on a
 // free port; reaps every child, stops survivors after a grace period when a rank fails,
 // forwards Ctrl-C / SIGTERM to the whole tree and leaves no process behind.
 //
@@ -29,6 +30,12 @@ namespace hmc::world {
 
 struct LocalLaunchOptions {
   std::string executable;  // this program (/proc/self/exe)
+  // When set, each rank process is a forked copy of this one that runs `rankBody` (its return
+  // value the exit status) instead of exec'ing `executable`: what is loaded here (LibTorch:
+  // about 1 s of CPU and 160 MB a process) is not loaded again. Only where a forked child can
+  // run a rank: no CUDA initialized here, no other thread holding a lock the rank needs. The
+  // forked ranks are named hmc-rank-N (ps -e, top); their command line is the launcher's.
+  std::function<int(const RankLaunch& launch)> rankBody;
   // Every rank's configuration but its place (rank, ports, result file): transport,
   // overrides, repetitions, flight capacity, log level, the file name to report.
   RankLaunch launch;

@@ -61,6 +61,8 @@ struct WorldOptions {
   // hmc-run's own launcher: the program its rank processes run (`hmc-run _rank ...`), and
   // --master-port (else a free port).
   std::string executable;
+  // Set: the rank processes are forked copies of this one that run it (LocalLaunchOptions).
+  std::function<int(const RankLaunch& launch)> rankBody;
   std::optional<int> masterPort;
   // Thread ranks: called on rank 0's thread after each top-level step (progress).
   std::function<void(const scenario::StepResult& step)> onRankZeroStep;
