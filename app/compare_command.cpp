@@ -100,8 +100,12 @@ json toJson(const MetricComparison& m, const SampleSet& baseline, const SampleSe
       {"change", m.change ? json(*m.change) : json()},
       {"p_value", m.pValue ? json(*m.pValue) : json()},
       {"exact", m.exact},
+      {"change_estimate", m.changeEstimate ? json(*m.changeEstimate) : json()},
+      {"change_interval",
+       m.changeLow && m.changeHigh ? json::array({*m.changeLow, *m.changeHigh}) : json()},
       {"verdict", std::string(hmc::compare::toString(m.verdict))},
       {"regression", m.regression}};
+  if (m.samplesNeeded) out["samples_needed"] = *m.samplesNeeded;
   if (!m.note.empty()) out["note"] = m.note;
   return out;
 }
@@ -115,17 +119,23 @@ void printTable(std::FILE* to, const Comparison& result, const CompareOptions& o
              thresholds.maxRegression * 100);
   std::size_t width = 6;
   for (const auto& m : result.metrics) width = std::max(width, m.name.size());
-  fmt::print(to, "# {:<{}}  {:>8}  {:>12}  {:>12}  {:>8}  {:>7}  {}\n", "metric", width - 2,
-             "samples", "baseline", "current", "change", "p", "verdict");
+  fmt::print(to, "# {:<{}}  {:>8}  {:>12}  {:>12}  {:>8}  {:>17}  {:>7}  {}\n", "metric",
+             width - 2, "samples", "baseline", "current", "change",
+             fmt::format("{:g}% interval", (1 - thresholds.alpha) * 100), "p", "verdict");
   for (const auto& m : result.metrics) {
     const std::string change = m.change ? fmt::format("{:+.1f}%", *m.change * 100) : "n/a";
+    const std::string interval =
+        m.changeLow && m.changeHigh
+            ? fmt::format("[{:+.1f}%, {:+.1f}%]", *m.changeLow * 100, *m.changeHigh * 100)
+            : "n/a";
     const std::string p = m.pValue ? fmt::format("{:.4f}", *m.pValue) : "n/a";
     std::string verdict(hmc::compare::toString(m.verdict));
     if (m.regression) verdict += " (regression)";
-    fmt::print(to, "{:<{}}  {:>8}  {:>12}  {:>12}  {:>8}  {:>7}  {}\n", m.name, width,
+    fmt::print(to, "{:<{}}  {:>8}  {:>12}  {:>12}  {:>8}  {:>17}  {:>7}  {}\n", m.name, width,
                fmt::format("{}/{}", m.baselineCount, m.currentCount),
                m.baselineCount ? formatSeconds(m.baselineMedian) : "n/a",
-               m.currentCount ? formatSeconds(m.currentMedian) : "n/a", change, p, verdict);
+               m.currentCount ? formatSeconds(m.currentMedian) : "n/a", change, interval, p,
+               verdict);
   }
   for (const auto& m : result.metrics) {
     if (!m.note.empty()) fmt::print(to, "# {}: {}\n", m.name, m.note);
@@ -157,19 +167,24 @@ void printTable(std::FILE* to, const Comparison& result, const CompareOptions& o
 struct Gate {
   std::vector<std::string> regressions;
   std::vector<std::string> undecided;
+  std::vector<std::string> inconclusive;
+  bool strict = false;
   int code = 0;
 };
 
-Gate gateOf(const Comparison& result) {
+Gate gateOf(const Comparison& result, bool strict) {
   Gate gate;
+  gate.strict = strict;
   for (const auto& m : result.metrics) {
     if (m.regression) gate.regressions.push_back(m.name);
     if (m.verdict == Verdict::kUndecided) gate.undecided.push_back(m.name);
+    if (m.verdict == Verdict::kInconclusive) gate.inconclusive.push_back(m.name);
   }
   // A regression found is a result; metrics that cannot be decided make the gate unusable.
-  gate.code = !gate.regressions.empty() || !result.newLeaks.empty() ? kExitRegression
-              : !gate.undecided.empty()                             ? kExitBadInput
-                                                                    : 0;
+  // Inconclusive ones pass (the test saw no regression) unless --strict asks them to fail.
+  const bool failed = !gate.regressions.empty() || !result.newLeaks.empty() ||
+                      (strict && !gate.inconclusive.empty());
+  gate.code = failed ? kExitRegression : !gate.undecided.empty() ? kExitBadInput : 0;
   return gate;
 }
 
@@ -216,6 +231,8 @@ json comparisonDocument(const CompareOptions& options, const hmc::compare::Thres
             result.geometricMeanRatio ? json(*result.geometricMeanRatio) : json()},
            {"regressions", regressions},
            {"undecided", undecided},
+           {"inconclusive", gate.inconclusive},
+           {"strict", gate.strict},
            {"leak_trends",
             {{"new", result.newLeaks}, {"both", result.keptLeaks}, {"gone", result.goneLeaks}}},
            {"exit_code", code}};
@@ -243,6 +260,19 @@ void printVerdicts(std::FILE* to, const CompareOptions& options,
                joinNames(undecided), hmc::compare::minimumSamplesPerSide(thresholds.alpha),
                thresholds.alpha, hmc::compare::minimumSamplesPerSide(thresholds.alpha));
   }
+  if (!gate.inconclusive.empty()) {
+    fmt::print(to,
+               "# {}: {} not significant, but not shown within +/-{:g}% either (the change's "
+               "{:g}% interval reaches past it): {}{}\n",
+               gate.strict ? "FAILED (--strict)" : "INCONCLUSIVE",
+               gate.inconclusive.size() == 1
+                   ? std::string("1 metric")
+                   : fmt::format("{} metrics", gate.inconclusive.size()),
+               thresholds.maxRegression * 100, (1 - thresholds.alpha) * 100,
+               joinNames(gate.inconclusive),
+               gate.strict ? "" : "; they pass (--strict fails them); their notes say how many "
+                                  "samples would decide them");
+  }
   if (!result.newLeaks.empty()) {
     fmt::print(
         to, "# FAILED: {} across cycles new in {}\n",
@@ -252,8 +282,11 @@ void printVerdicts(std::FILE* to, const CompareOptions& options,
   if (gate.code == 0) {
     fmt::print(to,
                "# OK: no metric slower by more than {:g}% "
-               "with p < {:g} ({} compared)\n",
-               thresholds.maxRegression * 100, thresholds.alpha, result.metrics.size());
+               "with p < {:g} ({} compared{})\n",
+               thresholds.maxRegression * 100, thresholds.alpha, result.metrics.size(),
+               gate.inconclusive.empty()
+                   ? std::string()
+                   : fmt::format(", {} of them inconclusive", gate.inconclusive.size()));
   }
 }
 
@@ -263,8 +296,9 @@ CLI::App* addCompareCommand(CLI::App& app, CompareOptions& options) {
   auto* sub = app.add_subcommand(
       "compare",
       "Compare two hmc-run reports (with samples) or two Google Benchmark JSON files: median, "
-      "change and a two-sided Mann-Whitney U test per metric. Exit 1 when a metric is slower "
-      "by more than --max-regression with p < --alpha, 2 on bad input");
+      "change with its Hodges-Lehmann interval and a two-sided Mann-Whitney U test per metric. "
+      "Exit 1 when a metric is slower by more than --max-regression with p < --alpha (with "
+      "--strict, or inconclusive), 2 on bad input");
   sub->add_option("baseline", options.baselinePath, "Baseline file (e.g. from main)")->required();
   sub->add_option("current", options.currentPath, "Current file (from the change)")->required();
   sub->add_flag("--json", options.json,
@@ -285,6 +319,9 @@ CLI::App* addCompareCommand(CLI::App& app, CompareOptions& options) {
   sub->add_option("--alpha", options.alpha, "Significance level of the U test, in (0, 1)")
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
+  sub->add_flag("--strict", options.strict,
+                "Fail (exit 1) on an inconclusive metric too: not significant, but its "
+                "change's 1 - alpha interval reaches past +/- --max-regression");
   sub->add_option("--metric", options.metricGlob,
                   "Compare only metrics whose name matches this glob ('*', '?'), e.g. "
                   "'quickstart: repeat/*' or 'BM_Threads*'");
@@ -331,7 +368,7 @@ int runCompare(const CompareOptions& options) {
     sayNothingInCommon(options, baseline, current);
     return kExitBadInput;
   }
-  const Gate gate = gateOf(result);
+  const Gate gate = gateOf(result, options.strict);
   const json out = comparisonDocument(options, thresholds, result, baseline, current, gate);
   if (options.htmlPath) {
     try {

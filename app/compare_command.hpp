@@ -23,6 +23,7 @@ struct CompareOptions {
   std::string maxRegression = "10%";  // percent; the '%' is optional
   double alpha = 0.05;
   std::string metricGlob;  // empty: every metric
+  bool strict = false;     // --strict: an inconclusive metric fails the gate too
 };
 
 // Registers the `compare` subcommand on `app`; the options land in `options`.

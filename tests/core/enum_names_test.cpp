@@ -245,6 +245,8 @@ std::string_view contract(hmc::compare::Verdict value) {
       return "same";
     case Verdict::kUndecided:
       return "undecided";
+    case Verdict::kInconclusive:
+      return "inconclusive";
   }
   return "";
 }
@@ -351,7 +353,7 @@ TEST_SUITE("enum_names") {
     checkTable<hmc::scenario::StepStatus>("step status", 5);
     checkTable<hmc::scenario::Outcome>("outcome", 4);
     checkTable<hmc::compare::SourceFormat>("source format", 2);
-    checkTable<hmc::compare::Verdict>("verdict", 4);
+    checkTable<hmc::compare::Verdict>("verdict", 5);
     checkTable<hmc::resources::DeviceHandleKind>("device handle kind", 4);
     checkTable<hmc::diagnostics::RankState>("rank state", 4);
     checkTable<hmc::collective::CollectiveStatus>("collective status", 5);

@@ -128,7 +128,8 @@ def json_shape():
             "regression"}
     for metric in doc["metrics"]:
         check(keys <= set(metric), f"metric keys {sorted(metric)}")
-        check(metric["verdict"] in ("faster", "slower", "same", "undecided"), str(metric))
+        check(metric["verdict"] in ("faster", "slower", "same", "undecided", "inconclusive"),
+              str(metric))
         check(metric["baseline"]["samples"] == 5 and metric["current"]["samples"] == 5,
               f"5 measured repetitions (6 minus 1 warm-up) per side: {metric}")
     slow = next(m for m in doc["metrics"] if m["name"] == "quickstart: repeat/cycle")
@@ -213,6 +214,45 @@ def google_benchmark_files():
     check("only aggregate rows" in proc.stderr, output(proc))
 
 
+def gbench_file(name, values_ns):
+    path = os.path.join(WORK, name)
+    rows = [{"name": "BM_Cycle", "run_type": "iteration", "real_time": v, "time_unit": "ns"}
+            for v in values_ns]
+    with open(path, "w") as f:
+        json.dump({"context": {}, "benchmarks": rows}, f)
+    return path
+
+
+def inconclusive_is_not_same():
+    """A median 15% slower on 5 noisy samples a side has p = 0.46: not significant, but not the
+    same either (its 95% interval, -31% to +100%, reaches far past +/-10%). It passes the gate,
+    said so; --strict fails it."""
+    base = gbench_file("noisy-base.json", [1000, 800, 1300, 950, 1100])
+    cur = gbench_file("noisy-cur.json", [1240, 1000, 1600, 1150, 900])
+    proc = compare(base, cur)
+    expect_exit(proc, 0)
+    row = [l for l in proc.stdout.splitlines() if l.startswith("BM_Cycle ")]
+    check(len(row) == 1 and "inconclusive" in row[0] and "[" in row[0], output(proc))
+    check("# INCONCLUSIVE: 1 metric not significant" in proc.stdout, output(proc))
+    check("samples per side would decide it" in proc.stdout, output(proc))
+    check("# OK: no metric slower by more than 10% with p < 0.05 (1 compared, 1 of them "
+          "inconclusive)" in proc.stdout, output(proc))
+    proc = compare(base, cur, "--strict")
+    expect_exit(proc, 1)
+    check("# FAILED (--strict): 1 metric not significant" in proc.stdout, output(proc))
+    doc = json.loads(compare(base, cur, "--json").stdout)
+    metric = doc["metrics"][0]
+    check(metric["verdict"] == "inconclusive" and doc["inconclusive"] == ["BM_Cycle"] and
+          doc["exit_code"] == 0 and doc["strict"] is False, str(doc))
+    low, high = metric["change_interval"]
+    check(low < -0.10 and high > 0.10 and low < metric["change_estimate"] < high, str(metric))
+    check(metric["samples_needed"] > 5, str(metric))
+    # The same samples against a margin they fit in: same.
+    proc = compare(base, cur, "--max-regression", "200%")
+    expect_exit(proc, 0)
+    check("inconclusive" not in proc.stdout and " same" in proc.stdout, output(proc))
+
+
 # ---- live: hmc-run --repetitions, an injected stall --------------------------------------------
 
 def churn(stall_s):
@@ -262,7 +302,8 @@ def main():
     for function in (unchanged_reports_pass, injected_stall_fails,
                      max_regression_and_metric_select, json_shape, single_report_against_set,
                      too_few_samples_refused, nothing_in_common_says_what_exists,
-                     bad_input_exit_2, google_benchmark_files, live_injected_stall):
+                     bad_input_exit_2, google_benchmark_files, inconclusive_is_not_same,
+                     live_injected_stall):
         test(function)
     print(f"{RESULTS['passed']} passed, {RESULTS['failed']} failed, "
           f"{RESULTS['skipped']} skipped")

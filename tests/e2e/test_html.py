@@ -320,8 +320,9 @@ def compare_page():
     # the point here.
     proc = hmc_run("compare", *reports, "--html", page, "--max-regression", "1000%")
     check(proc.returncode in (0, 1), output(proc))
-    verdict = "OK" if proc.returncode == 0 else "FAILED"
     doc = json.loads(hmc_run("compare", *reports, "--json", "--max-regression", "1000%").stdout)
+    verdict = ("FAILED" if proc.returncode == 1 else
+               "INCONCLUSIVE" if doc["inconclusive"] else "OK")
     dom = load(page, "compare")
     text = text_of(dom)
     check(f'data-verdict="{verdict}"' in dom, f"verdict {verdict} not on the page")
@@ -346,10 +347,11 @@ def compare_page():
         check(fh.read() == gh.read(), "render of compare --json differs from compare --html")
     # The Markdown summary of the same comparison.
     proc = hmc_run("compare", *reports, "--format", "markdown", "--max-regression", "1000%")
-    check(proc.returncode == (0 if verdict == "OK" else 1), output(proc))
+    check(proc.returncode == (1 if verdict == "FAILED" else 0), output(proc))
     lines = proc.stdout.splitlines()
     check(lines[0] == f"### hmc-run compare: {verdict}", proc.stdout[:300])
-    check("| metric | baseline | candidate | change | p | verdict |" in lines, proc.stdout[:600])
+    check("| metric | baseline | candidate | change | interval | p | verdict |" in lines,
+          proc.stdout[:600])
     rows = [l for l in lines if l.startswith("| ") and not l.startswith("| metric")]
     check(len(rows) == len(doc["metrics"]), f"{len(rows)} rows\n{proc.stdout}")
     check(lines[-1].startswith(f"**{verdict}**: "), lines[-1])

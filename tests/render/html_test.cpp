@@ -372,10 +372,10 @@ TEST_SUITE("render") {
   TEST_CASE("the Markdown table has a row per metric and the overall verdict") {
     const std::string md = renderMarkdownCompare(compareDocument());
     CHECK(md.find("### hmc-run compare: FAILED\n") == 0);
-    CHECK(md.find("| metric | baseline | candidate | change | p | verdict |\n") !=
+    CHECK(md.find("| metric | baseline | candidate | change | interval | p | verdict |\n") !=
           std::string::npos);
-    CHECK(md.find("| quickstart: repeat/cycle | 1.00 ms | 1.30 ms | +30.0% | 0.0079 | **slower "
-                  "(regression)** |") != std::string::npos);
+    CHECK(md.find("| quickstart: repeat/cycle | 1.00 ms | 1.30 ms | +30.0% | n/a | 0.0079 | "
+                  "**slower (regression)** |") != std::string::npos);
     // A pipe or markup in a name cannot break the table.
     CHECK(md.find("| quickstart: fresh\\|bind &lt;x&gt; |") != std::string::npos);
     CHECK(md.find("\n**FAILED**: 1 metric slower by more than 10% with p < 0.05: quickstart: "

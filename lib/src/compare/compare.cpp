@@ -119,6 +119,66 @@ void addGoogleBenchmark(const json& document, const std::string& source, SampleS
   }
 }
 
+// The relative change's estimate and interval (MetricComparison::changeEstimate).
+void changeOf(const std::vector<double>& baseline, const std::vector<double>& current,
+              double baselineMedian, double alpha, MetricComparison& out) {
+  const auto positive = [](const std::vector<double>& values) {
+    return std::all_of(values.begin(), values.end(), [](double v) { return v > 0; });
+  };
+  if (positive(baseline) && positive(current)) {
+    std::vector<double> logBaseline;
+    std::vector<double> logCurrent;
+    for (double v : baseline) logBaseline.push_back(std::log(v));
+    for (double v : current) logCurrent.push_back(std::log(v));
+    const ShiftInterval shift = shiftInterval(logBaseline, logCurrent, 1 - alpha);
+    out.changeEstimate = std::expm1(shift.shift);
+    if (shift.bounded()) {
+      out.changeLow = std::expm1(shift.lower);
+      out.changeHigh = std::expm1(shift.upper);
+    }
+    return;
+  }
+  if (baselineMedian == 0) return;
+  const ShiftInterval shift = shiftInterval(baseline, current, 1 - alpha);
+  const double scale = std::abs(baselineMedian);
+  out.changeEstimate = shift.shift / scale;
+  if (shift.bounded()) {
+    out.changeLow = shift.lower / scale;
+    out.changeHigh = shift.upper / scale;
+  }
+}
+
+// An inconclusive metric's note, and the samples per side that would decide it at this spread:
+// the interval's half-width falls as 1 / sqrt(n); "same" needs it within the margin left by the
+// estimate, "slower" or "faster" needs it short of zero.
+void decideInconclusive(MetricComparison& out, std::size_t samples,
+                        const Thresholds& thresholds) {
+  const double m = thresholds.maxRegression;
+  const double level = (1 - thresholds.alpha) * 100;
+  if (!out.changeLow || !out.changeHigh || !out.changeEstimate) {
+    out.note = fmt::format("not significant (p >= {:g}), and the change has no {:g}% interval",
+                           thresholds.alpha, level);
+    return;
+  }
+  const double estimate = *out.changeEstimate;
+  const double half = (*out.changeHigh - *out.changeLow) / 2;
+  const double target = std::abs(estimate) < m ? m - std::abs(estimate) : std::abs(estimate);
+  std::string decide = "more samples would not decide it at this spread";
+  if (target > 0 && half > 0) {
+    const double needed =
+        std::ceil(static_cast<double>(samples) * (half / target) * (half / target));
+    if (needed < 1e6) {
+      out.samplesNeeded = std::max(samples + 1, static_cast<std::size_t>(needed));
+      decide = fmt::format("about {} samples per side would decide it at this spread",
+                           *out.samplesNeeded);
+    }
+  }
+  out.note = fmt::format(
+      "not significant (p >= {:g}) but not shown the same: the change's {:g}% interval "
+      "[{:+.1f}%, {:+.1f}%] reaches past +/-{:g}%; {}",
+      thresholds.alpha, level, *out.changeLow * 100, *out.changeHigh * 100, m * 100, decide);
+}
+
 }  // namespace
 
 SampleSet samplesFromJson(const nlohmann::json& document, const std::string& source) {
@@ -191,8 +251,15 @@ MetricComparison compareSeries(const std::string& name, const Series& baseline,
         minimumSamplesPerSide(thresholds.alpha));
     return out;
   }
+  changeOf(baseline.values, current.values, out.baselineMedian, thresholds.alpha, out);
   if (test.pValue >= thresholds.alpha || out.currentMedian == out.baselineMedian) {
-    out.verdict = Verdict::kSame;
+    const double m = thresholds.maxRegression;
+    if (out.changeLow && out.changeHigh && *out.changeLow >= -m && *out.changeHigh <= m) {
+      out.verdict = Verdict::kSame;
+      return out;
+    }
+    out.verdict = Verdict::kInconclusive;
+    decideInconclusive(out, std::min(out.baselineCount, out.currentCount), thresholds);
     return out;
   }
   out.verdict = out.currentMedian > out.baselineMedian ? Verdict::kSlower : Verdict::kFaster;

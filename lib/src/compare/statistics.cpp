@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "hmc/error.hpp"
@@ -121,6 +122,69 @@ std::size_t minimumSamplesPerSide(double alpha) {
   std::size_t n = 2;
   while (smallestPValue(n, n) >= alpha) ++n;  // 2 / C(2n, n) falls about 4x per step
   return n;
+}
+
+bool ShiftInterval::bounded() const noexcept { return std::isfinite(lower) && std::isfinite(upper); }
+
+double normalUpperQuantile(double tail) {
+  if (!(tail > 0 && tail < 1)) {
+    throw ValueError(fmt::format("normal quantile: the tail must be in (0, 1), got {}", tail));
+  }
+  // P(Z > z) = erfc(z / sqrt 2) / 2 falls with z: bisection to double precision.
+  double low = -40;
+  double high = 40;
+  for (int i = 0; i < 200 && high - low > 1e-12; ++i) {
+    const double mid = (low + high) / 2;
+    (std::erfc(mid / std::sqrt(2.0)) / 2 > tail ? low : high) = mid;
+  }
+  return (low + high) / 2;
+}
+
+ShiftInterval shiftInterval(const std::vector<double>& first, const std::vector<double>& second,
+                            double confidence) {
+  requireFinite(first, "first");
+  requireFinite(second, "second");
+  if (!(confidence > 0 && confidence < 1)) {
+    throw ValueError(fmt::format("the confidence level must be in (0, 1), got {}", confidence));
+  }
+  const std::size_t n1 = first.size();
+  const std::size_t n2 = second.size();
+  std::vector<double> differences;
+  differences.reserve(n1 * n2);
+  for (double x : first) {
+    for (double y : second) differences.push_back(y - x);
+  }
+  std::sort(differences.begin(), differences.end());
+  const std::size_t count = differences.size();
+  ShiftInterval out;
+  out.shift = count % 2 == 1 ? differences[count / 2]
+                             : (differences[count / 2 - 1] + differences[count / 2]) / 2;
+  const double tail = (1 - confidence) / 2;
+  // cut: how many differences each end leaves out.
+  std::size_t cut = 0;
+  const std::size_t small = std::min(n1, n2);
+  const std::size_t large = std::max(n1, n2);
+  if (small <= kExactMaxSmallSide && large <= kExactMaxLargeSide) {
+    const std::vector<double> counts = exactCounts(small, large);
+    const double total = std::accumulate(counts.begin(), counts.end(), 0.0);
+    double below = 0;  // P(U <= cut - 1)
+    while (cut < counts.size() && below + counts[cut] / total <= tail) below += counts[cut++] / total;
+  } else {
+    const double d1 = static_cast<double>(n1);
+    const double d2 = static_cast<double>(n2);
+    const double sigma = std::sqrt(d1 * d2 * (d1 + d2 + 1) / 12.0);
+    const double c = std::floor(d1 * d2 / 2.0 - normalUpperQuantile(tail) * sigma);
+    cut = c > 0 ? static_cast<std::size_t>(c) : 0;
+  }
+  cut = std::min(cut, count / 2);
+  if (cut == 0) {
+    out.lower = -std::numeric_limits<double>::infinity();
+    out.upper = std::numeric_limits<double>::infinity();
+    return out;
+  }
+  out.lower = differences[cut - 1];
+  out.upper = differences[count - cut];
+  return out;
 }
 
 double median(std::vector<double> values) {

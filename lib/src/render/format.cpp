@@ -74,6 +74,16 @@ std::string formatChange(std::optional<double> change) {
   return change ? fmt::format("{:+.1f}%", *change * 100) : "n/a";
 }
 
+std::string formatChangeInterval(const json& metric) {
+  const json* interval = child(metric, "change_interval");
+  if (interval == nullptr || !interval->is_array() || interval->size() != 2 ||
+      !(*interval)[0].is_number() || !(*interval)[1].is_number()) {
+    return "n/a";
+  }
+  return fmt::format("[{:+.1f}%, {:+.1f}%]", (*interval)[0].get<double>() * 100,
+                     (*interval)[1].get<double>() * 100);
+}
+
 std::string formatP(std::optional<double> p) { return p ? fmt::format("{:.4f}", *p) : "n/a"; }
 
 namespace {
@@ -103,11 +113,26 @@ CompareVerdict compareVerdict(const json& document) {
                         slower == 1 ? std::string("1 metric") : fmt::format("{} metrics", slower),
                         maxRegression * 100, alpha, joinNames(regressions))};
   }
+  const json* inconclusive = child(document, "inconclusive");
+  const std::size_t unsure =
+      inconclusive != nullptr && inconclusive->is_array() ? inconclusive->size() : 0;
+  const std::string unsureLine =
+      unsure == 0 ? std::string()
+                  : fmt::format("{} not significant but not shown within +/-{:g}% either (more "
+                                "samples would decide): {}",
+                                unsure == 1 ? std::string("1 metric")
+                                            : fmt::format("{} metrics", unsure),
+                                maxRegression * 100, joinNames(inconclusive));
+  const json* strict = child(document, "strict");
+  if (unsure > 0 && strict != nullptr && strict->is_boolean() && strict->get<bool>()) {
+    return {"FAILED", unsureLine + " (--strict)"};
+  }
   if (open > 0) {
     return {"UNDECIDED",
             fmt::format("too few samples to decide {} (run hmc-run with more --repetitions)",
                         joinNames(undecided))};
   }
+  if (unsure > 0) return {"INCONCLUSIVE", unsureLine};
   return {"OK", fmt::format("no metric slower by more than {:g}% with p < {:g} ({} compared)",
                             maxRegression * 100, alpha, compared)};
 }

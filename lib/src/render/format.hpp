@@ -26,6 +26,8 @@ std::string formatSeconds(double seconds);
 std::string formatValue(double value, std::string_view unit);
 // "+12.3%" or "n/a".
 std::string formatChange(std::optional<double> change);
+// A metric's "change_interval" of hmc-compare/1: "[-3.1%, +12.0%]", or "n/a".
+std::string formatChangeInterval(const nlohmann::json& metric);
 // "0.0079" or "n/a".
 std::string formatP(std::optional<double> p);
 

@@ -21,6 +21,7 @@ const char* verdictColour(const std::string& verdict) {
   if (verdict == "faster") return "#009E73";
   if (verdict == "slower") return "#D55E00";
   if (verdict == "undecided") return "#E69F00";
+  if (verdict == "inconclusive") return "#CC79A7";
   return "#6e7781";
 }
 
@@ -159,7 +160,7 @@ std::string renderHtmlCompare(const json& document) {
   const std::size_t count = metrics ? metrics->size() : 0;
   out +=
       "<h2>Metrics</h2>\n<table class=\"metrics\"><tr><th>metric</th><th>baseline</th>"
-      "<th>candidate</th><th>change</th><th>p</th><th>verdict</th></tr>";
+      "<th>candidate</th><th>change</th><th>interval</th><th>p</th><th>verdict</th></tr>";
   for (std::size_t i = 0; i < count; ++i) {
     const json& m = (*metrics)[i];
     const std::string unit = textOf(m, "unit", "s");
@@ -172,10 +173,11 @@ std::string renderHtmlCompare(const json& document) {
     const std::string v = textOf(m, "verdict", "?");
     out += fmt::format(
         "<tr><td class=\"mono\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}"
-        "</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td><span "
-        "class=\"sw\" style=\"background:{}\"></span>{}{}</td></tr>",
+        "</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td>"
+        "<td><span class=\"sw\" style=\"background:{}\"></span>{}{}</td></tr>",
         esc(textOf(m, "name", "?")), esc(median("baseline")), esc(median("current")),
-        esc(formatChange(numberOf(m, "change"))), esc(formatP(numberOf(m, "p_value"))),
+        esc(formatChange(numberOf(m, "change"))), esc(formatChangeInterval(m)),
+        esc(formatP(numberOf(m, "p_value"))),
         verdictColour(v), esc(v), flag(m, "regression") ? " <strong>(regression)</strong>" : "");
   }
   out += "</table>\n";
@@ -196,7 +198,7 @@ std::string renderHtmlCompare(const json& document) {
     const json& m = (*metrics)[i];
     if (flag(m, "regression")) return 0;
     const std::string v = textOf(m, "verdict");
-    return v == "slower" ? 1 : v == "undecided" ? 2 : v == "faster" ? 3 : 4;
+    return v == "slower" ? 1 : v == "undecided" || v == "inconclusive" ? 2 : v == "faster" ? 3 : 4;
   };
   std::stable_sort(order.begin(), order.end(),
                    [&](std::size_t a, std::size_t b) { return weight(a) < weight(b); });

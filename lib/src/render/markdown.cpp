@@ -73,8 +73,8 @@ std::string renderMarkdownCompare(const json& document) {
       cell(textOf(current ? *current : empty, "file", "?")),
       numberOf(document, "alpha").value_or(0.05),
       numberOf(document, "max_regression").value_or(0.10) * 100);
-  out += "| metric | baseline | candidate | change | p | verdict |\n";
-  out += "|---|---:|---:|---:|---:|---|\n";
+  out += "| metric | baseline | candidate | change | interval | p | verdict |\n";
+  out += "|---|---:|---:|---:|---:|---:|---|\n";
   const json* metrics = child(document, "metrics");
   if (metrics != nullptr && metrics->is_array()) {
     for (const auto& m : *metrics) {
@@ -87,9 +87,10 @@ std::string renderMarkdownCompare(const json& document) {
           regression != nullptr && regression->is_boolean() && regression->get<bool>();
       word = failed ? "**" + cell(word) + " (regression)**" : cell(word);
       out +=
-          fmt::format("| {} | {} | {} | {} | {} | {} |\n", cell(textOf(m, "name", "?")),
+          fmt::format("| {} | {} | {} | {} | {} | {} | {} |\n", cell(textOf(m, "name", "?")),
                       median(b ? *b : empty, unit), median(c ? *c : empty, unit),
-                      formatChange(numberOf(m, "change")), formatP(numberOf(m, "p_value")), word);
+                      formatChange(numberOf(m, "change")), formatChangeInterval(m),
+                      formatP(numberOf(m, "p_value")), word);
     }
   }
   out += fmt::format("\n**{}**: {}\n", verdict.word, cell(verdict.line));

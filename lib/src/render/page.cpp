@@ -112,11 +112,11 @@ p{margin:6px 0}
 .badge{display:inline-block;padding:1px 10px;border-radius:12px;font-size:13px;font-weight:600;color:#fff;vertical-align:3px;margin-left:6px}
 .b-pass,.b-OK,.b-faster{background:var(--ok)}.b-fail,.b-FAILED,.b-slower{background:var(--error)}
 .b-hang{background:var(--hangdark)}.b-invalid,.b-same{background:#6e7781}
-.b-UNDECIDED,.b-undecided,.b-leak{background:var(--warn);color:var(--ink)}.b-flat{background:var(--ok)}
+.b-UNDECIDED,.b-undecided,.b-INCONCLUSIVE,.b-inconclusive,.b-leak{background:var(--warn);color:var(--ink)}.b-flat{background:var(--ok)}
 .b-too_few_cycles{background:#6e7781}.b-regression{background:#8a1f00}
 .callout{border-left:6px solid var(--line);padding:8px 14px;margin:12px 0;background:var(--panel);border-radius:4px}
 .callout.hang{border-color:var(--hang)}.callout.crash,.callout.fail,.callout.FAILED{border-color:var(--error)}
-.callout.leak,.callout.UNDECIDED{border-color:var(--warn)}.callout.pass,.callout.OK{border-color:var(--ok)}
+.callout.leak,.callout.UNDECIDED,.callout.INCONCLUSIVE{border-color:var(--warn)}.callout.pass,.callout.OK{border-color:var(--ok)}
 .callout.invalid{border-color:#6e7781}
 .callout strong.head{display:block;font-size:16px}
 table{border-collapse:collapse;font-size:14px;margin:6px 0 10px}

@@ -55,12 +55,13 @@ struct SampleSet {
 // a value that is not a number, a Google Benchmark file with only aggregate rows).
 SampleSet samplesFromJson(const nlohmann::json& document, const std::string& source);
 
-enum class Verdict { kFaster, kSlower, kSame, kUndecided };
+enum class Verdict { kFaster, kSlower, kSame, kUndecided, kInconclusive };
 
 inline constexpr EnumName<Verdict> kVerdictNames[] = {{Verdict::kFaster, "faster"},
                                                       {Verdict::kSlower, "slower"},
                                                       {Verdict::kSame, "same"},
-                                                      {Verdict::kUndecided, "undecided"}};
+                                                      {Verdict::kUndecided, "undecided"},
+                                                      {Verdict::kInconclusive, "inconclusive"}};
 constexpr EnumTable<Verdict> enumTable(Verdict) { return {"verdict", kVerdictNames}; }
 inline std::string_view toString(Verdict verdict) noexcept { return enumName(verdict); }
 
@@ -85,12 +86,25 @@ struct MetricComparison {
   Verdict verdict = Verdict::kUndecided;
   // verdict kSlower and change > maxRegression: this metric fails the gate.
   bool regression = false;
-  // Why the verdict is kUndecided (too few samples: says the minimum), else empty.
+  // The relative change as the Hodges-Lehmann shift of the log values (exp(shift) - 1), and
+  // its rank-based interval at 1 - alpha (statistics.hpp, shiftInterval); on the values
+  // themselves, relative to the baseline median, when a value is not > 0. None when undecided.
+  std::optional<double> changeEstimate;
+  std::optional<double> changeLow;
+  std::optional<double> changeHigh;
+  // Inconclusive: about how many samples per side would decide it at the spread observed (the
+  // interval's width falls as 1 / sqrt(n)); none when no number would.
+  std::optional<std::size_t> samplesNeeded;
+  // Why the verdict is kUndecided (too few samples: says the minimum) or kInconclusive (the
+  // interval and what would decide it), else empty.
   std::string note;
 };
 
-// Faster / slower: p < alpha, the direction of the medians. Same: p >= alpha. Undecided: too
-// few samples for the test to reach p < alpha (see minimumSamplesPerSide).
+// Faster / slower: p < alpha, the direction of the medians. Same: p >= alpha and the change's
+// 1 - alpha interval lies within +/- maxRegression. Inconclusive: p >= alpha but the interval
+// reaches past that (not significant is not the same: with 5 samples a side the test cannot
+// see a 24% change). Undecided: too few samples for the test to reach p < alpha (see
+// minimumSamplesPerSide).
 MetricComparison compareSeries(const std::string& name, const Series& baseline,
                                const Series& current, const Thresholds& thresholds);
 

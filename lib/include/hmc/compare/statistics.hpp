@@ -46,6 +46,28 @@ double smallestPValue(std::size_t n1, std::size_t n2);
 // unless 0 < alpha < 1.
 std::size_t minimumSamplesPerSide(double alpha);
 
+// The Hodges-Lehmann estimate of the shift from `first` to `second` (the median of the n1 n2
+// differences second[j] - first[i]) and its rank-based (Moses) confidence interval at level
+// `confidence`: [D(c), D(N + 1 - c)] of the N = n1 n2 sorted differences, c the largest count
+// with P(U <= c - 1) <= (1 - confidence) / 2 under the null (the exact distribution where the U
+// test uses it, else the normal approximation). Without ties its coverage is at least
+// `confidence` for any continuous distribution shifted by a constant. Too few samples for that
+// confidence (c = 0): the ends are -infinity and +infinity.
+struct ShiftInterval {
+  double shift = 0;
+  double lower = 0;
+  double upper = 0;
+  bool bounded() const noexcept;
+};
+
+// Throws ValueError when either sample is empty or holds a non-finite value, or unless
+// 0 < confidence < 1.
+ShiftInterval shiftInterval(const std::vector<double>& first, const std::vector<double>& second,
+                            double confidence);
+
+// z with P(Z > z) = tail for a standard normal Z (0 < tail < 1).
+double normalUpperQuantile(double tail);
+
 // Median (the mean of the two middle values for an even count). Throws ValueError when empty.
 double median(std::vector<double> values);
 
