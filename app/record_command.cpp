@@ -4,11 +4,14 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <system_error>
 
 #include "exit_codes.hpp"
 #include "hmc/record/merge.hpp"
+#include "hmc/render/html.hpp"
 #include "hmc/scenario/output_file.hpp"
 #include "hmc/scenario/scenario.hpp"
 
@@ -47,7 +50,82 @@ std::string fit(const std::string& text, int width) {
   return text.substr(0, w - 3) + "...";
 }
 
+// The hmc-record-show/1 document: each rank's header and events as short lines, side by side,
+// and the first row where they differ (kind, module name or outcome).
+nlohmann::json showDocument(const RecordOptions& options,
+                            const std::vector<Recording>& recordings) {
+  nlohmann::json ranks = nlohmann::json::array();
+  for (const auto& r : recordings) {
+    ranks.push_back({{"rank", r.header.rank},
+                     {"host", r.header.host},
+                     {"pid", r.header.pid},
+                     {"version", r.header.version},
+                     {"events", r.events.size()},
+                     {"ended", r.ended},
+                     {"stop", r.ended ? std::string() : r.stop}});
+  }
+  std::size_t total = 0;
+  for (const auto& r : recordings) total = std::max(total, r.events.size());
+  const std::size_t shown =
+      options.limit ? std::min(total, static_cast<std::size_t>(*options.limit)) : total;
+  std::optional<std::size_t> divergence;
+  nlohmann::json rows = nlohmann::json::array();
+  for (std::size_t row = 0; row < total; ++row) {
+    nlohmann::json cells = nlohmann::json::array();
+    std::set<std::string> seen;
+    for (const auto& r : recordings) {
+      cells.push_back(row < r.events.size() ? describe(r, r.events[row]) : std::string());
+      seen.insert(row < r.events.size() ? cells.back().get<std::string>() : "(none)");
+    }
+    if (seen.size() > 1 && !divergence) divergence = row;
+    if (row < shown) rows.push_back({{"event", row}, {"cells", std::move(cells)}});
+    if (row >= shown && divergence) break;
+  }
+  return {{"format", "hmc-record-show/1"},
+          {"directory", options.directory},
+          {"ranks", std::move(ranks)},
+          {"total_rows", total},
+          {"rows", std::move(rows)},
+          {"divergence", divergence ? nlohmann::json(*divergence) : nlohmann::json()}};
+}
+
+void printShow(const RecordOptions& options, const nlohmann::json& document) {
+  for (const auto& r : document["ranks"]) {
+    const std::string stop = r["stop"].get<std::string>();
+    fmt::print("# rank {}: {} pid {}, hmc {}, {} events{}\n", r["rank"].get<int>(),
+               r["host"].get<std::string>(), r["pid"].get<long long>(),
+               r["version"].get<std::string>(), r["events"].get<std::size_t>(),
+               stop.empty() ? "" : "; " + stop);
+  }
+  std::string head = "#     ";
+  for (const auto& r : document["ranks"]) {
+    head += fit(fmt::format("rank {}", r["rank"].get<int>()), options.width) + " ";
+  }
+  fmt::print("{}\n", head);
+  const auto& divergence = document["divergence"];
+  for (const auto& row : document["rows"]) {
+    const auto index = row["event"].get<std::size_t>();
+    const bool marked = divergence.is_number() && divergence.get<std::size_t>() == index;
+    std::string line = fmt::format("{}{:>5} ", marked ? ">" : " ", index);
+    for (const auto& cell : row["cells"]) line += fit(cell.get<std::string>(), options.width) + " ";
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    fmt::print("{}\n", line);
+  }
+  if (divergence.is_number()) {
+    fmt::print("# the ranks first differ at event {} (marked >)\n", divergence.get<std::size_t>());
+  } else {
+    fmt::print("# every rank recorded the same events\n");
+  }
+}
+
 int runShow(const RecordOptions& options) {
+  if (options.htmlPath) {
+    const std::string problem = hmc::scenario::checkOutputPath(*options.htmlPath);
+    if (!problem.empty()) {
+      fmt::print(stderr, "hmc-run record show: {}\n", problem);
+      return kExitUsage;
+    }
+  }
   const auto files = hmc::record::recordingFiles(options.directory);
   if (files.empty()) {
     fmt::print(stderr, "hmc-run record show: {}: no rank-N.hmcrec recording in it\n",
@@ -63,40 +141,16 @@ int runShow(const RecordOptions& options) {
     }
   }
   if (recordings.empty()) return kExitUsage;
-  for (const auto& r : recordings) {
-    fmt::print("# rank {}: {} pid {}, hmc {}, {} events{}\n", r.header.rank, r.header.host,
-               r.header.pid, r.header.version, r.events.size(), r.ended ? "" : "; " + r.stop);
+  const nlohmann::json document = showDocument(options, recordings);
+  if (options.htmlPath) {
+    hmc::scenario::writeOutputFile(*options.htmlPath, hmc::render::renderHtmlRecordShow(document));
+    // The page on standard output leaves nothing else there.
+    if (*options.htmlPath == "-") return 0;
   }
-  std::size_t rows = 0;
-  for (const auto& r : recordings) rows = std::max(rows, r.events.size());
-  if (options.limit) rows = std::min(rows, static_cast<std::size_t>(*options.limit));
-  std::string head = "#     ";
-  for (const auto& r : recordings)
-    head += fit(fmt::format("rank {}", r.header.rank), options.width) + " ";
-  fmt::print("{}\n", head);
-  // The first row where the ranks' events differ (kind, module name or outcome).
-  std::optional<std::size_t> divergence;
-  for (std::size_t row = 0; row < rows && !divergence; ++row) {
-    std::set<std::string> seen;
-    for (const auto& r : recordings) {
-      seen.insert(row < r.events.size() ? describe(r, r.events[row]) : std::string("(none)"));
-    }
-    if (seen.size() > 1) divergence = row;
-  }
-  for (std::size_t row = 0; row < rows; ++row) {
-    std::string line = fmt::format("{}{:>5} ", divergence == row ? ">" : " ", row);
-    for (const auto& r : recordings) {
-      line +=
-          fit(row < r.events.size() ? describe(r, r.events[row]) : std::string(), options.width) +
-          " ";
-    }
-    while (!line.empty() && line.back() == ' ') line.pop_back();
-    fmt::print("{}\n", line);
-  }
-  if (divergence) {
-    fmt::print("# the ranks first differ at event {} (marked >)\n", *divergence);
+  if (options.json) {
+    fmt::print("{}\n", document.dump(2));
   } else {
-    fmt::print("# every rank recorded the same events\n");
+    printShow(options, document);
   }
   return 0;
 }
@@ -162,6 +216,11 @@ CLI::App* addRecordCommand(CLI::App& app, RecordOptions& options) {
   show->add_option("--width", options.width, "Characters per rank column")
       ->check(CLI::Range(12, 200));
   show->add_option("--limit", options.limit, "At most this many rows");
+  show->add_flag("--json", options.json,
+                 "Print hmc-record-show/1 JSON instead of the table (hmc-run render draws it)");
+  show->add_option("--html", options.htmlPath,
+                   "Also write one self-contained HTML page of the events side by side, the first "
+                   "divergence marked; - for standard output (instead of the table)");
   return record;
 }
 

@@ -38,7 +38,8 @@ CLI::App* addRenderCommand(CLI::App& app, RenderOptions& options) {
       "Draw a JSON document hmc-run wrote (a --report file, or `compare --json` output) as one "
       "self-contained HTML page, e.g. a report copied from a cluster");
   sub->add_option("document", options.documentPath,
-                  "hmc-report/1, hmc-report-set/1, hmc-compare/1 or hmc-world-end/1 JSON")
+                  "hmc-report/1, hmc-report-set/1, hmc-compare/1, hmc-world-end/1 or "
+                  "hmc-record-show/1 JSON")
       ->required();
   sub->add_option("--html", options.htmlPath, "Write the page here; - for standard output")
       ->required();
@@ -63,10 +64,13 @@ int runRender(const RenderOptions& options) {
       page = render::renderHtmlReport(document);
     } else if (format == "hmc-world-end/1") {
       page = render::renderHtmlWorldEnd(document);
+    } else if (format == "hmc-record-show/1") {
+      page = render::renderHtmlRecordShow(document);
     } else {
       throw ValueError(fmt::format(
           "{}: unknown format '{}': expected hmc-report/1, hmc-report-set/1 (hmc-run --report), "
-          "hmc-compare/1 (hmc-run compare --json) or hmc-world-end/1 (a program's HMC_REPORT)",
+          "hmc-compare/1 (hmc-run compare --json), hmc-world-end/1 (a program's HMC_REPORT) or "
+          "hmc-record-show/1 (hmc-run record show --json)",
           options.documentPath, hmc::printable(format)));
     }
     scenario::writeOutputFile(options.htmlPath, page);

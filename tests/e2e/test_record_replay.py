@@ -15,8 +15,9 @@ Cases:
     hang in the same 'close validation' where rank 3 never arrives, as the program's own report
     said; `hmc-run shrink` makes it at most 2 ranks; the same with --expect observed passes
     (exit 0): the CI test of that failure;
-  - `record show` marks the first divergence; `record merge` of a folder with a torn, a
-    foreign and a missing rank file names each with the reason and merges the rest.
+  - `record show` marks the first divergence (table, --json, and --html, which `render` draws
+    from the JSON too); `record merge` of a folder with a torn, a foreign and a missing rank
+    file names each with the reason and merges the rest.
 
 Exit 0 when every case passed, 1 otherwise; a case whose tool is missing is skipped (77 when
 nothing failed).
@@ -185,7 +186,27 @@ def check_embedding_skipped_close():
     assert code == 0, f"the observed replay did not pass (exit {code})\n{out}"
     code, out = run(["record", "show", folder])
     assert code == 0 and re.search(r"^>\s+\d+ ", out, re.M), out
-    assert "# the ranks first differ at event" in out, out
+    first = re.search(r"^# the ranks first differ at event (\d+)", out, re.M)
+    assert first, out
+    # The same rows as JSON, and as a page (--html, and render of the JSON: the same page).
+    code, out = run(["record", "show", folder, "--json"])
+    assert code == 0, out
+    shown = json.loads(out)
+    assert shown["format"] == "hmc-record-show/1" and shown["divergence"] == int(first.group(1)), \
+        out[:2000]
+    page = folder + "-show.html"
+    code, out = run(["record", "show", folder, "--html", page])
+    assert code == 0 and "# the ranks first differ at event" in out, out
+    html = open(page).read()
+    assert f'data-divergence="{first.group(1)}"' in html, html[:2000]
+    assert f'<tr id="event-{first.group(1)}" class="diverge"' in html, html[:2000]
+    saved = folder + "-show.json"
+    with open(saved, "w") as f:
+        json.dump(shown, f)
+    later = folder + "-later.html"
+    code, out = run(["render", saved, "--html", later])
+    assert code == 0, out
+    assert open(later).read() == html, "render of record show --json differs from --html"
 
 
 def check_bad_files():

@@ -418,4 +418,42 @@ TEST_SUITE("render") {
     CHECK_THROWS_AS(hmc::render::renderHtmlWorldEnd(json{{"format", "hmc-report/1"}}),
                     hmc::ValueError);
   }
+  TEST_CASE("a recording's ranks side by side: the first divergence marked, odd cells bold") {
+    const json diverged = {
+        {"format", "hmc-record-show/1"},
+        {"directory", "rec<1>"},
+        {"ranks",
+         {{{"rank", 0}, {"host", "h1"}, {"pid", 10}, {"version", "0.1"}, {"events", 3},
+           {"ended", true}, {"stop", ""}},
+          {{"rank", 1}, {"host", "h2"}, {"pid", 11}, {"version", "0.1"}, {"events", 2},
+           {"ended", false}, {"stop", "torn record at offset 90"}},
+          {{"rank", 2}, {"host", "h2"}, {"pid", 12}, {"version", "0.1"}, {"events", 3},
+           {"ended", true}, {"stop", ""}}}},
+        {"total_rows", 3},
+        {"rows",
+         {{{"event", 0}, {"cells", {"create a", "create a", "create a"}}},
+          {{"event", 1}, {"cells", {"close a", "<skip>", "close a"}}},
+          {{"event", 2}, {"cells", {"close_all", "", "close_all"}}}}},
+        {"divergence", 1}};
+    const std::string page = renderHtmlRecordShow(diverged);
+    CHECK(page.find("data-divergence=\"1\"") != std::string::npos);
+    CHECK(page.find("The ranks first differ at event 1") != std::string::npos);
+    CHECK(page.find("<tr id=\"event-1\" class=\"diverge\"") != std::string::npos);
+    CHECK(count(page, "class=\"diverge\"") == 1);
+    // Rank 1's cell differs from the other two in row 1 and row 2; escaped.
+    CHECK(page.find("<strong>&lt;skip&gt;</strong>") != std::string::npos);
+    CHECK(page.find("<skip>") == std::string::npos);
+    CHECK(page.find("rec&lt;1&gt;") != std::string::npos);
+    CHECK(count(page, "<strong>close_all</strong>") == 0);  // the majority is not marked
+    CHECK(page.find("torn record at offset 90") != std::string::npos);
+    json same = diverged;
+    same["divergence"] = nullptr;
+    same["rows"] = json::array({{{"event", 0}, {"cells", {"create a", "create a", "create a"}}}});
+    same["total_rows"] = 2;
+    const std::string samePage = renderHtmlRecordShow(same);
+    CHECK(samePage.find("Every rank recorded the same events") != std::string::npos);
+    CHECK(samePage.find("class=\"diverge\"") == std::string::npos);
+    CHECK(samePage.find("1 of 2 rows drawn") != std::string::npos);
+    CHECK_THROWS_AS(renderHtmlRecordShow(json{{"format", "hmc-report/1"}}), hmc::ValueError);
+  }
 }  // TEST_SUITE
