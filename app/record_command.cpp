@@ -10,6 +10,7 @@
 #include <system_error>
 
 #include "exit_codes.hpp"
+#include "hmc/error.hpp"
 #include "hmc/record/merge.hpp"
 #include "hmc/render/html.hpp"
 #include "hmc/scenario/output_file.hpp"
@@ -126,7 +127,14 @@ int runShow(const RecordOptions& options) {
       return kExitUsage;
     }
   }
-  const auto files = hmc::record::recordingFiles(options.directory);
+  std::vector<std::pair<int, std::string>> files;
+  try {
+    files = hmc::record::recordingFiles(options.directory);
+  } catch (const hmc::Error& error) {
+    // A folder that is not there yet (a run that has not opened its files) or not readable.
+    fmt::print(stderr, "hmc-run record show: {}\n", error.what());
+    return kExitUsage;
+  }
   if (files.empty()) {
     fmt::print(stderr, "hmc-run record show: {}: no rank-N.hmcrec recording in it\n",
                options.directory);

@@ -11,6 +11,7 @@
 #include <array>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <system_error>
@@ -394,9 +395,17 @@ Recording readRecording(const std::string& path) {
   if (!in) {
     throw ValueError(fmt::format("{}: cannot open it: {}", path, systemError(errno)));
   }
-  const std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const auto* bytes = reinterpret_cast<const unsigned char*>(data.data());
-  if (data.size() < sizeof(kMagic) || std::memcmp(bytes, kMagic, sizeof(kMagic)) != 0) {
+  // Frame by frame, never the whole file: a live or killed rank's file has the size of its cap
+  // (256 MiB by default, zeros after the last frame); reading it whole took about 7 s a file.
+  std::error_code sizeError;
+  const std::uintmax_t size = std::filesystem::file_size(path, sizeError);
+  if (sizeError) {
+    throw ValueError(fmt::format("{}: cannot read its size: {}", path, sizeError.message()));
+  }
+  unsigned char magic[sizeof(kMagic)] = {};
+  in.read(reinterpret_cast<char*>(magic), sizeof(magic));
+  if (in.gcount() != static_cast<std::streamsize>(sizeof(kMagic)) ||
+      std::memcmp(magic, kMagic, sizeof(kMagic)) != 0) {
     throw ValueError(fmt::format(
         "{}: byte 0: not an hmc recording (it does not begin with \"HMCREC01\"); pass the "
         "folder HMC_RECORD or --record wrote",
@@ -404,22 +413,34 @@ Recording readRecording(const std::string& path) {
   }
   Recording out;
   out.path = path;
-  std::size_t at = sizeof(kMagic);
-  // One frame at `at`: its payload, or why there is none.
+  std::uintmax_t at = sizeof(kMagic);
+  std::string buffer;  // the current frame's payload
+  // One frame at `at`: its payload (valid until the next call), or why there is none.
   const auto frame = [&](std::string_view& payload) -> std::string {
-    if (at + kFrameHead > data.size()) {
-      return at == data.size() ? "" : fmt::format("a frame cut short at byte {}", at);
+    if (at + kFrameHead > size) {
+      return at == size ? "" : fmt::format("a frame cut short at byte {}", at);
     }
-    const std::uint32_t length = getU32(bytes + at);
+    unsigned char head[kFrameHead];
+    in.read(reinterpret_cast<char*>(head), kFrameHead);
+    if (in.gcount() != static_cast<std::streamsize>(kFrameHead)) {
+      return fmt::format("a frame cut short at byte {}", at);
+    }
+    const std::uint32_t length = getU32(head);
     if (length == 0) return "";
-    if (at + kFrameHead + length > data.size()) {
+    if (at + kFrameHead + length > size) {
       return fmt::format("a torn frame at byte {} ({} bytes announced, {} there)", at, length,
-                         data.size() - at - kFrameHead);
+                         size - at - kFrameHead);
     }
-    if (crc32(bytes + at + kFrameHead, length) != getU32(bytes + at + 4)) {
+    buffer.resize(length);
+    in.read(buffer.data(), length);
+    if (in.gcount() != static_cast<std::streamsize>(length)) {
+      return fmt::format("a torn frame at byte {} ({} bytes announced, {} there)", at, length,
+                         in.gcount());
+    }
+    if (crc32(reinterpret_cast<const unsigned char*>(buffer.data()), length) != getU32(head + 4)) {
       return fmt::format("a frame with a bad checksum at byte {}", at);
     }
-    payload = std::string_view(data.data() + at + kFrameHead, length);
+    payload = std::string_view(buffer.data(), length);
     at += kFrameHead + length;
     return "ok";
   };
