@@ -17,7 +17,9 @@ Cases:
     (exit 0): the CI test of that failure;
   - `record show` marks the first divergence (table, --json, and --html, which `render` draws
     from the JSON too); `record merge` of a folder with a torn, a foreign and a missing rank
-    file names each with the reason and merges the rest.
+    file names each with the reason and merges the rest;
+  - a rank process killed with SIGKILL mid-run: the merge keeps its events up to its last call
+    and the others', and the replay hangs naming it.
 
 Exit 0 when every case passed, 1 otherwise; a case whose tool is missing is skipped (77 when
 nothing failed).
@@ -243,11 +245,72 @@ def check_bad_files():
     assert not os.path.exists(os.path.join(WORK, "twins", "quickstart", "rank-0.hmcrec")), out
 
 
+def check_killed_rank():
+    """kill -9 of one rank process of hmc-run's own launcher mid-run (tcp): the other ranks'
+    files and the dead rank's, up to its last call, merge (the merge says where its file ends);
+    the merged scenario replays on thread ranks to a hang that names the dead rank."""
+    folder = os.path.join(WORK, "killed")
+    pid_file = os.path.join(WORK, "killed.pids")
+    scenario = os.path.join(WORK, "slow-cycles.json")
+    cycle = [{"op": "create", "module": "m"}, {"op": "forward", "module": "m"},
+             {"op": "drop", "module": "m"}, {"op": "check"},
+             {"op": "fault", "kind": "stall", "seconds": 0.05}]
+    with open(scenario, "w") as f:
+        json.dump({"format": "hmc-scenario/1", "name": "slow-cycles", "world_size": 3,
+                   "device": "cpu", "timeout_s": 5,
+                   "steps": [{"op": "repeat", "count": 400, "label": "cycles", "steps": cycle},
+                             {"op": "close_all"}]}, f)
+    env = dict(os.environ, HMC_LAUNCH_PID_FILE=pid_file)
+    report = folder + "-report.json"
+    proc = subprocess.Popen([HMC_RUN, scenario, "--transport", "tcp", "--record", folder,
+                             "--report", report],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        # Mid-run: rank 1 has recorded its first cycles, as `record show` reads its file while
+        # it runs (the file is allocated to its cap up front: its size says nothing). A state
+        # awaited, not a fixed sleep.
+        events = 0
+        while time.monotonic() < deadline and events < 20:
+            assert proc.poll() is None, proc.communicate()[0]
+            code, out = run(["record", "show", folder, "--json"])
+            if code == 0:
+                events = {r["rank"]: r["events"] for r in json.loads(out)["ranks"]}.get(1, 0)
+            time.sleep(0.05)
+        pids = [int(x) for x in open(pid_file).read().split()]
+        assert len(pids) == 3 and events >= 20, (pids, folder, events)
+        os.kill(pids[1], 9)
+        out = proc.communicate(timeout=120)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    ranks = {r["rank"]: r for r in json.load(open(report))["ranks"]}
+    assert proc.returncode != 0 and ranks[1].get("crashed") and \
+        "killed by signal 9" in ranks[1].get("crash_reason", ""), out
+    merged = folder + ".json"
+    code, out = run(["record", "merge", folder, "-o", merged])
+    assert code == 0, out
+    ended = re.search(r"rank-1\.hmcrec: .*the file ends after (\d+) events without its end "
+                      r"record", out)
+    assert ended and int(ended.group(1)) >= 10, out  # killed mid-run, after its first cycles
+    doc = json.load(open(merged))
+    assert doc["world_size"] == 3 and doc["steps"], doc
+    # Ranks 0 and 2 made steps rank 1 never made: those carry "ranks" without 1.
+    assert any(1 not in step.get("ranks", [0, 1, 2]) for step in doc["steps"]), \
+        json.dumps(doc)[:3000]
+    code, out = run([merged, "--timeout", "2"], timeout=180)
+    assert code == 3, f"the replay did not hang (exit {code})\n{out}"
+    assert re.search(r"rank 1 (never arrived|crashed|did not arrive)|ranks \[1\] did not arrive",
+                     out), out
+
+
 CASES = [
     ("round_trip_threads", check_threads),
     ("round_trip_tcp_processes", check_tcp_processes),
     ("embedding_skipped_close_under_torchrun", check_embedding_skipped_close),
     ("bad_files", check_bad_files),
+    ("killed_rank", check_killed_rank),
 ]
 
 
