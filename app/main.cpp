@@ -343,7 +343,6 @@ int runRankCommand(const hmc::world::RankLaunch& launch) {
   return 0;
 }
 
-
 // A rank process forked from this runner (RankProgram::body): what main() does for
 // `hmc-run _rank ...`, without loading the program and LibTorch again.
 int forkedRankCommand(const hmc::world::RankLaunch& launch) {

@@ -159,6 +159,27 @@ TEST_SUITE("process_group") {
     CHECK(hmc::world::describeWaitStatus(*group.status(threw)) == "exited with status 1");
   }
 
+  TEST_CASE("output this process has buffered is not written again by a forked child") {
+    char path[] = "/tmp/hmc-process-group-out-XXXXXX";
+    const int fd = mkstemp(path);
+    REQUIRE(fd >= 0);
+    close(fd);
+    std::FILE* out = std::fopen(path, "w");
+    REQUIRE(out != nullptr);
+    std::fputs("once\n", out);  // buffered, not yet written
+    ProcessGroup group;
+    group.spawn([] { return 0; });  // the child flushes every stream as it ends
+    REQUIRE(reapAll(group));
+    std::fclose(out);
+    std::FILE* in = std::fopen(path, "r");
+    REQUIRE(in != nullptr);
+    char text[64] = {};
+    const std::size_t read = std::fread(text, 1, sizeof(text) - 1, in);
+    std::fclose(in);
+    std::remove(path);
+    CHECK(std::string(text, read) == "once\n");
+  }
+
   TEST_CASE("a forked body stops at SIGTERM like an exec'd child") {
     ProcessGroup group;
     group.spawn([] {

@@ -92,6 +92,9 @@ void closeCloseOnExec() {
 
 int ProcessGroup::start(const std::function<void()>& inChild, const std::string& what) {
   const pid_t parent = getpid();
+  // Nothing buffered in this process's streams is copied into the child, which flushes its
+  // streams when a forked body ends (it would print the parent's pending output again).
+  std::fflush(nullptr);
   // Every signal blocked across fork: the child runs none of this process's handlers (a
   // SIGTERM sent to it before it reset them ran the parent's handler in the child; TSan
   // reported that) and gets what was sent once it unblocks, with the default actions.
