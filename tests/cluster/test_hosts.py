@@ -2,7 +2,10 @@
 """hmc-run across the cluster box's hosts, under mpirun and torchrun, and faults only a network
 makes (CTest label: cluster; needs root).
 
-Usage: test_hosts.py HMC_RUN SOURCE_DIR [-k NAME]
+Usage: test_hosts.py HMC_RUN SOURCE_DIR [-k NAME] [--part mpirun|others] [--prefix PREFIX]
+
+`--part` runs one half of the cases (the names starting with mpirun_, or all the others), in a
+box of its own prefix (`--prefix`, default hmcmp), so that CTest runs the halves side by side.
 
 Each case makes a fresh box of 3 hosts h1..h3 (tests/cluster/cluster_box.py, prefix hmcmp:
 network namespaces with their own hostname, address 198.18.0.1K and TMPDIR, joined by a
@@ -54,7 +57,8 @@ import traceback
 HMC_RUN = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else "build/app/hmc-run")
 SOURCE_DIR = os.path.abspath(sys.argv[2] if len(sys.argv) > 2 else ".")
 ONLY = sys.argv[sys.argv.index("-k") + 1] if "-k" in sys.argv else None
-PREFIX = "hmcmp"
+PART = sys.argv[sys.argv.index("--part") + 1] if "--part" in sys.argv else None
+PREFIX = sys.argv[sys.argv.index("--prefix") + 1] if "--prefix" in sys.argv else "hmcmp"
 PYTHON = "/usr/bin/python3"
 TORCHRUN = os.path.join(SOURCE_DIR, "tests", "support", "torchrun")
 BOX_PY = os.path.join(SOURCE_DIR, "tests", "cluster", "cluster_box.py")
@@ -891,12 +895,18 @@ def main():
     if not os.access(HMC_RUN, os.X_OK):
         print(f"FAIL: no hmc-run at {HMC_RUN}")
         return 1
+    if PART not in (None, "mpirun", "others"):
+        print(f"FAIL: --part is mpirun or others, not {PART}")
+        return 2
+    print(f"# {cluster_box.raise_priority()}", flush=True)
     stale = cluster_box.down(PREFIX)  # what an earlier run killed with SIGKILL left
     if stale["namespaces"] or stale["dir"]:
         print(f"# removed a box an earlier run left: {stale}")
     try:
         for fn in TESTS:
             if ONLY and ONLY not in fn.__name__:
+                continue
+            if PART and (PART == "mpirun") != fn.__name__.startswith("mpirun_"):
                 continue
             began = time.monotonic()
             known = KNOWN.get(fn.__name__)

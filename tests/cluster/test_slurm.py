@@ -830,6 +830,7 @@ def main():
         print("0 passed, 0 failed, {} skipped".format(len(selected) + len(background)))
         return 77
     assert os.access(HMC_RUN, os.X_OK), "no hmc-run at {}".format(HMC_RUN)
+    print("# {}".format(cluster_box.raise_priority()), flush=True)
     # Ctrl-C, SIGINT (also to a run a shell started in the background, with SIGINT ignored),
     # SIGTERM and SIGHUP unwind the with-blocks below: Slurm stopped, the box removed.
     signal.signal(signal.SIGINT, signal.default_int_handler)
