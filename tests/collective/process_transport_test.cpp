@@ -366,4 +366,28 @@ TEST_SUITE("process transports") {
     auto run = runRanks("store", 2, "no-such-scenario", 5s);
     for (const auto& r : run.ranks) CHECK(r.kind == "value_error");
   }
+
+  TEST_CASE("the rank helper reports failures: a helper that cannot start, a rank's exit code") {
+    // No helper at the path: the start process's exec fails, no rank starts, none is waited for.
+    auto none = hmc::testing::runProcessRanks(
+        2, [](int) { return std::vector<std::string>{"/nonexistent/hmc_transport_peer", "x"}; },
+        5s);
+    for (const auto& r : none) {
+      CHECK(r.exitCode == 127);
+      CHECK(r.kind.empty());
+    }
+    // Each forked rank's exit status is its own (bad usage: 2), and each is reaped here.
+    auto usage = hmc::testing::runProcessRanks(
+        3,
+        [](int rank) {
+          return std::vector<std::string>{HMC_TRANSPORT_PEER, "store", std::to_string(rank)};
+        },
+        20s);
+    for (const auto& r : usage) {
+      CHECK(r.exitCode == 2);
+      CHECK(r.signal == 0);
+      CHECK_FALSE(r.killed);
+    }
+    CHECK_FALSE(hmc::testing::hasChildren());
+  }
 }

@@ -352,9 +352,7 @@ std::string oneLine(std::string text) {
   return text;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int rankMain(int argc, char** argv) {
   // As hmc-run's rank processes do (app/main.cpp): a write to the socket of a peer that has
   // exited is an error the transport reports, not a signal that ends this process (gloo
   // writes without MSG_NOSIGNAL). Once in 14+ runs of gloo "server-gone" under load, rank 1
@@ -392,4 +390,14 @@ int main(int argc, char** argv) {
   std::printf("RESULT %s %s\n", kind.c_str(), oneLine(message).c_str());
   std::fflush(stdout);
   return 0;
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Started by the test's runProcessRanks: one process per world, which forks the ranks
+  // (support/process_ranks.hpp); by hand, one rank.
+  if (argc > 1 && std::string(argv[1]) == hmc::testing::kForkRanks) {
+    return hmc::testing::forkRanksMain(argc, argv, rankMain);
+  }
+  return rankMain(argc, argv);
 }

@@ -1,7 +1,14 @@
 #pragma once
-// Runs N rank processes (fork + exec of a helper executable) on 127.0.0.1 and collects what
-// each printed, reaping every child: a child still alive at the bound is killed (SIGKILL)
-// and reaped, so no test leaves a process behind.
+// Runs N rank processes of a helper executable on 127.0.0.1 and collects what each printed,
+// reaping every child: a child still alive at the bound is killed (SIGKILL) and reaped, so no
+// test leaves a process behind.
+//
+// The helper is executed once per world, in its start mode (`HELPER --fork-ranks ...`, handled
+// by forkRanksMain below), and forks the ranks from there: LibTorch, which the helpers link,
+// is loaded once per world and not once per rank (0.85 s of CPU each time; 161 rank processes
+// of process_transport_test spent 136 s of the suite's CPU on it). The test process is the
+// ranks' subreaper (PR_SET_CHILD_SUBREAPER): once the start process has exited, the ranks are
+// its children, which it waits for, kills and reaps as if it had forked them itself.
 //
 // The start gate (`startGate`): process start-up (exec, loading LibTorch) on a loaded machine
 // takes seconds and differs between ranks, and it is no part of what a case times. With the
@@ -16,10 +23,12 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -115,9 +124,57 @@ inline bool hasChildren() {
   return ::waitid(P_ALL, 0, &info, WEXITED | WNOHANG | WNOWAIT) == 0;
 }
 
-// Starts `argvOf(rank)` for every rank, waits at most `bound` for all, kills the rest. With
+inline constexpr const char* kForkRanks = "--fork-ranks";
+
+// The helper's main in its start mode: `HELPER --fork-ranks REPORT_FD N OUT_FD... -- ARGS... --
+// ARGS...` (N output descriptors, then N argument lists, each ended by "--"). Forks one child
+// per list, whose stdout is its output descriptor and which returns rankMain(its argv, the
+// helper's path first) as its exit status; writes each child's pid on a line of REPORT_FD, in
+// rank order, and returns 0 (1 on bad arguments or a failed fork: the report then lacks the
+// ranks not started, which the test sees).
+template <typename RankMain>
+int forkRanksMain(int argc, char** argv, RankMain rankMain) {
+  if (argc < 4 || std::string(argv[1]) != kForkRanks) return 1;
+  const int report = std::atoi(argv[2]);
+  const int world = std::atoi(argv[3]);
+  if (world < 1 || argc < 4 + world) return 1;
+  std::vector<int> outs;
+  for (int rank = 0; rank < world; ++rank) outs.push_back(std::atoi(argv[4 + rank]));
+  std::vector<std::vector<char*>> lists(1);
+  for (int i = 4 + world; i < argc; ++i) {
+    if (std::string(argv[i]) == "--") {
+      lists.emplace_back();
+    } else {
+      lists.back().push_back(argv[i]);
+    }
+  }
+  lists.pop_back();  // after the last "--"
+  if (static_cast<int>(lists.size()) != world) return 1;
+  std::fflush(nullptr);
+  for (int rank = 0; rank < world; ++rank) {
+    const pid_t pid = ::fork();
+    if (pid < 0) return 1;
+    if (pid == 0) {
+      ::dup2(outs[rank], STDOUT_FILENO);
+      for (int fd : outs) ::close(fd);
+      ::close(report);
+      std::vector<char*> rankArgv{argv[0]};
+      rankArgv.insert(rankArgv.end(), lists[rank].begin(), lists[rank].end());
+      const int code = rankMain(static_cast<int>(rankArgv.size()), rankArgv.data());
+      std::fflush(nullptr);
+      ::_exit(code);
+    }
+    const std::string line = std::to_string(pid) + "\n";
+    if (::write(report, line.data(), line.size()) != static_cast<ssize_t>(line.size())) return 1;
+  }
+  return 0;
+}
+
+// Starts `argvOf(rank)` (the helper's path first, the same for every rank) for every rank
+// through one start process (above), waits at most `bound` for all, kills the rest. With
 // `startGate`, the children wait at the gate (see above) and `bound` counts from the go; the
-// wait for every rank to be ready is bounded by `startBound`.
+// wait for every rank to be ready is bounded by `startBound`. A rank the start process could
+// not start is reported with exit code 127 and no output.
 template <typename ArgvOf>
 std::vector<ProcessOutcome> runProcessRanks(
     int worldSize, ArgvOf argvOf, std::chrono::milliseconds bound, bool startGate = false,
@@ -134,23 +191,58 @@ std::vector<ProcessOutcome> runProcessRanks(
     gate = folder;
     ::setenv(kGateVariable, gate.c_str(), 1);  // inherited by the children, unset below
   }
+  if (::prctl(PR_SET_CHILD_SUBREAPER, 1) != 0) {
+    throw std::runtime_error("prctl(PR_SET_CHILD_SUBREAPER) failed");
+  }
+  int report[2];
+  if (::pipe2(report, O_CLOEXEC) != 0) throw std::runtime_error("pipe2 failed");
+  std::vector<int> outs;
+  std::vector<std::string> args;  // HELPER --fork-ranks REPORT_FD N OUT_FD... -- ARGS... -- ...
+  std::vector<std::vector<std::string>> lists;
+  for (int rank = 0; rank < worldSize; ++rank) lists.push_back(argvOf(rank));
+  args = {lists.at(0).at(0), kForkRanks, std::to_string(report[1]), std::to_string(worldSize)};
   for (int rank = 0; rank < worldSize; ++rank) {
-    std::vector<std::string> args = argvOf(rank);
     char path[] = "/tmp/hmc-rank-XXXXXX";
-    const int fd = ::mkstemp(path);
+    const int fd = ::mkstemp(path);  // no O_CLOEXEC: the start process inherits it
     if (fd < 0) throw std::runtime_error("mkstemp failed");
     outputs[rank] = path;
-    std::vector<char*> argv;
-    for (auto& arg : args) argv.push_back(arg.data());
-    argv.push_back(nullptr);
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      ::dup2(fd, STDOUT_FILENO);
-      ::execv(argv[0], argv.data());
-      ::_exit(127);
+    outs.push_back(fd);
+    args.push_back(std::to_string(fd));
+  }
+  for (const auto& list : lists) {
+    args.insert(args.end(), list.begin() + 1, list.end());
+    args.emplace_back("--");
+  }
+  std::vector<char*> argv;
+  for (auto& arg : args) argv.push_back(arg.data());
+  argv.push_back(nullptr);
+  const pid_t starter = ::fork();
+  if (starter == 0) {
+    ::fcntl(report[1], F_SETFD, 0);  // kept across the exec
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  ::close(report[1]);
+  for (int fd : outs) ::close(fd);
+  if (starter < 0) throw std::runtime_error("fork failed");
+  int starterStatus = 0;
+  ::waitpid(starter, &starterStatus, 0);  // the ranks are this process's children from here
+  std::string pidLines;
+  char buffer[256];
+  for (ssize_t got; (got = ::read(report[0], buffer, sizeof buffer)) != 0;) {
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) break;
+    pidLines.append(buffer, static_cast<size_t>(got));
+  }
+  ::close(report[0]);
+  std::istringstream lines(pidLines);
+  for (int rank = 0; rank < worldSize; ++rank) {
+    long pid = 0;
+    if (!(lines >> pid) || pid <= 0) {
+      outcomes[rank].exitCode = 127;  // never started
+      continue;
     }
-    ::close(fd);
-    pids[rank] = pid;
+    pids[rank] = static_cast<pid_t>(pid);
   }
   if (startGate) {
     ::unsetenv(kGateVariable);
@@ -158,6 +250,7 @@ std::vector<ProcessOutcome> runProcessRanks(
     // others, whose outcomes then say what its absence did).
     auto ready = [&] {
       for (int rank = 0; rank < worldSize; ++rank) {
+        if (pids[rank] < 0) return true;  // never started
         siginfo_t info{};
         if (::waitid(P_PID, static_cast<id_t>(pids[rank]), &info, WEXITED | WNOHANG | WNOWAIT) ==
                 0 &&
@@ -178,7 +271,7 @@ std::vector<ProcessOutcome> runProcessRanks(
     if (goFd >= 0) ::close(goFd);
     start = Clock::now();
   }
-  int alive = worldSize;
+  int alive = static_cast<int>(std::count_if(pids.begin(), pids.end(), [](pid_t p) { return p > 0; }));
   while (alive > 0) {
     for (int rank = 0; rank < worldSize; ++rank) {
       if (pids[rank] < 0) continue;
