@@ -827,9 +827,18 @@ def mpirun_every_process_of_h2_killed_while_ranks_wait_tcp(box):
     others see FIN/RST at once) and mpirun loses a daemon, so Open MPI tears the job down
     within 0.3 s, long before any deadline: the report, made at its warning, must tell ranks
     2-3 (their connections with rank 0 closed, no result) from the live ranks waiting beside
-    them. No rank timed out, so none can name who did not arrive (ranks 2-3 had arrived)."""
+    them. No rank timed out, so none can name who did not arrive (ranks 2-3 had arrived).
+    The console names the host that lost every rank in one line, and each crash's host."""
+    def console_names_the_lost_host(job):
+        text = job.output(0)[0]  # mpirun's stdout: rank 0's table
+        assert "\n# host h2 (ranks 2-3): every process ended without a result: its processes " \
+               "were killed or the node failed\n" in text, f"no line for host h2:\n{text}"
+        assert not re.search(r"^# host h[13] ", text, re.M), f"a live host is named lost:\n{text}"
+        for rank in (2, 3):
+            assert f"\n# ranks {rank} @h2: crashed: " in text, f"rank {rank}'s host:\n{text}"
+
     fault_case(box, "mpi-kill-h2", "mpirun", "barrier", "tcp", "kill", "h2", [2, 3],
-               arrivals=False)
+               arrivals=False, more=console_names_the_lost_host)
 
 
 @test

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -262,6 +263,68 @@ TEST_SUITE("report") {
                                                info);
     CHECK(toJson(unknown)["ranks"][1]["host"].is_null());
     CHECK(toJson(unknown)["ranks"][1]["pid"].is_null());
+  }
+
+  TEST_CASE("across hosts the console names a host that lost every rank, and each crash's host") {
+    auto at = [](int index, std::string host, std::optional<std::string> crash) {
+      RankResult result = rank(index, crash ? std::vector<StepResult>{}
+                                            : std::vector<StepResult>{
+                                                  step(0, Op::kCreate, StepStatus::kOk),
+                                                  step(1, Op::kCloseAll, StepStatus::kHang, false)});
+      result.host = std::move(host);
+      result.pid = 100 + index;
+      result.hung = !crash;
+      if (crash) {
+        result.crashed = true;
+        result.crashReason = *crash;
+      }
+      return result;
+    };
+    const auto closed = [](int r) {
+      return "no result from rank " + std::to_string(r) +
+             ": its connection with rank 0 had closed: its process ended";
+    };
+    Scenario six = twoSteps();
+    six.worldSize = 6;
+    RunInfo info;
+    info.transport = "tcp";
+    info.device = "cpu";
+    const std::string text = console(buildReport(
+        six,
+        {at(0, "h1", std::nullopt), at(1, "h1", std::nullopt), at(2, "h2", closed(2)),
+         at(3, "h2", closed(3)), at(4, "h3", "no result from rank 4: rank 4 (host h3) fell silent"),
+         at(5, "h3", std::nullopt)},
+        info));
+    CAPTURE(text);
+    CHECK(text.find("\n# host h2 (ranks 2-3): every process ended without a result: its "
+                    "processes were killed or the node failed\n") != std::string::npos);
+    CHECK(text.find("# host h3") == std::string::npos);  // rank 5 of h3 is alive
+    CHECK(text.find("\n# ranks 2 @h2: crashed: " + closed(2) + "\n") != std::string::npos);
+    CHECK(text.find("\n# ranks 4 @h3: crashed: no result from rank 4") != std::string::npos);
+    // Every rank of h3 silent: its own line, in those words.
+    const std::string silent = console(buildReport(
+        six,
+        {at(0, "h1", std::nullopt), at(1, "h1", std::nullopt), at(2, "h2", std::nullopt),
+         at(3, "h2", std::nullopt), at(4, "h3", "rank 4 (host h3) fell silent"),
+         at(5, "h3", "rank 5 (host h3) fell silent")},
+        info));
+    CHECK(silent.find("\n# host h3 (ranks 4-5): every rank fell silent: the host is down or cut "
+                      "off from the others\n") != std::string::npos);
+    // Every host lost: no host stands out, no host line.
+    const std::string all = console(buildReport(
+        six,
+        {at(0, "h1", closed(0)), at(1, "h1", closed(1)), at(2, "h2", closed(2)),
+         at(3, "h2", closed(3)), at(4, "h3", closed(4)), at(5, "h3", closed(5))},
+        info));
+    CHECK(all.find("# host ") == std::string::npos);
+    // One host: the lines of one node, unchanged.
+    const std::string one = console(buildReport(
+        six,
+        {at(0, "h1", std::nullopt), at(1, "h1", std::nullopt), at(2, "h1", closed(2)),
+         at(3, "h1", closed(3)), at(4, "h1", std::nullopt), at(5, "h1", std::nullopt)},
+        info));
+    CHECK(one.find("# host ") == std::string::npos);
+    CHECK(one.find("\n# ranks 2: crashed: " + closed(2) + "\n") != std::string::npos);
   }
 
   TEST_CASE("timing percentiles are nearest-rank over the samples") {

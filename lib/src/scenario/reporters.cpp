@@ -4,9 +4,11 @@
 #include <fmt/ostream.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <map>
 #include <ostream>
 #include <set>
+#include <utility>
 
 #include "hmc/render/html.hpp"
 #include "hmc/scenario/output_file.hpp"
@@ -47,16 +49,23 @@ std::string rankRanges(const std::vector<int>& ranks) {
   return fmt::format("{}", fmt::join(parts, ","));
 }
 
+std::map<std::string, std::vector<const RankResult*>> ranksByHost(
+    const std::vector<RankResult>& ranks) {
+  std::map<std::string, std::vector<const RankResult*>> byHost;
+  for (const auto& rank : ranks) {
+    if (!rank.host.empty()) byHost[rank.host].push_back(&rank);
+  }
+  return byHost;
+}
+
 // "# hosts: h1 ranks 0-1 (pids 4711,4712); h2 ranks 2-3 (pids 801,802)": where the rank
 // processes ran (pids up to 16 ranks; the JSON report has every one). "" for thread ranks
 // (one process) and where no rank said.
 std::string whereLine(const std::vector<RankResult>& ranks) {
-  std::map<std::string, std::vector<const RankResult*>> byHost;
+  const auto byHost = ranksByHost(ranks);
   std::set<std::int64_t> pids;
   for (const auto& rank : ranks) {
-    if (rank.host.empty()) continue;
-    byHost[rank.host].push_back(&rank);
-    pids.insert(rank.pid);
+    if (!rank.host.empty()) pids.insert(rank.pid);
   }
   if (byHost.empty() || (byHost.size() == 1 && pids.size() <= 1)) return "";
   std::vector<std::string> parts;
@@ -74,6 +83,44 @@ std::string whereLine(const std::vector<RankResult>& ranks) {
     parts.push_back(std::move(part));
   }
   return fmt::format("# hosts: {}", fmt::join(parts, "; "));
+}
+
+// "# host h2 (ranks 2-3): every rank lost, ...": for each host of a run across hosts whose
+// ranks all crashed (ended or fell silent without a result) while a rank of another host did
+// not. Their reasons say how: every connection closed (the processes ended: killed, or the
+// node failed with its network up long enough to close them), or every one fell silent (the
+// host is down or cut off).
+std::vector<std::string> lostHostLines(
+    const std::map<std::string, std::vector<const RankResult*>>& byHost) {
+  std::vector<std::string> lines;
+  if (byHost.size() < 2) return lines;
+  const auto allCrashed = [](const std::vector<const RankResult*>& members) {
+    return std::all_of(members.begin(), members.end(),
+                       [](const RankResult* rank) { return rank->crashed; });
+  };
+  bool someLive = false;
+  for (const auto& [host, members] : byHost) someLive = someLive || !allCrashed(members);
+  if (!someLive) return lines;
+  for (const auto& [host, members] : byHost) {
+    if (!allCrashed(members)) continue;
+    const auto every = [&](const char* words) {
+      return std::all_of(members.begin(), members.end(), [&](const RankResult* rank) {
+        return rank->crashReason && rank->crashReason->find(words) != std::string::npos;
+      });
+    };
+    std::vector<int> numbers;
+    for (const RankResult* rank : members) numbers.push_back(rank->rank);
+    const char* how =
+        every("had closed") || every("ended without a result")
+            ? "every process ended without a result: its processes were killed or the node "
+              "failed"
+        : every("fell silent")
+            ? "every rank fell silent: the host is down or cut off from the others"
+            : "none left a result: the node failed or was cut off, or its processes were killed";
+    lines.push_back(fmt::format("# host {} ({} {}): {}", printable(host),
+                                numbers.size() == 1 ? "rank" : "ranks", rankRanges(numbers), how));
+  }
+  return lines;
 }
 
 std::string stats(const TimingStats& timing) {
@@ -203,11 +250,18 @@ class ConsoleReporter final : public Reporter {
   }
 
   void printDetails(const ScenarioReport& report) {
-    // Unexpected results, grouped by identical text so 1,024 ranks print one line.
-    std::map<std::string, std::vector<int>> problems;
+    // Across hosts, a line for each host that lost every rank, and each crashed rank's host.
+    const auto byHost = ranksByHost(report.ranks);
+    for (const auto& line : lostHostLines(byHost)) fmt::print(out_, "{}\n", line);
+    // Unexpected results, grouped by identical text so 1,024 ranks print one line; a crash
+    // by text and host ("# ranks 2-3 @h2: crashed: ...").
+    std::map<std::pair<std::string, std::string>, std::vector<int>> problems;
     for (const auto& rank : report.ranks) {
       if (rank.crashed) {
-        problems[fmt::format("crashed: {}", printable(rank.crashReason.value_or("exited")))]
+        const std::string where =
+            byHost.size() >= 2 && !rank.host.empty() ? " @" + printable(rank.host) : "";
+        problems[{fmt::format("crashed: {}", printable(rank.crashReason.value_or("exited"))),
+                  where}]
             .push_back(rank.rank);
       }
       for (const auto& step : rank.steps) {
@@ -218,11 +272,11 @@ class ConsoleReporter final : public Reporter {
                 ? fmt::format(" {}: {}", toString(step.error->kind), printable(step.error->message))
                 : "",
             step.expected ? " (expected)" : " (unexpected)");
-        problems[text].push_back(rank.rank);
+        problems[{text, ""}].push_back(rank.rank);
       }
     }
-    for (const auto& [text, members] : problems) {
-      fmt::print(out_, "# ranks {}: {}\n", rankRanges(members), text);
+    for (const auto& [problem, members] : problems) {
+      fmt::print(out_, "# ranks {}{}: {}\n", rankRanges(members), problem.second, problem.first);
     }
     for (const auto& mismatch : report.mismatches) {
       if (mismatch.rank != 0 || !mismatch.firstDifference) continue;
