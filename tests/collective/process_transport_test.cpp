@@ -370,7 +370,10 @@ TEST_SUITE("process transports") {
   TEST_CASE("the rank helper reports failures: a helper that cannot start, a rank's exit code") {
     // No helper at the path: the start process's exec fails, no rank starts, none is waited for.
     auto none = hmc::testing::runProcessRanks(
-        2, [](int) { return std::vector<std::string>{"/nonexistent/hmc_transport_peer", "x"}; },
+        2,
+        [](int) {
+          return std::vector<std::string>{"/nonexistent/hmc_transport_peer", "x"};
+        },
         5s);
     for (const auto& r : none) {
       CHECK(r.exitCode == 127);

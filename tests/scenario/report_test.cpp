@@ -267,10 +267,10 @@ TEST_SUITE("report") {
 
   TEST_CASE("across hosts the console names a host that lost every rank, and each crash's host") {
     auto at = [](int index, std::string host, std::optional<std::string> crash) {
-      RankResult result = rank(index, crash ? std::vector<StepResult>{}
-                                            : std::vector<StepResult>{
-                                                  step(0, Op::kCreate, StepStatus::kOk),
-                                                  step(1, Op::kCloseAll, StepStatus::kHang, false)});
+      RankResult result = rank(
+          index, crash ? std::vector<StepResult>{}
+                       : std::vector<StepResult>{step(0, Op::kCreate, StepStatus::kOk),
+                                                 step(1, Op::kCloseAll, StepStatus::kHang, false)});
       result.host = std::move(host);
       result.pid = 100 + index;
       result.hung = !crash;
@@ -311,18 +311,18 @@ TEST_SUITE("report") {
     CHECK(silent.find("\n# host h3 (ranks 4-5): every rank fell silent: the host is down or cut "
                       "off from the others\n") != std::string::npos);
     // Every host lost: no host stands out, no host line.
-    const std::string all = console(buildReport(
-        six,
-        {at(0, "h1", closed(0)), at(1, "h1", closed(1)), at(2, "h2", closed(2)),
-         at(3, "h2", closed(3)), at(4, "h3", closed(4)), at(5, "h3", closed(5))},
-        info));
+    const std::string all = console(
+        buildReport(six,
+                    {at(0, "h1", closed(0)), at(1, "h1", closed(1)), at(2, "h2", closed(2)),
+                     at(3, "h2", closed(3)), at(4, "h3", closed(4)), at(5, "h3", closed(5))},
+                    info));
     CHECK(all.find("# host ") == std::string::npos);
     // One host: the lines of one node, unchanged.
-    const std::string one = console(buildReport(
-        six,
-        {at(0, "h1", std::nullopt), at(1, "h1", std::nullopt), at(2, "h1", closed(2)),
-         at(3, "h1", closed(3)), at(4, "h1", std::nullopt), at(5, "h1", std::nullopt)},
-        info));
+    const std::string one = console(
+        buildReport(six,
+                    {at(0, "h1", std::nullopt), at(1, "h1", std::nullopt), at(2, "h1", closed(2)),
+                     at(3, "h1", closed(3)), at(4, "h1", std::nullopt), at(5, "h1", std::nullopt)},
+                    info));
     CHECK(one.find("# host ") == std::string::npos);
     CHECK(one.find("\n# ranks 2: crashed: " + closed(2) + "\n") != std::string::npos);
   }

@@ -225,8 +225,17 @@ std::vector<ProcessOutcome> runProcessRanks(
   ::close(report[1]);
   for (int fd : outs) ::close(fd);
   if (starter < 0) throw std::runtime_error("fork failed");
+  // The start process forks and exits at once; one still there at `startBound` is killed.
+  // From its exit on, the ranks it started are this process's children.
   int starterStatus = 0;
-  ::waitpid(starter, &starterStatus, 0);  // the ranks are this process's children from here
+  while (::waitpid(starter, &starterStatus, WNOHANG) == 0) {
+    if (Clock::now() - start > startBound) {
+      ::kill(starter, SIGKILL);
+      ::waitpid(starter, &starterStatus, 0);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
   std::string pidLines;
   char buffer[256];
   for (ssize_t got; (got = ::read(report[0], buffer, sizeof buffer)) != 0;) {
@@ -271,7 +280,8 @@ std::vector<ProcessOutcome> runProcessRanks(
     if (goFd >= 0) ::close(goFd);
     start = Clock::now();
   }
-  int alive = static_cast<int>(std::count_if(pids.begin(), pids.end(), [](pid_t p) { return p > 0; }));
+  int alive = static_cast<int>(
+      std::count_if(pids.begin(), pids.end(), [](pid_t pid) { return pid > 0; }));
   while (alive > 0) {
     for (int rank = 0; rank < worldSize; ++rank) {
       if (pids[rank] < 0) continue;
