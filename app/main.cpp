@@ -7,8 +7,9 @@
 // ranks, which transport, who reports: run_plan.hpp) -> per file: read once, parse with the
 // overrides (PreparedScenario) -> one world::WorldDriver (world_driver.hpp: threads, hmc-run's own
 // rank processes, or one rank of a launcher's world) hands every repetition to a
-// ReportBuilder -> one ScenarioReport -> the reporters (console, JSON, trace) on the reporting
-// process only.
+// ScenarioReporting (its ReportBuilder) -> one ScenarioReport -> the reporters (console, JSON,
+// trace) on the reporting process only. A launcher's teardown of the reporting rank goes
+// through the same ScenarioReporting, from the signal's thread.
 
 #include <fmt/format.h>
 #include <unistd.h>
@@ -239,25 +240,42 @@ class Publisher {
   std::vector<std::unique_ptr<hmc::scenario::Reporter>> reporters_;
 };
 
-// The reporting rank under a launcher that tears the job down: reports what every rank did,
-// from the signal's thread, before the process exits (the main thread is blocked in a
-// collective). Under mpirun the files are written at Open MPI's warning (kEarly) and the
-// table, kept here, is printed at its SIGTERM (teardown.hpp).
-class InterruptReporter {
+// Every report of one scenario's run, whichever way the run ends, is built by build() from a
+// ReportBuilder and handed to the one Publisher:
+// - the run ends (pass, fail, hang, or a signal hmc-run's own launcher took): the driver hands
+//   each repetition to add() on the main thread, and finish() publishes;
+// - the reporting rank under a launcher that tears the job down: the world's termination
+//   hand-off (teardown.hpp) calls interrupted() from the signal's thread with what every rank
+//   did, before the process exits (the main thread is blocked in a collective). Under mpirun
+//   the files are written at Open MPI's warning (kEarly) and the table, kept here, is printed
+//   at its SIGTERM.
+class ScenarioReporting {
  public:
-  InterruptReporter(const RunOptions& options, const RunPlan& plan,
-                    const hmc::scenario::Scenario& scenario, std::string startedAt,
+  ScenarioReporting(const RunOptions& options, const RunPlan& plan,
+                    const hmc::scenario::Scenario& scenario,
                     const std::vector<std::string>& command, Publisher& publisher)
       : options_(options),
         plan_(plan),
         scenario_(scenario),
-        startedAt_(std::move(startedAt)),
+        startedAt_(isoNow()),
         command_(command),
         publisher_(publisher),
-        start_(std::chrono::steady_clock::now()) {}
+        start_(std::chrono::steady_clock::now()),
+        repetitions_(scenario, plan.warmup) {}
 
-  void operator()(std::vector<std::vector<RankResult>> merged, int signal,
-                  hmc::world::InterruptMode mode) {
+  // One repetition, every rank's result in rank order (the main thread).
+  void add(std::vector<RankResult> ranks) { repetitions_.add(std::move(ranks)); }
+
+  // The run ended: its report published (the main thread). Returns its outcome.
+  Outcome finish(bool interrupted) {
+    const ScenarioReport report = build(std::move(repetitions_), interrupted);
+    publisher_.publish(report);
+    return report.outcome;
+  }
+
+  // The signal's thread of the reporting rank under a launcher.
+  void interrupted(std::vector<std::vector<RankResult>> merged, int signal,
+                   hmc::world::InterruptMode mode) {
     if (mode == hmc::world::InterruptMode::kPublishEarly) {
       // Where makeReporters puts the table (a JSON on stdout, "-", was written with the
       // files at the warning: it cannot wait for a SIGTERM that leaves 20-50 ms).
@@ -267,12 +285,9 @@ class InterruptReporter {
       said(signal);
       return;
     }
-    const double wall =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-    ScenarioReport report =
-        hmc::scenario::buildReport(scenario_, std::move(merged), plan_.warmup,
-                                   runInfo(plan_, scenario_, startedAt_, wall, command_));
-    report.interrupted = true;
+    hmc::scenario::ReportBuilder builder(scenario_, plan_.warmup);
+    for (auto& ranks : merged) builder.add(std::move(ranks));
+    const ScenarioReport report = build(std::move(builder), true);
     if (mode == hmc::world::InterruptMode::kEarly) {
       earlyTable_.str("");
       for (auto& reporter : makeReporters(options_, false, publisher_.total(), &earlyTable_)) {
@@ -287,6 +302,15 @@ class InterruptReporter {
   }
 
  private:
+  ScenarioReport build(hmc::scenario::ReportBuilder builder, bool interrupted) const {
+    const double wall =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    ScenarioReport report =
+        std::move(builder).build(runInfo(plan_, scenario_, startedAt_, wall, command_));
+    report.interrupted = interrupted;
+    return report;
+  }
+
   void said(int signal) const {
     fmt::print(stderr, "hmc-run: rank {} stopped by signal {} ({}); reported what every rank did\n",
                plan_.launch ? plan_.launch->rank : 0, signal, strsignal(signal));
@@ -299,6 +323,7 @@ class InterruptReporter {
   const std::vector<std::string>& command_;
   Publisher& publisher_;
   const std::chrono::steady_clock::time_point start_;
+  hmc::scenario::ReportBuilder repetitions_;
   std::ostringstream earlyTable_;
 };
 
@@ -416,38 +441,28 @@ int runScenarios(const RunOptions& options, const std::vector<std::string>& comm
       }
       continue;
     }
-    const auto start = std::chrono::steady_clock::now();
-    std::string startedAt = isoNow();
     hmc::world::WorldOptions world =
         hmc::app::worldOptions(plan, options, program, prepared.scenario);
     world.launch.recordDirectory = recordFolders[index];
     world.onRankZeroStep = progressOf(progress, prepared.scenario);
-    auto onInterrupted = std::make_shared<InterruptReporter>(options, plan, prepared.scenario,
-                                                             startedAt, command, publisher);
-    world.onInterrupted = [onInterrupted](std::vector<std::vector<RankResult>> merged, int signal,
-                                          hmc::world::InterruptMode mode) {
-      (*onInterrupted)(std::move(merged), signal, mode);
+    auto reporting = std::make_shared<ScenarioReporting>(options, plan, prepared.scenario, command,
+                                                         publisher);
+    world.onInterrupted = [reporting](std::vector<std::vector<RankResult>> merged, int signal,
+                                      hmc::world::InterruptMode mode) {
+      reporting->interrupted(std::move(merged), signal, mode);
     };
     const auto driver = hmc::world::makeWorldDriver(std::move(world));
-    hmc::scenario::ReportBuilder repetitions(prepared.scenario, plan.warmup);
     progress.begin(static_cast<std::size_t>(options.repetitions));
     const hmc::world::WorldRun ran =
         driver->run({prepared.scenario, file, prepared.text},
-                    [&repetitions, &progress, &prepared](std::vector<RankResult> ranks) {
-                      repetitions.add(std::move(ranks));
+                    [&reporting, &progress, &prepared](std::vector<RankResult> ranks) {
+                      reporting->add(std::move(ranks));
                       progress.cycle(prepared.scenario.name);
                     });
     progress.clear();
     // A non-reporting rank: rank 0 reports (or nobody can report what this rank saw).
     if (!ran.reporting) return ran.unreported ? hmc::scenario::exitCodeOf(*ran.unreported) : 0;
-    const double wall =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    ScenarioReport report =
-        std::move(repetitions)
-            .build(runInfo(plan, prepared.scenario, std::move(startedAt), wall, command));
-    report.interrupted = ran.interrupted;
-    publisher.publish(report);
-    overall = hmc::scenario::worse(overall, report.outcome);
+    overall = hmc::scenario::worse(overall, reporting->finish(ran.interrupted));
     if (ran.interrupted) {
       interrupted = true;
       break;
