@@ -1,13 +1,15 @@
 #pragma once
 // A KeyValueStore in memory (key_value_store.hpp) for tests of what runs over a rank's store
 // without processes or LibTorch: it counts the writes of every key, and can be made to fail
-// every request from a point on (a store whose host died).
+// every request from a point on (a store whose host died) or stall every request (a store
+// that does not answer).
 
 #include <atomic>
 #include <chrono>
 #include <map>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "hmc/collective/key_value_store.hpp"
@@ -20,6 +22,8 @@ class MemoryStore final : public hmc::collective::KeyValueStore {
  public:
   // From now on every request throws BackendError, as a store whose server is gone.
   void fail() { failed_ = true; }
+  // From now on every request waits `delay` before it is answered, as a store that stalls.
+  void stall(std::chrono::milliseconds delay) { stall_ = delay.count(); }
   // How many requests of any kind it answered or refused.
   std::size_t requests() const { return requests_.load(); }
 
@@ -72,10 +76,14 @@ class MemoryStore final : public hmc::collective::KeyValueStore {
  private:
   void request() {
     ++requests_;
+    if (const auto delay = stall_.load(); delay > 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(delay));
+    }
     if (failed_) throw hmc::BackendError("the store server at memory:0 is gone (test)");
   }
 
   std::atomic<bool> failed_{false};
+  std::atomic<std::int64_t> stall_{0};
   std::atomic<std::size_t> requests_{0};
   std::mutex mutex_;
   std::map<std::string, std::string> values_;

@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -167,6 +168,69 @@ TEST_SUITE("result gatherer") {
     const auto alone =
         hmc::world::gatherResults(nullptr, rankOf(0, 2), {}, 0ms, why, EvidenceFolder());
     CHECK(alone[0][0].crashReason == why(0));
+  }
+
+  TEST_CASE("the one gatherer: the folder, the store, this rank's own results in place") {
+    auto kv = std::make_shared<MemoryStore>();
+    kv->set(hmc::world::keys::result(2), hmc::world::rankResultsDocument({resultOf(2, 7)}));
+    hmc::world::GatherPlan plan;
+    plan.placement = rankOf(0, 3);
+    plan.own = {resultOf(0, 5)};
+    plan.kv = kv;
+    plan.storeWait = 200ms;
+    plan.missingWhy = why;
+    plan.whenStoreUnread = [](int rank, const std::string&) { return "unread " + why(rank); };
+    const auto gathered = hmc::world::gatherEveryRank(std::move(plan));
+    CHECK(gathered.storeRead);
+    CHECK(gathered.storeProblem.empty());
+    REQUIRE(gathered.merged.size() == 1);
+    REQUIRE(gathered.merged[0].size() == 3);
+    CHECK(gathered.merged[0][0].collectives == 5);
+    CHECK(gathered.merged[0][1].crashReason == why(1));
+    CHECK(gathered.merged[0][2].collectives == 7);
+  }
+
+  TEST_CASE("the one gatherer gives up a store that stalls, and says why") {
+    auto kv = std::make_shared<MemoryStore>();
+    kv->set(hmc::world::keys::result(1), hmc::world::rankResultsDocument({resultOf(1, 7)}));
+    kv->stall(5s);  // longer than the gatherer may wait: the read is abandoned, still stalled
+    hmc::world::GatherPlan plan;
+    plan.placement = rankOf(0, 2);
+    plan.own = {resultOf(0, 5)};
+    plan.kv = kv;
+    plan.storeWait = 100ms;
+    plan.missingWhy = why;
+    plan.whenStoreUnread = [](int rank, const std::string& problem) {
+      return "unread " + why(rank) + " (" + problem + ")";
+    };
+    const auto began = Clock::now();
+    const auto gathered = hmc::world::gatherEveryRank(std::move(plan));
+    // Bounded by storeWait + kStoreReadMargin (400 ms), far from the store's 5 s.
+    CHECK(Clock::now() - began < 4s);
+    CHECK_FALSE(gathered.storeRead);
+    CHECK(gathered.storeProblem == "the store did not answer within 400 ms");
+    CHECK(gathered.merged[0][0].collectives == 5);
+    CHECK(gathered.merged[0][1].crashReason ==
+          "unread no result from rank 1 (the store did not answer within 400 ms)");
+  }
+
+  TEST_CASE("the one gatherer without a store: the reason given for it") {
+    hmc::world::GatherPlan plan;
+    plan.placement = rankOf(1, 2);
+    plan.own = {resultOf(1, 5), resultOf(1, 6)};
+    plan.noStore = "the store's host is gone";
+    plan.missingWhy = why;
+    auto unread = plan;
+    const auto plain = hmc::world::gatherEveryRank(std::move(plan));
+    CHECK(plain.storeProblem == "the store's host is gone");
+    REQUIRE(plain.merged.size() == 2);  // as many repetitions as this rank has
+    CHECK(plain.merged[1][1].collectives == 6);
+    CHECK(plain.merged[0][0].crashReason == why(0));
+    unread.whenStoreUnread = [](int rank, const std::string& problem) {
+      return why(rank) + ": " + problem;
+    };
+    const auto told = hmc::world::gatherEveryRank(std::move(unread));
+    CHECK(told.merged[0][0].crashReason == why(0) + ": the store's host is gone");
   }
 
   TEST_CASE("waiting for every rank's key stops at a rank announced dead") {

@@ -86,6 +86,8 @@ class RankRun {
   // the evidence folder) and, on the reporting rank, gather every rank's.
   RankProcessOutcome finishUnderLauncher();
   RankProcessOutcome reportWithoutStore(const std::vector<scenario::RankResult>& own);
+  // What every way of gathering starts from: this rank, its folder, its own results.
+  GatherPlan gatherPlan(const std::vector<scenario::RankResult>& own) const;
 
   const scenario::Scenario& scenario_;
   const RankLaunch& launch_;
@@ -257,29 +259,39 @@ RankProcessOutcome RankRun::finishUnderLauncher() {
     }
     return {};
   }
-  RankProcessOutcome outcome;
-  const int self = placement_.rank;
-  outcome.merged = gatherResults(
-      kv_.get(), placement_, readLocalResults(local_, placement_.worldSize, self, Clock::now()),
-      timeout_,
-      missingRankRule(local_, self,
-                      [this](int rank) {
-                        return fmt::format(
-                            "no result from rank {} within {:g} s: it died, was stopped, or "
-                            "never finished its steps",
-                            rank, std::chrono::duration<double>(timeout_).count());
-                      }),
-      local_, silent_ ? &*silent_ : nullptr);
-  try {
-    kv_->set(keys::kResultsRead, "1");
-  } catch (const std::exception& error) {
-    spdlog::debug("rank 0: cannot mark the results read: {}", error.what());
+  GatherPlan plan = gatherPlan(own);
+  plan.kv = kv_;
+  plan.storeWait = timeout_;
+  plan.silent = silent_;
+  plan.missingWhy = missingRankRule(local_, placement_.rank, [this](int rank) {
+    return fmt::format(
+        "no result from rank {} within {:g} s: it died, was stopped, or never finished its steps",
+        rank, std::chrono::duration<double>(timeout_).count());
+  });
+  Gathered gathered = gatherEveryRank(std::move(plan));
+  // A store that did not answer may still be in use by the abandoned read: left alone.
+  if (gathered.storeProblem.empty()) {
+    try {
+      kv_->set(keys::kResultsRead, "1");
+    } catch (const std::exception& error) {
+      spdlog::debug("rank 0: cannot mark the results read: {}", error.what());
+    }
   }
   // Every result is here: the report is this thread's now, even if a launcher's SIGTERM comes
   // before it is printed (else the watcher, finding the folder removed, would hand on nothing).
-  if (!handOff_.claimForMainThread()) handOff_.awaitSignalExit();  // the watcher reports
+  handOff_.claimOrAwaitSignalExit();
   local_.remove();
+  RankProcessOutcome outcome;
+  outcome.merged = std::move(gathered.merged);
   return outcome;
+}
+
+GatherPlan RankRun::gatherPlan(const std::vector<scenario::RankResult>& own) const {
+  GatherPlan plan;
+  plan.placement = placement_;
+  plan.folder = local_;
+  plan.own = own;
+  return plan;
 }
 
 // No store: the local evidence folder carries the results, and the lowest rank of the node
@@ -311,28 +323,23 @@ RankProcessOutcome RankRun::reportWithoutStore(const std::vector<scenario::RankR
   }
   // Every rank of the node still alive writes its results as it finds the store gone (its own
   // deadline at most): wait for them that long.
-  ResultsByRank found = readLocalResults(local_, placement_.worldSize, self,
-                                         Clock::now() + timeout_ + std::chrono::seconds(1));
-  found[self] = own;
-  RankProcessOutcome outcome;
-  outcome.merged = withOwn(
-      gatherResults(nullptr, placement_, std::move(found), std::chrono::milliseconds(0),
-                    missingRankRule(local_, self,
-                                    [this](int rank) {
-                                      return fmt::format(
-                                          "no result from rank {}: it lost the store too and wrote "
-                                          "nothing to {} within the deadline",
-                                          rank, local_.path());
-                                    }),
-                    local_),
-      own, placement_);
-  if (!handOff_.claimForMainThread()) {
-    // A termination signal came first: the watcher reports and exits the process.
-    handOff_.awaitSignalExit();
-  }
+  GatherPlan plan = gatherPlan(own);
+  plan.localDeadline = Clock::now() + timeout_ + std::chrono::seconds(1);
+  plan.noStore = storeLost_;
+  plan.missingWhy = missingRankRule(local_, self, [this](int rank) {
+    return fmt::format(
+        "no result from rank {}: it lost the store too and wrote nothing to {} within the "
+        "deadline",
+        rank, local_.path());
+  });
+  Gathered gathered = gatherEveryRank(std::move(plan));
+  // A termination signal that came first owns the end: its thread reports and exits.
+  handOff_.claimOrAwaitSignalExit();
   local_.remove();
   fmt::print(stderr, "hmc-run rank {}: lost {} ({}); reporting what every rank did\n", self, host,
              storeLost_);
+  RankProcessOutcome outcome;
+  outcome.merged = std::move(gathered.merged);
   return outcome;
 }
 

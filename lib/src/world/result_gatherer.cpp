@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <future>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -249,6 +250,63 @@ std::vector<std::vector<scenario::RankResult>> gatherResults(
     return evidence;
   };
   return fillMissing(std::move(byRank), 1, evidenceOf);
+}
+
+Gathered gatherEveryRank(GatherPlan plan) {
+  using Merged = std::vector<std::vector<scenario::RankResult>>;
+  const RankPlacement& placement = plan.placement;
+  const int self = placement.rank;
+  Gathered gathered;
+  const auto began = Clock::now();
+  ResultsByRank found = readLocalResults(plan.folder, placement.worldSize, self,
+                                         plan.localDeadline, plan.earlyAfter);
+  gathered.localResults = found.size();
+  gathered.localTook = Clock::now() - began;
+  // Its own results count when judging whether a heartbeat is stale (a crashed rank's last
+  // heartbeat may show it waiting in a collective this rank completed).
+  found[self] = plan.own;
+  const auto storeBegan = Clock::now();
+  if (!plan.kv) {
+    gathered.storeProblem = plan.noStore;
+  } else if (static_cast<int>(found.size()) < placement.worldSize) {
+    auto promise = std::make_shared<std::promise<Merged>>();
+    auto future = promise->get_future();
+    // Everything the read needs, by value: it may outlive this call.
+    std::thread([promise, kv = plan.kv, placement, found, wait = plan.storeWait,
+                 missingWhy = plan.missingWhy, folder = plan.folder, closedPeers = plan.closedPeers,
+                 silent = plan.silent]() mutable {
+      try {
+        promise->set_value(gatherResults(kv.get(), placement, std::move(found), wait, missingWhy,
+                                         folder, silent ? &*silent : nullptr, closedPeers));
+      } catch (...) {
+        promise->set_exception(std::current_exception());
+      }
+    }).detach();
+    if (future.wait_for(plan.storeWait + kStoreReadMargin) == std::future_status::ready) {
+      try {
+        gathered.merged = future.get();
+        gathered.storeRead = true;
+      } catch (const std::exception& error) {
+        gathered.storeProblem = error.what();
+      }
+    } else {
+      gathered.storeProblem = fmt::format("the store did not answer within {} ms",
+                                          (plan.storeWait + kStoreReadMargin).count());
+    }
+  }
+  if (!gathered.storeRead) {
+    const std::string& problem = gathered.storeProblem;
+    const MissingWhy why = [&](int rank) {
+      return plan.whenStoreUnread && !problem.empty() ? plan.whenStoreUnread(rank, problem)
+                                                      : plan.missingWhy(rank);
+    };
+    gathered.merged = gatherResults(nullptr, placement, std::move(found),
+                                    std::chrono::milliseconds(0), why, plan.folder, nullptr,
+                                    plan.closedPeers);
+  }
+  gathered.storeTook = Clock::now() - storeBegan;
+  gathered.merged = withOwn(std::move(gathered.merged), plan.own, placement);
+  return gathered;
 }
 
 std::vector<std::vector<scenario::RankResult>> withOwn(

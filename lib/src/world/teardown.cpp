@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <csignal>
 #include <cstdlib>
-#include <future>
 #include <thread>
 
 #include "hmc/scenario/output_file.hpp"
@@ -166,75 +165,45 @@ void TerminationHandOff::report(int signal, bool early,
                                 const collective::Collective::ClosedPeers& closedPeers) {
   const RankPlacement placement = launch_.placement;
   const InterruptWaits waits = interruptWaits(placement.launcher, early);
-  const auto began = Clock::now();
-  ResultsByRank found = readLocalResults(folder, placement.worldSize, placement.rank,
-                                         began + waits.local, waits.earlySnapshotAfter);
-  const auto localDone = Clock::now();
-  const std::size_t others = found.size();
-  // Its own results count when judging whether a heartbeat is stale (a crashed rank's last
-  // heartbeat may show it waiting in a collective this rank completed).
-  found[placement.rank] = results;
   const int self = placement.rank;
-  const MissingWhy missingWhy = missingRankRule(folder, self, [](int rank) {
+  GatherPlan plan;
+  plan.placement = placement;
+  plan.folder = folder;
+  plan.own = results;
+  plan.localDeadline = Clock::now() + waits.local;
+  plan.earlyAfter = waits.earlySnapshotAfter;
+  plan.kv = std::move(kv);
+  if (!storeProblem.empty()) plan.noStore = storeProblem;
+  plan.storeWait = waits.store;
+  plan.closedPeers = closedPeers;
+  plan.missingWhy = missingRankRule(folder, self, [](int rank) {
     return fmt::format("no result from rank {}: it died, was stopped, or never finished its steps",
                        rank);
   });
-  std::vector<std::vector<scenario::RankResult>> merged;
-  bool gathered = false;
-  if (kv && static_cast<int>(found.size()) < placement.worldSize) {
-    using Merged = std::vector<std::vector<scenario::RankResult>>;
-    auto promise = std::make_shared<std::promise<Merged>>();
-    auto future = promise->get_future();
-    const auto storeWait = waits.store;
-    std::thread([promise, kv, placement, found, storeWait, missingWhy, folder, closedPeers] {
-      try {
-        promise->set_value(gatherResults(kv.get(), placement, found, storeWait, missingWhy, folder,
-                                         nullptr, closedPeers));
-      } catch (...) {
-        promise->set_exception(std::current_exception());
-      }
-    }).detach();
-    if (future.wait_for(storeWait + kStoreReadMargin) == std::future_status::ready) {
-      try {
-        merged = future.get();
-        gathered = true;
-      } catch (const std::exception& error) {
-        storeProblem = error.what();
-      }
-    } else {
-      storeProblem = fmt::format("the store did not answer within {} ms",
-                                 (storeWait + kStoreReadMargin).count());
-    }
-  }
-  if (!gathered) {
-    const MissingWhy unknown = [&](int rank) {
-      return storeProblem.empty()
-                 ? missingWhy(rank)
-                 : fmt::format(
-                       "unknown: no result from rank {} in the local evidence folder, and the "
-                       "store could not be read when rank {} was stopped ({})",
-                       rank, self, storeProblem);
-    };
-    merged = gatherResults(nullptr, placement, found, std::chrono::milliseconds(0), unknown, folder,
-                           nullptr, closedPeers);
-  }
-  const auto storeDone = Clock::now();
+  plan.whenStoreUnread = [self](int rank, const std::string& problem) {
+    return fmt::format(
+        "unknown: no result from rank {} in the local evidence folder, and the store could not "
+        "be read when rank {} was stopped ({})",
+        rank, self, problem);
+  };
+  Gathered gathered = gatherEveryRank(std::move(plan));
   if (early) {
-    onInterrupted_(withOwn(std::move(merged), results, placement), signal, InterruptMode::kEarly);
+    onInterrupted_(std::move(gathered.merged), signal, InterruptMode::kEarly);
     earlyReportAt_ = Clock::now();
     folder.markReported();
   } else {
     folder.remove();  // read: gone before the report, which a SIGKILL may cut short
-    onInterrupted_(withOwn(std::move(merged), results, placement), signal, InterruptMode::kReport);
+    onInterrupted_(std::move(gathered.merged), signal, InterruptMode::kReport);
   }
   // Only after the report: under mpirun a write to stderr blocked in some teardowns here
   // (Open MPI stops reading the ranks' output), which lost the report when logged before.
   spdlog::debug(
       "rank {}: evidence after signal {}{}: {} local results in {} ms, store {} in {} ms",
-      placement.rank, signal, early ? " (early, at SIGCONT)" : "", others,
-      std::chrono::duration_cast<std::chrono::milliseconds>(localDone - began).count(),
-      gathered ? "read" : (storeProblem.empty() ? "not needed" : storeProblem),
-      std::chrono::duration_cast<std::chrono::milliseconds>(storeDone - localDone).count());
+      placement.rank, signal, early ? " (early, at SIGCONT)" : "", gathered.localResults,
+      std::chrono::duration_cast<std::chrono::milliseconds>(gathered.localTook).count(),
+      gathered.storeRead ? "read"
+                         : (gathered.storeProblem.empty() ? "not needed" : gathered.storeProblem),
+      std::chrono::duration_cast<std::chrono::milliseconds>(gathered.storeTook).count());
 }
 
 }  // namespace hmc::world

@@ -8,6 +8,7 @@
 // error.
 
 #include <chrono>
+#include <memory>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -109,6 +110,46 @@ std::vector<std::vector<scenario::RankResult>> gatherResults(
     collective::KeyValueStore* kv, const RankPlacement& placement, ResultsByRank local,
     std::chrono::milliseconds wait, const MissingWhy& missingWhy, const EvidenceFolder& folder,
     SilentRanks* silent = nullptr, const collective::Collective::ClosedPeers& closedPeers = {});
+
+// What the reporting rank gathers (gatherEveryRank), and how long it may wait for each source.
+struct GatherPlan {
+  RankPlacement placement;
+  EvidenceFolder folder;                 // this node's (may be unusable)
+  std::vector<scenario::RankResult> own;  // this rank's results, as it has them now
+  // The other ranks of this node, through `folder`: waited for until this point (now: read
+  // what is there), and from their early snapshots after `earlyAfter` (readLocalResults).
+  Clock::time_point localDeadline = Clock::now();
+  std::optional<std::chrono::milliseconds> earlyAfter;
+  // The control store (null: lost, or never joined) and how long to wait there for the ranks
+  // not found in the folder.
+  std::shared_ptr<collective::KeyValueStore> kv;
+  std::string noStore = "the rank has no store";  // why kv is null, where it is
+  std::chrono::milliseconds storeWait{0};
+  std::optional<SilentRanks> silent;  // the waiting rank's, copied (gatherResults)
+  collective::Collective::ClosedPeers closedPeers;
+  // Why a rank left no result; with `whenStoreUnread`, why when the store could not be read
+  // (its error is the second argument), else missingWhy then too.
+  MissingWhy missingWhy;
+  std::function<std::string(int rank, const std::string& storeProblem)> whenStoreUnread;
+};
+
+struct Gathered {
+  std::vector<std::vector<scenario::RankResult>> merged;  // [repetition][rank], own in place
+  std::size_t localResults = 0;  // ranks found in the folder, this one aside
+  bool storeRead = false;
+  std::string storeProblem;  // why the store was not read; empty when read or not needed
+  Clock::duration localTook{};
+  Clock::duration storeTook{};
+};
+
+// The one gatherer of every rank's results, for each way a reporting rank ends a run under a
+// launcher (rank_process.cpp: the run ended, or the store was lost; teardown.cpp: a signal):
+// the folder's files until `localDeadline`, then the store for the ranks still missing (on a
+// thread of its own, given up after storeWait + kStoreReadMargin should the store stall: the
+// process exits soon after, so the abandoned read is never waited for), then fillMissing for
+// the rest (gatherResults). Every wait is bounded by the plan; it throws nothing the store
+// throws.
+Gathered gatherEveryRank(GatherPlan plan);
 
 // `merged` with this rank's own results (as it has them now) in place, grown to as many
 // repetitions as it has (the others missing there).

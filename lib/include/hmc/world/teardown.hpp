@@ -107,6 +107,11 @@ class TerminationHandOff {
   // 128 + the signal, or its hard limit's SIGALRM does). This waits for that; should neither
   // come within kAwaitSignalExit, it ends the process itself with 128 + the signal.
   [[noreturn]] void awaitSignalExit() const;
+  // Both, the main thread's one way to the end of a run: returns when it claimed the end (it
+  // reports); else awaitSignalExit, never returning.
+  void claimOrAwaitSignalExit() {
+    if (!claimForMainThread()) awaitSignalExit();
+  }
   static constexpr std::chrono::seconds kAwaitSignalExit{30};
 
   // On the signal's thread: hands on what the rank did. Returns whether the process should
