@@ -124,7 +124,7 @@ void printTable(const diagnostics::JobStatus& status, double elapsedS) {
 
 int runStatus(const StatusOptions& options, const StoreConnector& connect) {
   const auto start = std::chrono::steady_clock::now();
-  const auto timeout = collective::timeoutFromSeconds(options.timeoutS);
+  const auto timeout = options.timeout;
   const std::string endpoint = fmt::format("{}:{}", options.masterAddr, options.masterPort);
   if (const std::string why = probe(options.masterAddr, options.masterPort, timeout);
       !why.empty()) {

@@ -28,7 +28,7 @@ struct StatusOptions {
   std::string masterAddr = "127.0.0.1";
   int masterPort = 0;
   bool json = false;
-  double timeoutS = 5;
+  std::chrono::milliseconds timeout{5000};  // --timeout
   std::string prefix = "hmc";  // the rank processes' control store prefix
 };
 

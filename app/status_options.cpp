@@ -2,6 +2,11 @@
 // hmc-run (front.cpp) declares every subcommand for --help and parsing, and must not link the
 // c10d store that runStatus uses.
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <chrono>
+
+#include "hmc/collective/collective.hpp"
 
 #include "status_command.hpp"
 
@@ -29,10 +34,14 @@ CLI::App* addStatusCommand(CLI::App& app, StatusOptions& options) {
       ->check(CLI::Range(1, 65535));
   status->add_flag("--json", options.json, "Print one hmc-status/1 JSON document instead");
   status
-      ->add_option("--timeout", options.timeoutS,
-                   "Give up connecting or reading after this many seconds (0 < s <= 600)")
+      ->add_option_function<double>(
+          "--timeout",
+          [&options](const double& seconds) {
+            options.timeout = collective::timeoutFromSeconds(seconds);
+          },
+          "Give up connecting or reading after this many seconds (0 < s <= 600)")
       ->check(CLI::Range(0.001, 600.0))
-      ->capture_default_str();
+      ->default_str(fmt::format("{:g}", std::chrono::duration<double>(options.timeout).count()));
   status->footer(
       "Example: hmc-run scenarios/skipped-close-hang.json --transport tcp --master-port 29600 "
       "--timeout 60 &\n         hmc-run status --master-port 29600");
