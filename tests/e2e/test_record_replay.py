@@ -19,7 +19,7 @@ Cases:
     from the JSON too); `record merge` of a folder with a torn, a foreign and a missing rank
     file names each with the reason and merges the rest;
   - a rank process killed with SIGKILL mid-run: the merge keeps its events up to its last call
-    and the others', and the replay hangs naming it.
+    and the others', and the replay ends as the run did (fail, exit 1) naming it.
 
 Exit 0 when every case passed, 1 otherwise; a case whose tool is missing is skipped (77 when
 nothing failed).
@@ -248,7 +248,8 @@ def check_bad_files():
 def check_killed_rank():
     """kill -9 of one rank process of hmc-run's own launcher mid-run (tcp): the other ranks'
     files and the dead rank's, up to its last call, merge (the merge says where its file ends);
-    the merged scenario replays on thread ranks to a hang that names the dead rank."""
+    the merged scenario replays on thread ranks to the run's outcome (fail: a crash it did not
+    ask for) and exit code, naming the dead rank."""
     folder = os.path.join(WORK, "killed")
     pid_file = os.path.join(WORK, "killed.pids")
     scenario = os.path.join(WORK, "slow-cycles.json")
@@ -289,7 +290,8 @@ def check_killed_rank():
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-    ranks = {r["rank"]: r for r in json.load(open(report))["ranks"]}
+    original = json.load(open(report))
+    ranks = {r["rank"]: r for r in original["ranks"]}
     assert proc.returncode != 0 and ranks[1].get("crashed") and \
         "killed by signal 9" in ranks[1].get("crash_reason", ""), out
     merged = folder + ".json"
@@ -303,8 +305,18 @@ def check_killed_rank():
     # Ranks 0 and 2 made steps rank 1 never made: those carry "ranks" without 1.
     assert any(1 not in step.get("ranks", [0, 1, 2]) for step in doc["steps"]), \
         json.dumps(doc)[:3000]
-    code, out = run([merged, "--timeout", "2"], timeout=180)
-    assert code == 3, f"the replay did not hang (exit {code})\n{out}"
+    # The others saw rank 1 fail (rank_failure): its crash is not the scenario's own.
+    crashes = [s for s in doc["steps"] if s["op"] == "fault" and s.get("kind") == "crash"]
+    assert len(crashes) == 1 and crashes[0].get("planned") is False and \
+        crashes[0].get("ranks") == [1], crashes
+    replay_report = folder + "-replay.json"
+    code, out = run([merged, "--timeout", "2", "--report", replay_report], timeout=180)
+    # The run's outcome (a crash it did not ask for: fail) and exit code, naming rank 1.
+    assert original["outcome"] == "fail" and code == proc.returncode == 1, \
+        f"the replay's exit {code}, the run's {proc.returncode} ({original['outcome']})\n{out}"
+    replayed = json.load(open(replay_report))
+    assert replayed["outcome"] == original["outcome"], replayed["outcome"]
+    assert {r["rank"] for r in replayed["ranks"] if r.get("crashed")} == {1}, out
     assert re.search(r"rank 1 (never arrived|crashed|did not arrive)|ranks \[1\] did not arrive",
                      out), out
 

@@ -15,6 +15,7 @@
 
 #include "hmc/error.hpp"
 #include "hmc/record/merge.hpp"
+#include "hmc/scenario/scenario.hpp"
 
 namespace {
 
@@ -40,8 +41,10 @@ void writeAll(const std::string& path, const std::string& bytes) {
 }
 
 // A rank's small program: a module created, bound, closed with a hang at the end. `end`
-// false: the program is killed (SIGKILL, in a child process) after its last call.
-void recordRank(const std::string& dir, int rank, bool hang, bool end = true) {
+// false: the program is killed (SIGKILL, in a child process) after its last call. `hangKind`:
+// how the hang ended (timeout; rank_failure: it saw a peer fail).
+void recordRank(const std::string& dir, int rank, bool hang, bool end = true,
+                const char* hangKind = "timeout") {
   pid_t child = 0;
   if (!end) {
     child = ::fork();
@@ -62,7 +65,7 @@ void recordRank(const std::string& dir, int rank, bool hang, bool end = true) {
   recorder->append(EventOp::kForward, m, Outcome::kOk, std::chrono::microseconds(1));
   if (hang) {
     recorder->append(EventOp::kClose, m, Outcome::kHang, std::chrono::seconds(5),
-                     {{"kind", "timeout"}, {"message", "'close validation' #1 timed out"}});
+                     {{"kind", hangKind}, {"message", "'close validation' #1 timed out"}});
   } else {
     recorder->append(EventOp::kCloseAll, -1, Outcome::kOk, std::chrono::microseconds(9));
   }
@@ -189,12 +192,29 @@ TEST_CASE("merge: shared steps, a divergence carries ranks, a killed rank crashe
   CHECK(steps[4] == json{{"op", "close_all"}, {"ranks", {1}}});
   CHECK(steps[5]["kind"] == "crash");
   CHECK(steps[5]["ranks"] == json{1});
+  // Rank 0 timed out waiting: rank 1 was killed after the failure, and the crash is the
+  // replay's own (it hangs as the run did).
+  CHECK_FALSE(steps[5].contains("planned"));
   REQUIRE(merged.problems.size() == 1);
   CHECK(merged.problems[0].find("rank-1.hmcrec: the file ends after 4 events") !=
         std::string::npos);
   // observed: each step expects what it did.
   const auto observed = hmc::record::mergeRecordings(dir.path, hmc::record::MergeExpect::kObserved);
   CHECK(observed.scenario["steps"][3]["expect"] == "hang");
+}
+
+TEST_CASE("merge: a killed rank the others saw fail crashes unplanned, as the run counted it") {
+  TempDir dir;
+  recordRank(dir.path, 0, true, true, "rank_failure");
+  recordRank(dir.path, 1, false, /*end=*/false);
+  const auto merged = hmc::record::mergeRecordings(dir.path, hmc::record::MergeExpect::kProgram);
+  const json& steps = merged.scenario["steps"];
+  REQUIRE(steps.size() == 6);
+  CHECK(steps[5]["kind"] == "crash");
+  CHECK(steps[5]["planned"] == false);
+  // The scenario reads back, and its outcome counts the crash as one it did not ask for.
+  const auto scenario = hmc::scenario::parseScenario(merged.scenario, "merged.json");
+  CHECK_FALSE(scenario.steps[5].crashPlanned);
 }
 
 TEST_CASE("merge: a missing rank file and a foreign one are named, the rest is merged") {

@@ -163,6 +163,17 @@ TEST_SUITE("report") {
     crashed.crashed = true;
     CHECK((computeOutcome(plain, {ok(0), crashed}) == Outcome::kFail));
     CHECK((computeOutcome(twoSteps(true), {ok(0), crashed}) == Outcome::kPass));
+    // An unplanned crash (a killed rank's recording, merged) fails as in the run it stands
+    // for, whatever other fault steps there are. A planned one is the scenario's own.
+    Scenario unplanned = twoSteps(true);
+    unplanned.steps[1].faultKind = hmc::scenario::FaultKind::kCrash;
+    unplanned.steps[1].crashPlanned = false;
+    Step stall;
+    stall.op = Op::kFault;
+    unplanned.steps.push_back(stall);
+    CHECK((computeOutcome(unplanned, {ok(0), crashed}) == Outcome::kFail));
+    unplanned.steps[1].crashPlanned = true;
+    CHECK((computeOutcome(unplanned, {ok(0), crashed}) == Outcome::kPass));
   }
 
   TEST_CASE("outcomes order as hmc-run's exit codes: invalid > hang > fail > pass") {

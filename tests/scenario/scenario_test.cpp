@@ -227,7 +227,7 @@ TEST_SUITE("scenario") {
       {"op": "fault", "kind": "release_error", "count": 4},
       {"op": "fault", "kind": "busy", "module": "a", "busy": false},
       {"op": "fault", "kind": "stall", "seconds": 0.25},
-      {"op": "fault", "kind": "crash"},
+      {"op": "fault", "kind": "crash", "planned": false},
       {"op": "barrier"},
       {"op": "sleep", "seconds": 2},
       {"op": "repeat", "count": 5, "steps": [{"op": "barrier", "ranks": [1]}]}
@@ -264,6 +264,7 @@ TEST_SUITE("scenario") {
     CHECK_FALSE(s[9].busy);
     CHECK(s[10].seconds == 0.25);
     CHECK(name(s[11].faultKind) == "crash");
+    CHECK_FALSE(s[11].crashPlanned);
     CHECK(name(s[12].op) == "barrier");
     CHECK(s[13].seconds == 2);
     CHECK(s[14].count == 5);
@@ -608,6 +609,12 @@ TEST_SUITE("scenario") {
              "unknown key 'module' for op 'close_all'; expected one of op, ranks, expect, "
              "expect_error, repeat, label; 'module' belongs to ops create, forward, backward, "
              "drop, close and fault kind busy"));
+    CHECK(stepsFailure(R"([{"op": "fault", "kind": "stall", "planned": false}])") ==
+          at("/steps/0/planned",
+             "unknown key 'planned' for fault kind 'stall'; expected one of op, ranks, expect, "
+             "expect_error, repeat, label, kind, seconds; 'planned' belongs to fault kind crash"));
+    CHECK(stepsFailure(R"([{"op": "fault", "kind": "crash", "planned": 1}])") ==
+          at("/steps/0/planned", "expected true or false, got 1"));
     CHECK(stepsFailure(R"([{"op": "barrier", "kind": "crash"}])") ==
           at("/steps/0/kind",
              "unknown key 'kind' for op 'barrier'; expected one of op, ranks, expect, "
@@ -791,7 +798,7 @@ TEST_SUITE("scenario") {
     CHECK(stepsFailure(R"([{"op": "fault", "kind": "crash", "seconds": 1}])") ==
           at("/steps/0/seconds",
              "unknown key 'seconds' for fault kind 'crash'; expected one of op, ranks, expect, "
-             "expect_error, repeat, label, kind; 'seconds' belongs to op sleep and fault kind "
+             "expect_error, repeat, label, kind, planned; 'seconds' belongs to op sleep and fault kind "
              "stall"));
     CHECK(stepsFailure(R"([)" + kCreateA + R"(, {"op": "fault", "kind": "busy", "module": "a",
                           "count": 2}])") ==

@@ -76,7 +76,14 @@ void addExpectation(json& step, const Event& event, MergeExpect mode) {
 
 }  // namespace
 
-std::vector<json> stepsOf(const Recording& recording, MergeExpect expect) {
+bool sawPeerFail(const Recording& recording) {
+  return std::any_of(recording.events.begin(), recording.events.end(), [](const Event& event) {
+    return event.outcome == Outcome::kHang && event.detail.is_object() &&
+           event.detail.value("kind", "") == "rank_failure";
+  });
+}
+
+std::vector<json> stepsOf(const Recording& recording, MergeExpect expect, bool deathSeen) {
   std::vector<json> steps;
   // A rank that worked outside hmc for half a deadline or more between two calls: a sleep that
   // long, so that the replay's ranks meet (or miss) each other's collectives as they did.
@@ -175,9 +182,12 @@ std::vector<json> stepsOf(const Recording& recording, MergeExpect expect) {
     const bool crashed =
         !steps.empty() && steps.back()["op"] == "fault" && steps.back()["kind"] == "crash";
     if (!crashed) {
-      steps.push_back({{"op", "fault"},
-                       {"kind", "crash"},
-                       {"label", "the recording ends here (the rank was killed)"}});
+      json crash = {{"op", "fault"},
+                    {"kind", "crash"},
+                    {"label", "the recording ends here (the rank was killed)"}};
+      // Seen by the others: the run's outcome counted it as a crash it did not ask for.
+      if (deathSeen) crash["planned"] = false;
+      steps.push_back(std::move(crash));
     }
   }
   return steps;
@@ -263,7 +273,11 @@ json mergeToScenario(const std::vector<Recording>& recordings, int worldSize, Me
   double timeoutS = 0;
   std::string name;
   for (const Recording& recording : recordings) {
-    const std::vector<json> steps = stepsOf(recording, expect);
+    const bool deathSeen = std::any_of(
+        recordings.begin(), recordings.end(), [&](const Recording& other) {
+          return other.header.rank != recording.header.rank && sawPeerFail(other);
+        });
+    const std::vector<json> steps = stepsOf(recording, expect, deathSeen);
     for (const auto& step : steps) {
       if (step.contains("device")) devices.insert(step["device"].get<std::string>());
       if (step.contains("dtype")) ++dtypes[step["dtype"].get<std::string>()];

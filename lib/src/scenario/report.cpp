@@ -157,7 +157,13 @@ Outcome computeOutcome(const Scenario& scenario, const std::vector<RankResult>& 
       std::any_of(ranks.begin(), ranks.end(), [](const RankResult& r) { return r.crashed; });
   const bool anyFaultStep = std::any_of(scenario.steps.begin(), scenario.steps.end(),
                                         [](const Step& s) { return s.op == Op::kFault; });
-  if (anyCrash && !anyFaultStep) return Outcome::kFail;
+  // (hmc) A top-level crash that stands for a rank lost from outside (a killed rank's
+  // recording, merged): the crash fails as it did in the run.
+  const bool unplannedCrash =
+      std::any_of(scenario.steps.begin(), scenario.steps.end(), [](const Step& s) {
+        return s.op == Op::kFault && s.faultKind == FaultKind::kCrash && !s.crashPlanned;
+      });
+  if (anyCrash && (!anyFaultStep || unplannedCrash)) return Outcome::kFail;
   bool allExpected = true;
   bool unexpectedHang = false;
   for (const auto& rank : ranks) {

@@ -90,7 +90,7 @@ const std::vector<FaultInfo>& faultTable() {
       {FaultKind::kReleaseError, {"count"}},
       {FaultKind::kBusy, {"module", "busy"}},
       {FaultKind::kStall, {"seconds"}},
-      {FaultKind::kCrash, {}},
+      {FaultKind::kCrash, {"planned"}},
       {FaultKind::kLeak, {"resource", "bytes"}},
   };
   return table;
@@ -764,6 +764,9 @@ class Parser {
         }
         break;
       case FaultKind::kCrash:
+        if (const json* v = find(value, "planned")) {
+          step.crashPlanned = readBool(*v, childPath(path, "planned"));
+        }
         break;
       case FaultKind::kLeak:
         if (const json* v = find(value, "resource")) {

@@ -47,7 +47,16 @@ MergeResult mergeRecordings(const std::string& directory, MergeExpect expect);
 nlohmann::json mergeToScenario(const std::vector<Recording>& recordings, int worldSize,
                                MergeExpect expect, std::vector<std::string>& problems);
 
-// One rank's events as scenario steps (JSON objects), in its order.
-std::vector<nlohmann::json> stepsOf(const Recording& recording, MergeExpect expect);
+// One rank's events as scenario steps (JSON objects), in its order. A rank whose file ends
+// without its end record (killed) ends with a `fault crash`; `deathSeen`: another rank saw a
+// peer fail (a call that hung with rank_failure), so the run's report counted this rank's
+// crash as a failure: the crash is `"planned": false`, and the replay's outcome is `fail` as
+// the run's was. Else the rank was killed after the others' failure (a launcher's teardown of
+// a rank that lingered), and the crash is the scenario's own: the replay hangs as the run did.
+std::vector<nlohmann::json> stepsOf(const Recording& recording, MergeExpect expect,
+                                    bool deathSeen = false);
+
+// Whether `recording` saw a peer fail: a call that hung with rank_failure.
+bool sawPeerFail(const Recording& recording);
 
 }  // namespace hmc::record

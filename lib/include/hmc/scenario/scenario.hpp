@@ -143,6 +143,9 @@ struct Step {
   bool busy = true;    // busy
   LeakResource leakResource = LeakResource::kMemory;  // leak
   std::int64_t leakBytes = 1 << 20;                   // leak of memory
+  // crash: false where the crash stands for a rank lost from outside (a killed rank's
+  // recording, merged): the outcome counts it as a crash the scenario did not ask for.
+  bool crashPlanned = true;
 
   // sleep, fault stall
   double seconds = 0;  // sleep default 0, stall default 1
