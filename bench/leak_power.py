@@ -79,7 +79,7 @@ def main():
     parser.add_argument("hmc_run")
     parser.add_argument("--runs", type=int, default=100)
     parser.add_argument("--cycles", default="50,200")
-    parser.add_argument("--sizes", default="0,16384,32768,65536,131072,262144")
+    parser.add_argument("--sizes", default="0,2048,4096,8192,32768,131072")
     parser.add_argument("--transport", default="threads")
     args = parser.parse_args()
     print(f"# {args.runs} runs each, transport {args.transport}, 2 ranks; a run is flagged when "

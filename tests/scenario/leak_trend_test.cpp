@@ -128,6 +128,40 @@ TEST_SUITE("leak trends") {
     CHECK_FALSE(seriesOf(trends, 0, "open_descriptors").fit);
   }
 
+  TEST_CASE("resident memory: the second half fitted; 3.5 KiB a leak once it starts settled") {
+    const auto residentOf = [](int cycles, const std::function<std::int64_t(int)>& bytes) {
+      TrendRecorder recorder;
+      for (int c = 0; c < cycles; ++c) recorder.add(cycle(1, [](int) { return 5; }, bytes(c)));
+      return recorder.analyze(1);
+    };
+    // A fresh process settling: 8 KiB per cycle for its first 80 cycles, then 1 KiB. Over 200
+    // cycles the fit takes cycles 100-199: flat, under 3.5 KiB.
+    const auto settling = residentOf(200, [](int c) {
+      return (100 << 20) + std::int64_t{8192} * std::min(c, 80) + 1024 * std::max(0, c - 80);
+    });
+    const auto& settled = seriesOf(settling, 0, "resident_bytes");
+    CHECK(settled.fitFrom == 100);
+    CHECK(settled.threshold == hmc::scenario::kSettledResidentThreshold);
+    CHECK((settled.verdict == TrendVerdict::kFlat));
+    CHECK(settled.fit->slope == doctest::Approx(1024));
+    CHECK(settled.text.find("over 100 cycles: no leak (under the threshold of 3.5 KiB") !=
+          std::string::npos);
+    // A leak of 4 KiB (a page) per cycle over 200 cycles: found.
+    const auto leaking =
+        residentOf(200, [](int c) { return (100 << 20) + std::int64_t{4096} * c; });
+    CHECK((seriesOf(leaking, 0, "resident_bytes").verdict == TrendVerdict::kLeak));
+    // The same over 100 cycles: its fit starts at cycle 50, before a process settles, and
+    // 32 KiB is the threshold there.
+    const auto shorter =
+        residentOf(100, [](int c) { return (100 << 20) + std::int64_t{4096} * c; });
+    const auto& early = seriesOf(shorter, 0, "resident_bytes");
+    CHECK(early.fitFrom == 50);
+    CHECK(early.threshold == 32 * 1024.0);
+    CHECK((early.verdict == TrendVerdict::kFlat));
+    // Descriptors keep the trend's warm-up (a tenth): no half left out.
+    CHECK(seriesOf(shorter, 0, "open_descriptors").fitFrom == 10);
+  }
+
   TEST_CASE("a long run keeps at most kMaxTrendPoints per series, merging cycles pairwise") {
     TrendRecorder recorder;
     const int cycles = 5000;

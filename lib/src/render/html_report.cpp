@@ -984,7 +984,10 @@ Trend trendOf(const json& series, long long cycles, long long warmup) {
   Trend trend;
   trend.verdict = textOf(series, "verdict", "?");
   trend.unit = textOf(series, "unit", "count");
-  trend.warmup = warmup;
+  // The series' own first fitted cycle where the report gives one (resident memory fits the
+  // second half of the cycles), else the trend's warm-up.
+  trend.warmup = std::max<long long>(
+      warmup, static_cast<long long>(numberOf(series, "fit_from_cycle").value_or(0)));
   const double stride = std::max(1.0, numberOf(series, "cycle_stride").value_or(1));
   const std::vector<double> all = numbersOf(arrayOf(series, "values"));
   // Each point's cycle: the report's `cycles` (a process sampled every few cycles), else one
@@ -1004,7 +1007,7 @@ Trend trendOf(const json& series, long long cycles, long long warmup) {
   trend.intercept = numberOf(series, "intercept");
   trend.ciLow = numberOf(series, "ci_low");
   trend.ciHigh = numberOf(series, "ci_high");
-  trend.fitFrom = std::clamp(static_cast<double>(warmup), 0.0, trend.lastCycle);
+  trend.fitFrom = std::clamp(static_cast<double>(trend.warmup), 0.0, trend.lastCycle);
   trend.medianCycle = (trend.fitFrom + trend.lastCycle) / 2;
   return trend;
 }

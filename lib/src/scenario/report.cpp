@@ -7,7 +7,6 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
-#include <deque>
 #include <memory>
 
 #include "hmc/config.hpp"
@@ -286,14 +285,23 @@ double medianOf(std::vector<double> values) {
 }  // namespace
 
 struct ReportBuilder::Kept {
-  // One metric: its values repetition after repetition (a deque: no doubling copy as it
-  // grows), ends[r] one past repetition r's last.
-  struct Metric {
-    std::deque<double> values;
-    std::vector<std::uint32_t> ends;
+  // Where one repetition's values of a metric are: pool[begin, begin + count) while values are
+  // kept whole, medians[begin] (count 1, or 0 without values) from summarizedFrom on.
+  struct Span {
+    std::uint32_t begin = 0;
+    std::uint32_t count = 0;
   };
+  struct Metric {
+    std::vector<Span> spans;     // one per repetition
+    std::vector<double> medians;  // past the budget: one per repetition with values
+  };
+  // Every value kept whole, of every metric, in one block of kKeptSampleValues allocated and
+  // written through with the first repetition: keeping them never grows the process, whose
+  // resident memory the leak trend measures (docs/leak-trends.md). Past it a repetition adds
+  // about 12 bytes per metric.
+  std::vector<double> pool;
+  std::size_t whole = 0;  // values kept whole: the pool's used part
   std::map<std::string, Metric> metrics;
-  std::size_t whole = 0;  // values kept whole
   std::optional<std::size_t> summarizedFrom;
   std::map<std::string, LogHistogram> measured;  // kTimingMetrics, measured repetitions
   // The latest repetition's values while it is a warm-up one: timings when the run ends
@@ -319,7 +327,7 @@ void ReportBuilder::add(std::vector<RankResult> ranks) {
   std::size_t values = 0;
   for (const auto& [name, samples] : metrics) values += samples.size();
   if (!kept.summarizedFrom && kept.whole + values > kKeptSampleValues) kept.summarizedFrom = r;
-  if (!kept.summarizedFrom) kept.whole += values;
+  if (kept.pool.empty()) kept.pool.assign(kKeptSampleValues, 0.0);
   if (static_cast<int>(r) >= warmup_) {
     for (const char* name : kTimingMetrics) {
       for (double value : metrics[name]) kept.measured[name].add(value);
@@ -327,14 +335,18 @@ void ReportBuilder::add(std::vector<RankResult> ranks) {
   }
   for (auto& [name, samples] : metrics) {
     auto& metric = kept.metrics[name];
-    const auto end = static_cast<std::uint32_t>(metric.values.size());
-    metric.ends.resize(r, end);  // a metric new in this repetition: none before
+    metric.spans.resize(r);  // a metric new in this repetition: none before
+    Kept::Span span;
     if (!kept.summarizedFrom) {
-      metric.values.insert(metric.values.end(), samples.begin(), samples.end());
+      span = {static_cast<std::uint32_t>(kept.whole), static_cast<std::uint32_t>(samples.size())};
+      std::copy(samples.begin(), samples.end(),
+                kept.pool.begin() + static_cast<std::ptrdiff_t>(kept.whole));
+      kept.whole += samples.size();
     } else if (!samples.empty()) {
-      metric.values.push_back(medianOf(samples));
+      span = {static_cast<std::uint32_t>(metric.medians.size()), 1};
+      metric.medians.push_back(medianOf(samples));
     }
-    metric.ends.push_back(static_cast<std::uint32_t>(metric.values.size()));
+    metric.spans.push_back(span);
   }
   if (static_cast<int>(r) < warmup_) {
     kept.latest = std::move(metrics);
@@ -370,20 +382,20 @@ ScenarioReport ReportBuilder::build(RunInfo info) && {
   report.outcome = outcome_;
   std::map<std::string, std::vector<double>> measured;  // pooled over measured repetitions
   for (auto& [name, metric] : kept.metrics) {
-    metric.ends.resize(count_, static_cast<std::uint32_t>(metric.values.size()));
+    metric.spans.resize(count_);  // a metric absent from the last repetitions: none there
     auto& samples = report.samples.metrics[name];
     samples.perRepetition.resize(count_);
     auto& pooled = measured[name];
-    std::uint32_t begin = 0;
     for (std::size_t r = 0; r < count_; ++r) {
-      const auto from = metric.values.begin() + begin;
-      const auto to = metric.values.begin() + metric.ends[r];
-      samples.perRepetition[r].assign(from, to);
-      if (static_cast<int>(r) >= warmup) pooled.insert(pooled.end(), from, to);
-      begin = metric.ends[r];
+      const Kept::Span span = metric.spans[r];
+      const bool whole = !kept.summarizedFrom || r < *kept.summarizedFrom;
+      const double* from = (whole ? kept.pool.data() : metric.medians.data()) + span.begin;
+      samples.perRepetition[r].assign(from, from + span.count);
+      if (static_cast<int>(r) >= warmup) pooled.insert(pooled.end(), from, from + span.count);
     }
     metric = {};
   }
+  kept.pool = {};
   report.ranks = std::move(shownRanks_);
   report.shownRepetition = static_cast<int>(shown_);
 

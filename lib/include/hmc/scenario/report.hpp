@@ -176,9 +176,13 @@ inline constexpr std::size_t kKeptSampleValues = std::size_t{1} << 18;
 // report shows (the first that did not pass, else the latest), each repetition's timing
 // values up to kKeptSampleValues in all, then each repetition's median per metric, and
 // bounded percentile buckets for `timings`. A long `--repetitions` run (scripts/soak) hands
-// each repetition over as it ends and drops it: past the budget memory grows by about 12
-// bytes per metric and repetition. Within the budget the report is the one buildReport gives
-// for the same repetitions. Not thread-safe; `scenario` must outlive the builder.
+// each repetition over as it ends and drops it. The values kept whole live in one block of
+// kKeptSampleValues (2 MiB), allocated and written through at the first repetition, and the
+// leak trend's series are sized to their cap when they begin: what the builder keeps grows
+// the process by about 16 bytes per metric and repetition (where each value is), not by the
+// values, so the leak trend that measures this process sees its own bookkeeping flat
+// (docs/leak-trends.md). Within the budget the report is the one buildReport gives for the
+// same repetitions. Not thread-safe; `scenario` must outlive the builder.
 class ReportBuilder {
  public:
   // `warmup`: the first repetitions not counted in timings (clamped as buildReport does).
