@@ -128,14 +128,14 @@ TEST_SUITE("leak trends") {
     CHECK_FALSE(seriesOf(trends, 0, "open_descriptors").fit);
   }
 
-  TEST_CASE("resident memory: the second half fitted; 3.5 KiB a leak once it starts settled") {
+  TEST_CASE("resident memory over 200 cycles: the second half fitted, 8 KiB a leak") {
     const auto residentOf = [](int cycles, const std::function<std::int64_t(int)>& bytes) {
       TrendRecorder recorder;
       for (int c = 0; c < cycles; ++c) recorder.add(cycle(1, [](int) { return 5; }, bytes(c)));
       return recorder.analyze(1);
     };
     // A fresh process settling: 8 KiB per cycle for its first 80 cycles, then 1 KiB. Over 200
-    // cycles the fit takes cycles 100-199: flat, under 3.5 KiB.
+    // cycles the fit takes cycles 100-199: flat, under 8 KiB.
     const auto settling = residentOf(200, [](int c) {
       return (100 << 20) + std::int64_t{8192} * std::min(c, 80) + 1024 * std::max(0, c - 80);
     });
@@ -144,22 +144,22 @@ TEST_SUITE("leak trends") {
     CHECK(settled.threshold == hmc::scenario::kSettledResidentThreshold);
     CHECK((settled.verdict == TrendVerdict::kFlat));
     CHECK(settled.fit->slope == doctest::Approx(1024));
-    CHECK(settled.text.find("over 100 cycles: no leak (under the threshold of 3.5 KiB") !=
+    CHECK(settled.text.find("over 100 cycles: no leak (under the threshold of 8.0 KiB") !=
           std::string::npos);
-    // A leak of 4 KiB (a page) per cycle over 200 cycles: found.
+    // A leak of 16 KiB per cycle over 200 cycles: found.
     const auto leaking =
-        residentOf(200, [](int c) { return (100 << 20) + std::int64_t{4096} * c; });
+        residentOf(200, [](int c) { return (100 << 20) + std::int64_t{16384} * c; });
     CHECK((seriesOf(leaking, 0, "resident_bytes").verdict == TrendVerdict::kLeak));
-    // The same over 100 cycles: its fit starts at cycle 50, before a process settles, and
-    // 32 KiB is the threshold there.
+    // Descriptors keep the trend's warm-up (a tenth): no half left out.
+    CHECK(seriesOf(leaking, 0, "open_descriptors").fitFrom == 20);
+    // The same over 100 cycles: a half would start before a process settles; the fit keeps
+    // the warm-up and 32 KiB is the threshold.
     const auto shorter =
-        residentOf(100, [](int c) { return (100 << 20) + std::int64_t{4096} * c; });
+        residentOf(100, [](int c) { return (100 << 20) + std::int64_t{16384} * c; });
     const auto& early = seriesOf(shorter, 0, "resident_bytes");
-    CHECK(early.fitFrom == 50);
+    CHECK(early.fitFrom == 10);
     CHECK(early.threshold == 32 * 1024.0);
     CHECK((early.verdict == TrendVerdict::kFlat));
-    // Descriptors keep the trend's warm-up (a tenth): no half left out.
-    CHECK(seriesOf(shorter, 0, "open_descriptors").fitFrom == 10);
   }
 
   TEST_CASE("a long run keeps at most kMaxTrendPoints per series, merging cycles pairwise") {

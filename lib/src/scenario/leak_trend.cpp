@@ -3,7 +3,6 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <fmt/format.h>
-#include <malloc.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -91,13 +90,6 @@ std::optional<ProcessSample> sampleProcess() {
   };
   char buffer[1024];
   ProcessSample sample;
-#ifdef __GLIBC__
-  // Free heap pages back to the system first (glibc keeps freed memory of every arena
-  // resident): the resident memory then follows what the process holds, not where the
-  // allocator's free space lies. Without it a clean run's own allocations wander through its
-  // arenas and grow its resident memory by 1-8 KiB per cycle for hundreds of cycles.
-  ::malloc_trim(0);
-#endif
   // statm: size resident shared text lib data dt (pages).
   if (slurp("/proc/self/statm", buffer, sizeof buffer) == 0) return std::nullopt;
   long long size = 0;
@@ -347,13 +339,13 @@ LeakTrends TrendRecorder::analyze(int warmup, double confidence) const {
     series.cycles = whole.cycles;
     series.threshold = info.threshold;
     // Resident memory: a fresh process's allocator arenas and LibTorch's caches grow by up to
-    // 8 KiB per cycle in its first ~100 cycles on a clean run (docs/leak-trends.md), so its
-    // fit takes the second half of the cycles, and the smaller threshold applies once that
-    // half starts past them.
+    // 8 KiB per cycle in its first ~100 cycles on a clean run (docs/leak-trends.md). A run
+    // long enough that its second half starts past them is fitted over that half, with the
+    // smaller threshold.
     int from = out.warmup;
-    if (metric == "resident_bytes") {
+    if (metric == "resident_bytes" && cycles_ / 2 >= kSettledCycles) {
       from = std::max(from, cycles_ / 2);
-      if (from >= kSettledCycles) series.threshold = kSettledResidentThreshold;
+      series.threshold = kSettledResidentThreshold;
     }
     series.fitFrom = from;
     // The fit takes the points past the warm-up, x their mean cycle.
