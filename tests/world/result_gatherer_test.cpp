@@ -71,6 +71,19 @@ void writeWaiting(MemoryStore& kv, int rank, std::uint64_t beat, double inStage,
 
 using hmc::testing::deadPid;
 
+// The reporting rank 0 of `world` ranks with its own result (`marker`), the store `kv` waited
+// for `wait`, and the missing-rank rule why().
+hmc::world::GatherPlan planOf(std::shared_ptr<MemoryStore> kv, int world, std::uint64_t marker,
+                              std::chrono::milliseconds wait) {
+  hmc::world::GatherPlan plan;
+  plan.placement = rankOf(0, world);
+  plan.own = {resultOf(0, marker)};
+  plan.kv = std::move(kv);
+  plan.storeWait = wait;
+  plan.missingWhy = why;
+  return plan;
+}
+
 }  // namespace
 
 TEST_SUITE("result gatherer") {
@@ -173,12 +186,7 @@ TEST_SUITE("result gatherer") {
   TEST_CASE("the one gatherer: the folder, the store, this rank's own results in place") {
     auto kv = std::make_shared<MemoryStore>();
     kv->set(hmc::world::keys::result(2), hmc::world::rankResultsDocument({resultOf(2, 7)}));
-    hmc::world::GatherPlan plan;
-    plan.placement = rankOf(0, 3);
-    plan.own = {resultOf(0, 5)};
-    plan.kv = kv;
-    plan.storeWait = 200ms;
-    plan.missingWhy = why;
+    hmc::world::GatherPlan plan = planOf(kv, 3, 5, 200ms);
     plan.whenStoreUnread = [](int rank, const std::string&) { return "unread " + why(rank); };
     const auto gathered = hmc::world::gatherEveryRank(std::move(plan));
     CHECK(gathered.storeRead);
@@ -194,12 +202,7 @@ TEST_SUITE("result gatherer") {
     auto kv = std::make_shared<MemoryStore>();
     kv->set(hmc::world::keys::result(1), hmc::world::rankResultsDocument({resultOf(1, 7)}));
     kv->stall(5s);  // longer than the gatherer may wait: the read is abandoned, still stalled
-    hmc::world::GatherPlan plan;
-    plan.placement = rankOf(0, 2);
-    plan.own = {resultOf(0, 5)};
-    plan.kv = kv;
-    plan.storeWait = 100ms;
-    plan.missingWhy = why;
+    hmc::world::GatherPlan plan = planOf(kv, 2, 5, 100ms);
     plan.whenStoreUnread = [](int rank, const std::string& problem) {
       return "unread " + why(rank) + " (" + problem + ")";
     };

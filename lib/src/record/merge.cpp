@@ -272,11 +272,14 @@ json mergeToScenario(const std::vector<Recording>& recordings, int worldSize, Me
   std::map<std::string, int> dtypes;
   double timeoutS = 0;
   std::string name;
+  // The ranks whose recording saw a peer fail, each read once.
+  std::set<int> sawFail;
   for (const Recording& recording : recordings) {
-    const bool deathSeen = std::any_of(
-        recordings.begin(), recordings.end(), [&](const Recording& other) {
-          return other.header.rank != recording.header.rank && sawPeerFail(other);
-        });
+    if (sawPeerFail(recording)) sawFail.insert(recording.header.rank);
+  }
+  for (const Recording& recording : recordings) {
+    const bool deathSeen =
+        sawFail.size() > sawFail.count(recording.header.rank);  // another rank saw it
     const std::vector<json> steps = stepsOf(recording, expect, deathSeen);
     for (const auto& step : steps) {
       if (step.contains("device")) devices.insert(step["device"].get<std::string>());

@@ -296,9 +296,10 @@ struct ReportBuilder::Kept {
     std::vector<double> medians;  // past the budget: one per repetition with values
   };
   // Every value kept whole, of every metric, in one block of kKeptSampleValues allocated and
-  // written through with the first repetition: keeping them never grows the process, whose
-  // resident memory the leak trend measures (docs/leak-trends.md). Past it a repetition adds
-  // about 12 bytes per metric.
+  // written through with the second repetition: keeping them never grows the process across
+  // cycles, whose resident memory the leak trend measures (docs/leak-trends.md). A report of
+  // one repetition keeps just its own. Past the block a repetition adds about 16 bytes per
+  // metric.
   std::vector<double> pool;
   std::size_t whole = 0;  // values kept whole: the pool's used part
   std::map<std::string, Metric> metrics;
@@ -327,7 +328,10 @@ void ReportBuilder::add(std::vector<RankResult> ranks) {
   std::size_t values = 0;
   for (const auto& [name, samples] : metrics) values += samples.size();
   if (!kept.summarizedFrom && kept.whole + values > kKeptSampleValues) kept.summarizedFrom = r;
-  if (kept.pool.empty()) kept.pool.assign(kKeptSampleValues, 0.0);
+  if (const std::size_t wanted = r == 0 ? std::min(values, kKeptSampleValues) : kKeptSampleValues;
+      kept.pool.size() < wanted) {
+    kept.pool.resize(wanted, 0.0);
+  }
   if (static_cast<int>(r) >= warmup_) {
     for (const char* name : kTimingMetrics) {
       for (double value : metrics[name]) kept.measured[name].add(value);

@@ -177,7 +177,7 @@ inline constexpr std::size_t kKeptSampleValues = std::size_t{1} << 18;
 // values up to kKeptSampleValues in all, then each repetition's median per metric, and
 // bounded percentile buckets for `timings`. A long `--repetitions` run (scripts/soak) hands
 // each repetition over as it ends and drops it. The values kept whole live in one block of
-// kKeptSampleValues (2 MiB), allocated and written through at the first repetition, and the
+// kKeptSampleValues (2 MiB), allocated and written through at the second repetition, and the
 // leak trend's series are sized to their cap when they begin: what the builder keeps grows
 // the process by about 16 bytes per metric and repetition (where each value is), not by the
 // values, so the leak trend that measures this process sees its own bookkeeping flat

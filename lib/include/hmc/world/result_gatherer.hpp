@@ -8,10 +8,10 @@
 // error.
 
 #include <chrono>
-#include <memory>
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
