@@ -12,7 +12,11 @@ Cases (torchrun and mpirun, as users start them, on 127.0.0.1):
     the waiting rank; the JSON report (HMC_REPORT) says the same and `hmc-run render` draws it;
     the launcher's exit is not 0;
   - torchrun stopped with SIGTERM: rank 0 reports what every rank was doing before the signal;
-  - a rank that dies in the middle of its steps: rank 0's report names it with its host.
+  - a rank that dies in the middle of its steps: rank 0's report names it with its host;
+  - mpirun's own teardown after a rank is killed (-9) while rank 0 works alone: Open MPI sends
+    SIGCONT, SIGTERM a second later and SIGKILL 50 ms after that; rank 0's report, made at the
+    SIGCONT, names the killed rank (its connection closed) and where every other rank waited,
+    each with its host, within 3 s of the kill.
 
 Exit 0 when every case passed, 1 when one failed, 77 (CTest skip) when none failed but a
 launcher is missing (each skipped case says why).
@@ -230,6 +234,55 @@ def check_crash():
     assert re.search(rf"^  rank 1 \({re.escape(HOST)}:\d+\): ", text, re.M), run
 
 
+def rank_pid(name, rank):
+    """The pid of the example process of rank `rank` of the mpirun job named `name` (HMC_NAME),
+    found by its environment, or None."""
+    wanted = {f"HMC_NAME={name}".encode(), f"OMPI_COMM_WORLD_RANK={rank}".encode()}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/comm") as comm:
+                if comm.read().strip() != os.path.basename(EXAMPLE)[:15]:
+                    continue
+            with open(f"/proc/{entry}/environ", "rb") as environ:
+                if wanted <= set(environ.read().split(b"\0")):
+                    return int(entry)
+        except OSError:
+            continue
+    return None
+
+
+def check_mpirun_killed_rank():
+    """kill -9 of rank 2 of 4 while it waits in its close and rank 0 works alone: mpirun tears
+    the job down (SIGCONT, SIGTERM 1 s later, SIGKILL 50 ms after it); rank 0 reports at the
+    SIGCONT, before the SIGKILL that a report made at the SIGTERM did not outrun."""
+    name = f"killed-{os.getpid()}"
+    run = Run(mpirun(4, ["--steps", "20", "--skip-close", "0", "--linger", "60"]),
+              environment({"HMC_NAME": name, "HMC_TIMEOUT": "30"}), bound=120)
+    run.wait_for(r"# example: rank 0 skips its close", 90)
+    for rank in (1, 2, 3):
+        run.wait_for(rf"# example: rank {rank} closing its model", 30)
+    time.sleep(0.5)  # into 'close validation'
+    pid = rank_pid(name, 2)
+    assert pid is not None, f"no process of rank 2 found:\n{run}"
+    killed = time.monotonic() - run.began
+    os.kill(pid, 9)
+    verdict_at, _ = run.wait_for(r"^# STOPPED: mpirun began tearing the job down", 30)
+    code = run.finish()
+    text = run.text()
+    assert code != 0, f"exit 0 after a rank was killed:\n{run}"
+    assert verdict_at - killed <= 3.0, f"the report came {verdict_at - killed:.2f} s after the " \
+                                       f"kill:\n{run}"
+    host = re.escape(HOST)
+    assert re.search(rf"^  rank 2 \({host}:{pid}\): no end within .*its connection with rank 0 "
+                     rf"had closed: it exited, crashed or was killed$", text, re.M), run
+    for rank in (1, 3):
+        assert re.search(rf"^  rank {rank} \({host}:\d+\): (stopped by mpirun's teardown .* "
+                         rf"while waiting in|hang in) 'close validation' #\d+", text, re.M), run
+    assert re.search(rf"^  rank 0 \({host}:\d+\): stopped by mpirun's teardown", text, re.M), run
+
+
 CASES = [
     ("torchrun_2_clean", lambda: check_clean("torchrun", 2)),
     ("torchrun_4_clean", lambda: check_clean("torchrun", 4)),
@@ -239,6 +292,7 @@ CASES = [
     ("mpirun_2_skipped_close", lambda: check_skipped_close("mpirun", 2, False)),
     ("torchrun_2_sigterm", check_sigterm),
     ("torchrun_2_crash", check_crash),
+    ("mpirun_4_killed_rank", check_mpirun_killed_rank),
 ]
 
 

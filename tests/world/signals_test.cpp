@@ -2,7 +2,7 @@
 // with 128 + the signal unless the callback leaves the exit to its owner; a second signal during
 // the callback ends the process, but for a SIGTERM repeated at once; a SIGCONT to a running
 // process is Open MPI's warning (the callback runs), a SIGCONT that resumes a stopped process
-// is not.
+// is not; the same for a SignalForwarder given a warning (hmc::World under mpirun).
 #include "hmc/world/signals.hpp"
 
 #include <doctest/doctest.h>
@@ -182,5 +182,37 @@ TEST_SUITE("signals") {
     CHECK(seen == "rw");
     kill(child, SIGTERM);
     CHECK(exitOf(child) == 143);
+  }
+
+  TEST_CASE("a forwarder with a warning: SIGCONT to a running process is one, a resume is not") {
+    // hmc::World under mpirun: the program's threads take the signals (no blocking), the
+    // forwarder's SIGCONT handler counts them and its thread calls onWarning.
+    Pipe p;
+    const int fd = p.fds[1];
+    const pid_t child = fork();
+    if (child == 0) {
+      hmc::world::SignalScope scope;
+      {
+        hmc::world::SignalForwarder forwarder([&](int, const std::string&) { _exit(9); },
+                                              [&] { (void)!write(fd, "w", 1); });
+        (void)!write(fd, "r", 1);
+        std::this_thread::sleep_for(20s);
+      }
+      _exit(0);
+    }
+    std::string seen;
+    REQUIRE(waitFor(p.fds[0], seen, "r"));
+    kill(child, SIGCONT);
+    CHECK(waitFor(p.fds[0], seen, "w"));
+    kill(child, SIGSTOP);
+    std::this_thread::sleep_for(1500ms);
+    kill(child, SIGCONT);
+    std::this_thread::sleep_for(500ms);
+    seen += drain(p.fds[0]);
+    CHECK(seen == "rw");
+    kill(child, SIGCONT);  // running again for 500 ms: a warning
+    CHECK(waitFor(p.fds[0], seen, "rww"));
+    kill(child, SIGTERM);  // the forwarder's signal callback
+    CHECK(exitOf(child) == 9);
   }
 }

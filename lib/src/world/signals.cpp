@@ -43,6 +43,10 @@ extern "C" void secondSignal(int signal) {
   ::raise(signal);
 }
 
+// SIGCONTs seen while a SignalForwarder with a warning takes them.
+std::atomic<std::uint64_t> gContinues{0};
+extern "C" void countContinue(int) { gContinues.fetch_add(1); }
+
 extern "C" void recordSignal(int signal) {
   if (gSignal.exchange(signal) != 0) {
     secondSignal(signal);  // the user means it, unless a launcher only repeated its SIGTERM
@@ -141,21 +145,46 @@ TerminationWatcher::~TerminationWatcher() {
   thread_.join();
 }
 
-SignalForwarder::SignalForwarder(std::function<void(int, const std::string&)> onSignal)
-    : thread_([this, onSignal = std::move(onSignal)] {
-        while (!done_.load()) {
-          if (const int signal = pendingSignal(); signal != 0) {
-            onSignal(signal,
-                     fmt::format("interrupted by signal {} ({})", signal, strsignal(signal)));
-            return;
-          }
-          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+SignalForwarder::SignalForwarder(std::function<void(int, const std::string&)> onSignal,
+                                 std::function<void()> onWarning) {
+  if (onWarning) {
+    struct sigaction action {};
+    action.sa_handler = countContinue;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESTART;
+    takesContinue_ = sigaction(SIGCONT, &action, &oldContinue_) == 0;
+  }
+  thread_ = std::thread([this, onSignal = std::move(onSignal), onWarning = std::move(onWarning)] {
+    using Clock = std::chrono::steady_clock;
+    auto lastWake = Clock::now();
+    auto resumedAt = lastWake - std::chrono::hours(1);  // never resumed yet
+    std::uint64_t continues = gContinues.load();
+    while (!done_.load()) {
+      if (const int signal = pendingSignal(); signal != 0) {
+        onSignal(signal, fmt::format("interrupted by signal {} ({})", signal, strsignal(signal)));
+        return;
+      }
+      if (onWarning) {
+        // A wake over a second after the last marks a resume (the SIGCONT that ended a stop
+        // may be counted at this wake or the next).
+        const auto now = Clock::now();
+        if (now - lastWake > std::chrono::seconds(1)) resumedAt = now;
+        lastWake = now;
+        if (const std::uint64_t seen = gContinues.load(); seen != continues) {
+          continues = seen;
+          if (now - resumedAt > std::chrono::milliseconds(500)) onWarning();
+          lastWake = Clock::now();
         }
-      }) {}
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  });
+}
 
 SignalForwarder::~SignalForwarder() {
   done_ = true;
   thread_.join();
+  if (takesContinue_) sigaction(SIGCONT, &oldContinue_, nullptr);
 }
 
 }  // namespace hmc::world

@@ -5,6 +5,8 @@
 #include <spdlog/spdlog.h>
 #include <string.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
@@ -12,6 +14,8 @@
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -43,6 +47,13 @@ constexpr std::chrono::milliseconds kWaitAfterHang{1000};
 // After a launcher's termination signal, which every rank gets at about once: torchrun and srun
 // leave seconds before their SIGKILL.
 constexpr std::chrono::milliseconds kWaitAfterSignal{500};
+// Open MPI's teardown sends SIGCONT, SIGTERM 1 s later and SIGKILL 50 ms after that (strace,
+// Open MPI 4.1, 4 ranks: the report made at the SIGTERM never came): rank 0 reports at the
+// SIGCONT, its wait for the others' ends within this, and the job status read after it.
+constexpr std::chrono::milliseconds kWaitAtWarning{400};
+// After a report made at that warning, the main thread's own end waits this long for the
+// SIGTERM before it reports again (a SIGCONT not from a teardown: the job goes on).
+constexpr std::chrono::milliseconds kAfterWarning{2000};
 // Each store request of the end.
 constexpr std::chrono::milliseconds kStoreRequest{2000};
 inline constexpr const char* kEndFormat = "hmc-world-end/1";
@@ -184,14 +195,16 @@ std::optional<diagnostics::FlightEntry> firstHang(const diagnostics::FlightRecor
 // forwarder before it looked) ends the process too, once the program's handlers are back.
 class TerminationSignals {
  public:
-  explicit TerminationSignals(std::function<void(int signal)> onSignal)
+  // `onWarning`, when given: Open MPI's warning (SignalForwarder), on the same thread.
+  TerminationSignals(std::function<void(int signal)> onSignal, std::function<void()> onWarning)
       : scope_(std::make_unique<world::SignalScope>()),
         forwarder_(std::make_unique<world::SignalForwarder>(
             [onSignal = std::move(onSignal)](int signal, const std::string&) {
               onSignal(signal);
               ::signal(signal, SIG_DFL);
               ::raise(signal);
-            })) {}
+            },
+            std::move(onWarning))) {}
   TerminationSignals(const TerminationSignals&) = delete;
   TerminationSignals& operator=(const TerminationSignals&) = delete;
   ~TerminationSignals() {
@@ -259,6 +272,10 @@ struct World::Impl {
   std::shared_ptr<collective::KeyValueStore> signalKv;
   std::mutex reportMutex;
   bool reported = false;
+  // Open MPI's warning came (set first, read by a gather of the main thread's), and when rank
+  // 0 reported at it (under reportMutex).
+  std::atomic<bool> warning{false};
+  std::optional<Clock::time_point> reportedAtWarning;
   std::unique_ptr<TerminationSignals> signals;
 
   ~Impl() {
@@ -271,15 +288,23 @@ struct World::Impl {
   }
 
   RankEnd closeOwn();
-  // What this rank was doing when `signal` came.
+  // What this rank was doing when `signal` came (0: Open MPI's warning of its teardown).
   RankEnd stoppedEnd(int signal) const;
   void publish(const RankEnd& own, collective::KeyValueStore& store);
-  // Rank 0: every rank's end, printed (and written to reportPath); `signal`: stopped by it.
-  WorldEnd report(const RankEnd& own, collective::KeyValueStore& store, int signal = 0);
+  // Rank 0: every rank's end, printed (and written to reportPath); `signal`: stopped by it;
+  // `atWarning`: at Open MPI's warning, the others' ends or the snapshots they published then.
+  WorldEnd report(const RankEnd& own, collective::KeyValueStore& store, int signal = 0,
+                  bool atWarning = false);
+  // Every rank's end: polls until each is there, a rank is gone (rankGone: announced dead or
+  // silent), or `wait` passes; cut to kWaitAtWarning once Open MPI's warning comes. With
+  // `early` (or once warned), a rank's snapshot from the warning stands for its end.
   std::map<int, RankEnd> gatherEnds(const RankEnd& own, std::chrono::milliseconds wait,
-                                    collective::KeyValueStore& store);
+                                    collective::KeyValueStore& store, bool early);
   // The signal's thread: hand on what this rank did before the signal ends the process.
   void onSignal(int signal);
+  // The signal's thread, at Open MPI's warning (mpirun only): each rank publishes a snapshot of
+  // where it is; rank 0 reports from them, while the process still has a second.
+  void onWarning();
   // Under reportMutex, once: publishes `own` (the end a signal that came already makes, in its
   // place) and, on rank 0, reports every rank's.
   WorldEnd handOn(RankEnd own, collective::KeyValueStore& store);
@@ -342,7 +367,8 @@ RankEnd World::Impl::stoppedEnd(int signal) const {
   own.host = hostName();
   own.pid = processId();
   own.status = "stopped";
-  own.error = fmt::format("stopped by signal {} ({})", signal, strsignal(signal));
+  own.error = signal != 0 ? fmt::format("stopped by signal {} ({})", signal, strsignal(signal))
+                          : std::string("stopped by mpirun's teardown (its SIGCONT, then SIGTERM)");
   if (const auto last = recorder->last()) {
     own.stage = last->stage;
     own.sequence = last->sequence;
@@ -357,8 +383,32 @@ RankEnd World::Impl::stoppedEnd(int signal) const {
 void World::Impl::onSignal(int signal) {
   std::lock_guard<std::mutex> guard(reportMutex);
   if (reported || !signalKv) return;
+  if (reportedAtWarning) {
+    reported = true;  // the report of the warning a second ago is this signal's
+    return;
+  }
   handOn(stoppedEnd(signal), *signalKv);
   std::fflush(stderr);
+}
+
+void World::Impl::onWarning() {
+  warning = true;  // a gather of the main thread's stops waiting for the ranks that are gone
+  // The main thread reporting already finishes within the warning's second by itself.
+  std::unique_lock<std::mutex> guard(reportMutex, std::try_to_lock);
+  if (!guard.owns_lock() || reported || !signalKv) return;
+  const RankEnd own = stoppedEnd(0);
+  if (placement.rank != 0) {
+    try {
+      signalKv->set(world::keys::worldEndAtWarning(placement.rank), own.toJson().dump());
+    } catch (const std::exception& error) {
+      spdlog::warn("hmc world: rank {} cannot publish where it was at mpirun's teardown: {}",
+                   placement.rank, error.what());
+    }
+    return;
+  }
+  report(own, *signalKv, SIGTERM, true);
+  std::fflush(stderr);
+  reportedAtWarning = Clock::now();
 }
 
 WorldEnd World::Impl::handOn(RankEnd own, collective::KeyValueStore& store) {
@@ -381,17 +431,45 @@ WorldEnd World::Impl::handOn(RankEnd own, collective::KeyValueStore& store) {
 
 // The other ranks' ends, waiting up to `wait` (ranks that fell silent are not waited for).
 std::map<int, RankEnd> World::Impl::gatherEnds(const RankEnd& own, std::chrono::milliseconds wait,
-                                               collective::KeyValueStore& store) {
+                                               collective::KeyValueStore& store, bool early) {
   std::map<int, RankEnd> ends{{own.rank, own}};
   world::SilentRanks silent(options.timeout);
+  const int size = placement.worldSize;
+  // The key that holds rank `rank`'s end, if any yet: its own end, else (early) its snapshot.
+  const auto keyOf = [&](int rank) -> std::optional<std::string> {
+    if (store.check({world::keys::worldEnd(rank)})) return world::keys::worldEnd(rank);
+    if (early && store.check({world::keys::worldEndAtWarning(rank)}))
+      return world::keys::worldEndAtWarning(rank);
+    return std::nullopt;
+  };
   try {
-    world::waitForRanks(store, world::keys::worldEnd, placement.worldSize, Clock::now() + wait,
-                        nullptr, placement.rank, &silent);
-    for (int rank = 0; rank < placement.worldSize; ++rank) {
-      if (rank == own.rank || !store.check({world::keys::worldEnd(rank)})) continue;
+    std::vector<std::string> all;
+    for (int rank = 0; rank < size; ++rank)
+      if (rank != own.rank) all.push_back(world::keys::worldEnd(rank));
+    auto deadline = Clock::now() + wait;
+    for (int round = 0;; ++round) {
+      if (store.check(all)) break;
+      if (!early && warning.load()) {
+        early = true;  // mpirun tears the job down: SIGKILL comes in a second
+        deadline = std::min(deadline, Clock::now() + kWaitAtWarning);
+      }
+      bool missing = false;
+      bool gone = false;
+      for (int rank = 0; rank < size && !gone; ++rank) {
+        if (rank == own.rank || keyOf(rank)) continue;
+        missing = true;
+        // Every ~50 ms: a rank announced dead or fallen silent is not waited for.
+        gone = round % 10 == 9 && world::rankGone(store, nullptr, rank, own.rank, &silent);
+      }
+      if (!missing || gone || Clock::now() >= deadline) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    for (int rank = 0; rank < size; ++rank) {
+      if (rank == own.rank) continue;
+      const auto key = keyOf(rank);
+      if (!key) continue;
       try {
-        ends[rank] =
-            RankEnd::fromJson(json::parse(store.get(world::keys::worldEnd(rank), kStoreRequest)));
+        ends[rank] = RankEnd::fromJson(json::parse(store.get(*key, kStoreRequest)));
       } catch (const json::exception& error) {
         spdlog::warn("hmc world: rank {}'s end is unreadable: {}", rank, error.what());
       }
@@ -406,7 +484,7 @@ namespace {
 
 // A rank that left no end within `wait`: where its heartbeat says it was, and its host.
 json missingRank(int rank, const std::optional<diagnostics::JobStatus>& status,
-                 std::chrono::milliseconds wait) {
+                 std::chrono::milliseconds wait, bool connectionClosed) {
   std::string where = "host unknown";
   std::string what = "no heartbeat";
   if (status && rank < static_cast<int>(status->ranks.size())) {
@@ -425,19 +503,32 @@ json missingRank(int rank, const std::optional<diagnostics::JobStatus>& status,
     }
     if (rankStatus.dead) what += "; announced dead: " + *rankStatus.dead;
   }
-  const std::string text = fmt::format("no end within {:g} s; its heartbeat: {}",
-                                       std::chrono::duration<double>(wait).count(), what);
+  std::string text = fmt::format("no end within {:g} s; its heartbeat: {}",
+                                 std::chrono::duration<double>(wait).count(), what);
+  if (connectionClosed) {
+    text += "; its connection with rank 0 had closed: it exited, crashed or was killed";
+  }
   return {{"rank", rank}, {"status", "missing"}, {"where", where}, {"error", text}};
 }
 
 }  // namespace
 
-WorldEnd World::Impl::report(const RankEnd& own, collective::KeyValueStore& store, int signal) {
+WorldEnd World::Impl::report(const RankEnd& own, collective::KeyValueStore& store, int signal,
+                             bool atWarning) {
   const int size = placement.worldSize;
-  const auto wait = signal != 0            ? kWaitAfterSignal
+  const auto wait = atWarning              ? kWaitAtWarning
+                    : signal != 0          ? kWaitAfterSignal
                     : own.status == "hang" ? kWaitAfterHang
                                            : options.timeout;
-  const std::map<int, RankEnd> ends = gatherEnds(own, wait, store);
+  const auto began = Clock::now();
+  const std::map<int, RankEnd> ends = gatherEnds(own, wait, store, atWarning);
+  const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - began);
+  // The ranks whose connections with this one closed (exited, crashed or killed), where the
+  // transport can tell, for those that left no end.
+  std::vector<int> closed;
+  if (static_cast<int>(ends.size()) < size) {
+    if (const auto closedPeers = transport.collective->closedPeers()) closed = closedPeers();
+  }
   std::optional<diagnostics::JobStatus> status;
   if (static_cast<int>(ends.size()) < size || !own.clean()) {
     try {
@@ -460,7 +551,8 @@ WorldEnd World::Impl::report(const RankEnd& own, collective::KeyValueStore& stor
       ranks.push_back(found.toJson());
     } else {
       anyHang = true;
-      ranks.push_back(missingRank(rank, status, wait));
+      const bool connectionClosed = std::find(closed.begin(), closed.end(), rank) != closed.end();
+      ranks.push_back(missingRank(rank, status, std::min(wait, waited), connectionClosed));
       lines.push_back(fmt::format("  rank {} ({}): {}", rank,
                                   ranks.back()["where"].get<std::string>(),
                                   ranks.back()["error"].get<std::string>()));
@@ -470,10 +562,13 @@ WorldEnd World::Impl::report(const RankEnd& own, collective::KeyValueStore& stor
   end.hung = anyHang;
   end.clean = !anyHang && !anyError;
   end.exitCode = signal != 0 ? 128 + signal : anyHang ? 3 : (anyError ? 1 : 0);
-  end.summary = signal != 0 ? fmt::format(
-                                  "STOPPED: rank 0 was stopped by signal {} ({}); what every rank "
-                                  "did until then is above",
-                                  signal, strsignal(signal))
+  end.summary = atWarning ? std::string(
+                                 "STOPPED: mpirun began tearing the job down (its SIGCONT, 1 s "
+                                 "before SIGTERM); what every rank did until then is above")
+                : signal != 0 ? fmt::format(
+                                    "STOPPED: rank 0 was stopped by signal {} ({}); what every "
+                                    "rank did until then is above",
+                                    signal, strsignal(signal))
                 : end.clean ? fmt::format("OK: every rank of {} ended cleanly", size)
                 : anyHang   ? "HUNG: some rank did not reach the end or hung in a collective"
                             : "FAILED: some rank's close failed or left resources behind";
@@ -554,6 +649,19 @@ WorldEnd World::close() {
   impl_->watchdog->beatNow();
   // Complete before the report: a rank that is killed while the others report keeps it.
   if (record::Recorder* recording = impl_->manager->recorder()) recording->end();
+  // Rank 0 reported at Open MPI's warning a moment ago: the SIGTERM that follows it within a
+  // second ends the process; a report now would be a second one. Should it not come (a SIGCONT
+  // that was not a teardown), the end goes on.
+  std::optional<Clock::time_point> warned;
+  {
+    std::lock_guard<std::mutex> guard(impl_->reportMutex);
+    warned = impl_->reportedAtWarning;
+  }
+  if (warned) {
+    while (Clock::now() < *warned + kAfterWarning && world::pendingSignal() == 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
   WorldEnd end;
   {
     std::lock_guard<std::mutex> guard(impl_->reportMutex);
@@ -616,8 +724,12 @@ World joinWorld(JoinOptions options) {
 
   impl->signalKv = impl->transport.control->keyValueStore();
   World::Impl* raw = impl.get();
-  impl->signals =
-      std::make_unique<TerminationSignals>([raw](int signal) { raw->onSignal(signal); });
+  // Open MPI's warning only under mpirun: no other launcher sends a SIGCONT to running ranks
+  // (Slurm's at a time limit comes with its SIGTERM).
+  impl->signals = std::make_unique<TerminationSignals>(
+      [raw](int signal) { raw->onSignal(signal); },
+      placement.launcher == "mpirun" ? std::function<void()>([raw] { raw->onWarning(); })
+                                     : std::function<void()>());
 
   impl->manager = std::make_shared<lifecycle::ResourceManager>(impl->transport.collective);
   impl->processScope = std::make_unique<lifecycle::ResourceManager::ProcessScope>(impl->manager);

@@ -24,6 +24,11 @@ inline std::string vote(int repetition, int rank) {
   return votes(repetition) + "/" + std::to_string(rank);
 }
 inline std::string worldEnd(int rank) { return "world/end/" + std::to_string(rank); }
+// hmc::World: where rank <rank> was at Open MPI's warning of its teardown (a snapshot that
+// stands for its end when none comes before the SIGKILL).
+inline std::string worldEndAtWarning(int rank) {
+  return "world/end-at-warning/" + std::to_string(rank);
+}
 inline constexpr const char* kResultsRead = "results-read";
 inline constexpr const char* kEvidenceFolder = "evidence/folder";
 

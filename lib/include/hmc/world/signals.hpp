@@ -44,15 +44,24 @@ void unblockTerminationSignals();
 // `onSignal(signal, "interrupted by signal N (NAME)")` once, at the first; stops with its
 // destructor. The one home of that loop for the thread ranks' driver and for shrink, which keeps
 // one for all its trials.
+//
+// `onWarning`, when given: the forwarder also takes SIGCONT (a handler that counts it, the
+// previous action restored by the destructor) and calls onWarning() on its thread at a SIGCONT
+// to a running process: Open MPI's warning, 1 s before its SIGTERM (teardown.hpp). A SIGCONT
+// that resumes a stopped process is told apart as TerminationWatcher does: the forwarder, awake
+// every 20 ms, saw no wake for over a second. onWarning must return within a second.
 class SignalForwarder {
  public:
-  explicit SignalForwarder(std::function<void(int signal, const std::string& why)> onSignal);
+  explicit SignalForwarder(std::function<void(int signal, const std::string& why)> onSignal,
+                           std::function<void()> onWarning = nullptr);
   ~SignalForwarder();
   SignalForwarder(const SignalForwarder&) = delete;
   SignalForwarder& operator=(const SignalForwarder&) = delete;
 
  private:
   std::atomic<bool> done_{false};
+  bool takesContinue_ = false;
+  struct sigaction oldContinue_ = {};
   std::thread thread_;
 };
 
