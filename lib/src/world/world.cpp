@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <functional>
@@ -503,8 +504,9 @@ json missingRank(int rank, const std::optional<diagnostics::JobStatus>& status,
     }
     if (rankStatus.dead) what += "; announced dead: " + *rankStatus.dead;
   }
-  std::string text = fmt::format("no end within {:g} s; its heartbeat: {}",
-                                 std::chrono::duration<double>(wait).count(), what);
+  // To a tenth of a second: the wait may have been cut short (Open MPI's warning).
+  const double waitedS = std::round(std::chrono::duration<double>(wait).count() * 10) / 10;
+  std::string text = fmt::format("no end within {:g} s; its heartbeat: {}", waitedS, what);
   if (connectionClosed) {
     text += "; its connection with rank 0 had closed: it exited, crashed or was killed";
   }
