@@ -154,11 +154,15 @@ SignalForwarder::SignalForwarder(std::function<void(int, const std::string&)> on
     action.sa_flags = SA_RESTART;
     takesContinue_ = sigaction(SIGCONT, &action, &oldContinue_) == 0;
   }
-  thread_ = std::thread([this, onSignal = std::move(onSignal), onWarning = std::move(onWarning)] {
+  // Counted from before the thread starts: a SIGCONT right after this constructor returns is
+  // one (the test's child saw none when the thread read the count only once it ran).
+  const std::uint64_t before = gContinues.load();
+  thread_ = std::thread([this, onSignal = std::move(onSignal), onWarning = std::move(onWarning),
+                         before] {
     using Clock = std::chrono::steady_clock;
     auto lastWake = Clock::now();
     auto resumedAt = lastWake - std::chrono::hours(1);  // never resumed yet
-    std::uint64_t continues = gContinues.load();
+    std::uint64_t continues = before;
     while (!done_.load()) {
       if (const int signal = pendingSignal(); signal != 0) {
         onSignal(signal, fmt::format("interrupted by signal {} ({})", signal, strsignal(signal)));
