@@ -32,7 +32,8 @@ plus at most 2 s; the bound asserted is stated per case):
     wait;
   - node loss of the store's host (torchrun, tcp): h1 (rank 0, the store) loses power;
   - every process of h2 killed, its kernel alive (mpirun, tcp): the others see the sockets
-    close; Open MPI loses a daemon and tears the job down;
+    close; Open MPI loses a daemon and tears the job down; again while h3's ranks run a step
+    (they are stopped alive, not lost);
   - `hmc-run status --master-addr h1` from h3, which runs no rank, shows the job's ranks.
   - not hmc-run: the embedding example (a user's LibTorch program on hmc::joinWorld, --example)
     under mpirun on h1 and h2, 2 ranks each, the last rank skipping its close, recorded
@@ -914,6 +915,47 @@ def mpirun_every_process_of_h2_killed_while_ranks_wait_tcp(box):
 
     fault_case(box, "mpi-kill-h2", "mpirun", "barrier", "tcp", "kill", "h2", [2, 3],
                arrivals=False, more=console_names_the_lost_host)
+
+
+@test
+def mpirun_every_process_of_h2_killed_while_h3_runs_a_step_tcp(box):
+    """As above, but h3's ranks run a step (a long sleep) while h1's wait in a barrier: Open
+    MPI's daemon on h3 signals them about a second after mpirun's own host, so rank 0 reports
+    at its warning without their results. Their heartbeats said running: they were alive and
+    the teardown stopped them, and h3 is not named lost; h2 is."""
+    job = Job(box, "mpi-kill-h2-h3-runs", 6)
+    path = scenario("mpi-kill-h2-h3-runs", [
+        {"op": "create", "module": "a"},
+        {"op": "forward", "module": "a"},
+        {"op": "sleep", "seconds": 60, "ranks": [4, 5]},
+        {"op": "barrier"},
+        {"op": "close_all"},
+    ], 6, 30)
+    try:
+        mpirun(job, HOSTS6, [path, "--transport", "tcp", "--join-timeout", "60"])
+        job.wait_placed()
+
+        def ready(ranks):
+            return (all(r.get("state") == "waiting" and r.get("step") == 3 for r in ranks[:4])
+                    and all(r.get("state") == "running" and r.get("step") == 2
+                            for r in ranks[4:]))
+        wait_status(job, ready, "waiting in the barrier while h3's ranks sleep")
+        box.host("h2").power_cut()
+        assert not job.wait_launchers(30), \
+            f"mpirun still runs 30 s after h2's processes died\n{job}"
+        text = job.output(0)[0]  # mpirun's stdout: rank 0's table
+        assert "\n# host h2 (ranks 2-3): every process ended without a result" in text, \
+            f"no line for host h2:\n{text}"
+        assert not re.search(r"^# host h[13] ", text, re.M), f"a live host is named lost:\n{text}"
+        for rank in (4, 5):
+            # Stopped while it ran step 2: from its heartbeat at rank 0's report, or its own
+            # result where it came in time.
+            assert re.search(rf"^# ranks ({rank}|4-5) @h3: crashed: stopped by (the launcher's "
+                             rf"teardown while running step 2 \(alive then|signal 15 \(Terminated\)"
+                             rf" in step 2)", text, re.M), f"rank {rank}:\n{text}"
+        assert_no_hmc_left(job)
+    finally:
+        job.stop()
 
 
 @test

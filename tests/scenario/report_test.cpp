@@ -321,6 +321,20 @@ TEST_SUITE("report") {
         info));
     CHECK(silent.find("\n# host h3 (ranks 4-5): every rank fell silent: the host is down or cut "
                       "off from the others\n") != std::string::npos);
+    // h2's processes killed under mpirun while h3's ranks ran a step: Open MPI's teardown
+    // stopped them, alive; only h2 is lost.
+    const std::string stopped = console(buildReport(
+        six,
+        {at(0, "h1", std::nullopt), at(1, "h1", std::nullopt), at(2, "h2", closed(2)),
+         at(3, "h2", closed(3)),
+         at(4, "h3", "stopped by the launcher's teardown while running step 2 (alive then)"),
+         at(5, "h3", "stopped by signal 15 (Terminated) in step 2")},
+        info));
+    CAPTURE(stopped);
+    CHECK(stopped.find("\n# host h2 (ranks 2-3): ") != std::string::npos);
+    CHECK(stopped.find("# host h3") == std::string::npos);
+    CHECK(stopped.find("\n# ranks 4 @h3: crashed: stopped by the launcher's teardown while "
+                       "running step 2") != std::string::npos);
     // Every host lost: no host stands out, no host line.
     const std::string all = console(
         buildReport(six,

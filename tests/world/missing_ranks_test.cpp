@@ -216,6 +216,39 @@ TEST_SUITE("missing ranks") {
     CHECK(merged[0][0].crashReason == "killed; last heartbeat (running): in step 4");
   }
 
+  TEST_CASE("at a launcher's teardown, a rank whose heartbeat says running was stopped, alive") {
+    // h3's ranks under mpirun: Open MPI signals them about a second after rank 0's warning, so
+    // rank 0 reports before their results come; their heartbeats say they were running.
+    const auto evidenceOf = [](bool atTeardown, bool ended, RankState state, int step) {
+      return [=](int) {
+        MissingRankEvidence evidence;
+        evidence.reason = "no result from rank 0: it died, was stopped, or never finished";
+        evidence.ended = ended;
+        evidence.atTeardown = atTeardown;
+        Heartbeat beat;
+        beat.state = state;
+        beat.step = step;
+        evidence.heartbeat = beat;
+        return evidence;
+      };
+    };
+    const auto stopped = fillMissing({{}}, 1, evidenceOf(true, false, RankState::kRunning, 2));
+    CHECK(stopped[0][0].crashed);
+    CHECK(stopped[0][0].crashReason ==
+          "stopped by the launcher's teardown while running step 2 (alive then: its last "
+          "heartbeat says running; its result did not come before the report)");
+    const auto after = fillMissing({{}}, 1, evidenceOf(true, false, RankState::kRunning, -1));
+    CHECK(after[0][0].crashReason->rfind("stopped by the launcher's teardown after its steps", 0) ==
+          0);
+    // Its process ended (a closed connection, a pid gone), or no teardown: as before.
+    const auto ended = fillMissing({{}}, 1, evidenceOf(true, true, RankState::kRunning, 2));
+    CHECK(ended[0][0].crashReason ==
+          "no result from rank 0: it died, was stopped, or never finished; last heartbeat "
+          "(running): in step 2");
+    const auto normal = fillMissing({{}}, 1, evidenceOf(false, false, RankState::kRunning, 2));
+    CHECK(normal[0][0].crashReason->rfind("no result from rank 0", 0) == 0);
+  }
+
   TEST_CASE("a missing rank's host and pid: the caller's, else its heartbeat's, else its last") {
     // Rank 1 has a heartbeat from h2; rank 2 is known to the caller (a rank of this node);
     // rank 3 left repetition 0 and nothing after, and no heartbeat.

@@ -94,9 +94,14 @@ std::vector<std::string> lostHostLines(
     const std::map<std::string, std::vector<const RankResult*>>& byHost) {
   std::vector<std::string> lines;
   if (byHost.size() < 2) return lines;
+  // A rank stopped from outside while it ran (its own snapshot at a signal, "stopped by signal
+  // 15 ...", or a live heartbeat at a launcher's teardown, "stopped by the launcher's
+  // teardown ...") was not lost with its host.
   const auto allCrashed = [](const std::vector<const RankResult*>& members) {
-    return std::all_of(members.begin(), members.end(),
-                       [](const RankResult* rank) { return rank->crashed; });
+    return std::all_of(members.begin(), members.end(), [](const RankResult* rank) {
+      const bool stopped = rank->crashReason && rank->crashReason->rfind("stopped by ", 0) == 0;
+      return rank->crashed && !stopped;
+    });
   };
   bool someLive = false;
   for (const auto& [host, members] : byHost) someLive = someLive || !allCrashed(members);

@@ -47,6 +47,16 @@ scenario::RankResult fromEvidence(int rank, MissingRankEvidence evidence,
       return result;
     }
     result.crashed = true;
+    if (evidence.atTeardown && !evidence.ended && !evidence.silent &&
+        beat->state == diagnostics::RankState::kRunning) {
+      result.crashReason = fmt::format(
+          "{} {} (alive then: its last heartbeat says running; its result did not come before "
+          "the report)",
+          "stopped by the launcher's teardown",
+          beat->step < 0 ? std::string("after its steps")
+                         : fmt::format("while running step {}", beat->step));
+      return result;
+    }
     result.crashReason = fmt::format(
         "{}; last heartbeat ({}): {}", evidence.reason, diagnostics::toString(beat->state),
         beat->step < 0 ? std::string("outside its steps") : fmt::format("in step {}", beat->step));

@@ -165,7 +165,8 @@ ResultsByRank readLocalResults(const EvidenceFolder& local, int worldSize, int s
 std::vector<std::vector<scenario::RankResult>> gatherResults(
     collective::KeyValueStore* kv, const RankPlacement& placement, ResultsByRank local,
     std::chrono::milliseconds wait, const MissingWhy& missingWhy, const EvidenceFolder& folder,
-    SilentRanks* silent, const collective::Collective::ClosedPeers& closedPeers) {
+    SilentRanks* silent, const collective::Collective::ClosedPeers& closedPeers,
+    bool atTeardown) {
   const int self = placement.rank;
   std::vector<std::vector<scenario::RankResult>> byRank(placement.worldSize);
   const auto deadline = Clock::now() + wait;
@@ -213,6 +214,7 @@ std::vector<std::vector<scenario::RankResult>> gatherResults(
     evidence.reason = missingWhy(rank);
     evidence.leakReason = "no result from this rank: not checked";
     evidence.ended = folder.ended(rank);
+    evidence.atTeardown = atTeardown;
     if (!evidence.ended && std::find(closed.begin(), closed.end(), rank) != closed.end()) {
       evidence.ended = true;
       evidence.reason = fmt::format(
@@ -274,10 +276,11 @@ Gathered gatherEveryRank(GatherPlan plan) {
     // Everything the read needs, by value: it may outlive this call.
     std::thread([promise, kv = plan.kv, placement, found, wait = plan.storeWait,
                  missingWhy = plan.missingWhy, folder = plan.folder, closedPeers = plan.closedPeers,
-                 silent = plan.silent]() mutable {
+                 silent = plan.silent, atTeardown = plan.atTeardown]() mutable {
       try {
         promise->set_value(gatherResults(kv.get(), placement, std::move(found), wait, missingWhy,
-                                         folder, silent ? &*silent : nullptr, closedPeers));
+                                         folder, silent ? &*silent : nullptr, closedPeers,
+                                         atTeardown));
       } catch (...) {
         promise->set_exception(std::current_exception());
       }
@@ -302,7 +305,7 @@ Gathered gatherEveryRank(GatherPlan plan) {
     };
     gathered.merged = gatherResults(nullptr, placement, std::move(found),
                                     std::chrono::milliseconds(0), why, plan.folder, nullptr,
-                                    plan.closedPeers);
+                                    plan.closedPeers, plan.atTeardown);
   }
   gathered.storeTook = Clock::now() - storeBegan;
   gathered.merged = withOwn(std::move(gathered.merged), plan.own, placement);

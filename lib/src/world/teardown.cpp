@@ -175,6 +175,7 @@ void TerminationHandOff::report(int signal, bool early,
   plan.kv = std::move(kv);
   if (!storeProblem.empty()) plan.noStore = storeProblem;
   plan.storeWait = waits.store;
+  plan.atTeardown = true;
   plan.closedPeers = closedPeers;
   plan.missingWhy = missingRankRule(folder, self, [](int rank) {
     return fmt::format("no result from rank {}: it died, was stopped, or never finished its steps",

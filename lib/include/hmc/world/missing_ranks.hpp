@@ -28,6 +28,11 @@ struct MissingRankEvidence {
   std::int64_t pid = 0;
   std::optional<diagnostics::Heartbeat> heartbeat;     // its last heartbeat
   std::optional<diagnostics::PublishedFlight> flight;  // published by its watchdog
+  // The report is made at a launcher's teardown (its signal, or Open MPI's warning): a rank
+  // whose heartbeat shows it running a step, neither ended nor silent, was alive when the
+  // teardown began and is stopped by it (its own hand-off may come too late: Open MPI's daemon
+  // on another host signals its ranks about a second after rank 0's).
+  bool atTeardown = false;
 };
 using EvidenceOf = std::function<MissingRankEvidence(int rank)>;
 
@@ -38,6 +43,9 @@ using EvidenceOf = std::function<MissingRankEvidence(int rank)>;
 // - hung, when its process is not known to have ended nor announced gone (silent) and its
 //   heartbeat shows it waiting in a collective that no rank with results completed (the hang
 //   diagnosis says where);
+// - at a teardown (atTeardown), when its heartbeat shows it running a step and it is neither
+//   ended nor silent: crashed, "stopped by the launcher's teardown while running step S
+//   (...)", a rank that was alive;
 // - else crashed for `reason`, saying where it was: its last heartbeat ("; last heartbeat
 //   (waiting): in step 3", its last completed and current collective as its flight), else the
 //   flight record its watchdog published ("; last seen in step 3", its entries).

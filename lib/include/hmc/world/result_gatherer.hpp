@@ -106,10 +106,12 @@ ResultsByRank readLocalResults(const EvidenceFolder& local, int worldSize, int s
 // `closedPeers` (Collective::closedPeers, may be null), asked once after the waits: a rank of
 // another host whose connection with this rank closed and that left no result ended (killed,
 // crashed, or stopped by the same teardown): crashed, never hung.
+// `atTeardown`: the report is made at a launcher's teardown (MissingRankEvidence::atTeardown).
 std::vector<std::vector<scenario::RankResult>> gatherResults(
     collective::KeyValueStore* kv, const RankPlacement& placement, ResultsByRank local,
     std::chrono::milliseconds wait, const MissingWhy& missingWhy, const EvidenceFolder& folder,
-    SilentRanks* silent = nullptr, const collective::Collective::ClosedPeers& closedPeers = {});
+    SilentRanks* silent = nullptr, const collective::Collective::ClosedPeers& closedPeers = {},
+    bool atTeardown = false);
 
 // What the reporting rank gathers (gatherEveryRank), and how long it may wait for each source.
 struct GatherPlan {
@@ -125,6 +127,7 @@ struct GatherPlan {
   std::shared_ptr<collective::KeyValueStore> kv;
   std::string noStore = "the rank has no store";  // why kv is null, where it is
   std::chrono::milliseconds storeWait{0};
+  bool atTeardown = false;  // made at a launcher's teardown signal or Open MPI's warning
   std::optional<SilentRanks> silent;  // the waiting rank's, copied (gatherResults)
   collective::Collective::ClosedPeers closedPeers;
   // Why a rank left no result; with `whenStoreUnread`, why when the store could not be read
