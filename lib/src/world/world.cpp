@@ -454,15 +454,19 @@ std::map<int, RankEnd> World::Impl::gatherEnds(const RankEnd& own, std::chrono::
         early = true;  // mpirun tears the job down: SIGKILL comes in a second
         deadline = std::min(deadline, Clock::now() + kWaitAtWarning);
       }
-      bool missing = false;
-      bool gone = false;
-      for (int rank = 0; rank < size && !gone; ++rank) {
-        if (rank == own.rank || keyOf(rank)) continue;
-        missing = true;
-        // Every ~50 ms: a rank announced dead or fallen silent is not waited for.
-        gone = round % 10 == 9 && world::rankGone(store, nullptr, rank, own.rank, &silent);
+      if (round % 10 == 9) {
+        // Every ~50 ms, rank by rank (a request each): whose end (or snapshot) is still missing,
+        // and whether one of them is gone (announced dead, or fallen silent: not waited for).
+        bool missing = false;
+        bool gone = false;
+        for (int rank = 0; rank < size && !gone; ++rank) {
+          if (rank == own.rank || keyOf(rank)) continue;
+          missing = true;
+          gone = world::rankGone(store, nullptr, rank, own.rank, &silent);
+        }
+        if (!missing || gone) break;
       }
-      if (!missing || gone || Clock::now() >= deadline) break;
+      if (Clock::now() >= deadline) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
     for (int rank = 0; rank < size; ++rank) {
