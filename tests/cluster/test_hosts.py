@@ -36,10 +36,11 @@ plus at most 2 s; the bound asserted is stated per case):
     (they are stopped alive, not lost);
   - `hmc-run status --master-addr h1` from h3, which runs no rank, shows the job's ranks.
   - not hmc-run: the embedding example (a user's LibTorch program on hmc::joinWorld, --example)
-    under mpirun on h1 and h2, 2 ranks each, the last rank skipping its close, recorded
-    (HMC_RECORD): rank 0's report names the rank, the stage and the host; the recording merged
-    and replayed on 4 thread ranks of one machine hangs in the same collective with the same
-    rank missing, and `hmc-run shrink` makes it at most 2 ranks.
+    under mpirun, and under a torchrun agent on each host, on h1 and h2, 2 ranks each, the
+    last rank skipping its close, recorded (HMC_RECORD): rank 0's report names the rank, the
+    stage and the host; the recording merged and replayed on 4 thread ranks of one machine
+    hangs in the same collective with the same rank missing, and `hmc-run shrink` makes it at
+    most 2 ranks.
 The cable comes back once every surviving rank has ended (or at the case's bound), and the
 launchers are then given a bounded time to end. After each case no hmc-run process may be left
 (asserted); the box is then removed and `leftovers` must be empty.
@@ -198,11 +199,13 @@ class Job:
                 self.report_at = now
             time.sleep(0.02)
 
-    def start(self, host, argv):
+    def start(self, host, argv, extra=None):
+        """Starts `argv` on `host` with a clean environment, RANK_ENV and `extra`."""
         out = os.path.join(self.dir, f"{host.name}-{len(self.procs)}.out")
         err = os.path.join(self.dir, f"{host.name}-{len(self.procs)}.err")
         with open(out, "w") as o, open(err, "w") as e:
-            proc = host.popen(argv, env=host.env(base=clean_env(), extra=RANK_ENV), stdout=o,
+            env = host.env(base=clean_env(), extra={**RANK_ENV, **(extra or {})})
+            proc = host.popen(argv, env=env, stdout=o,
                               stderr=e,
                               stdin=subprocess.DEVNULL, start_new_session=True)
         self.procs.append((host, proc, out, err))
@@ -524,69 +527,105 @@ def mpirun_skipped_close_across_hosts_hangs_naming_rank_and_stage(box):
         job.stop()
 
 
+def check_embedding_example(job, proc, hosts, recorded, launcher, remote_parent):
+    """The embedding example's run (4 ranks on h1 and h2, rank 3 skipping its close) and its
+    recording: rank 0's report names rank 3, its host and the stage; the recording, merged and
+    replayed on thread ranks of one machine, hangs in the same collective with the same rank
+    missing; `hmc-run shrink` makes it at most 2 ranks."""
+    out, err = job.output(0)
+    text = out + err
+    assert proc.returncode != 0, f"the skipped close did not fail\n{job}"
+    assert_placement(job, hosts, remote_parent)
+    assert f"# hmc: world 'embed' of 4 ranks joined ({launcher}, transport tcp)" in text, job
+    # No end within 1 s (rank 0's wait after a hang), or less where mpirun's teardown warned
+    # first (rank 1 or 2 ended, and its non-zero exit makes the launcher end the job); or its
+    # end, where that teardown's signal reached it before rank 0 reported (torchrun's agent on
+    # h2 stops it as soon as rank 2 exits).
+    assert re.search(r"^  rank 3 \(h2:\d+\): (no end within (1|0\.\d) s; its heartbeat: running"
+                     r"|stopped by (signal 15 \(Terminated\)|mpirun's teardown))", text, re.M), job
+    for rank, host in ((0, "h1"), (1, "h1"), (2, "h2")):
+        assert re.search(rf"^  rank {rank} \({host}:\d+\): hang in 'close validation' #\d+",
+                         text, re.M), job
+    assert re.search(r"^# waits: .*rank 3 \(host h2\) never arrived", text, re.M), job
+    waited = re.search(r"^  rank 0 \(h1:\d+\): hang in 'close validation' #(\d+)", text, re.M)
+    # The recording, brought to one machine: the same collective, the same rank missing.
+    merged = os.path.join(job.dir, "replay.json")
+    done = subprocess.run([HMC_RUN, "record", "merge", recorded, "-o", merged],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done
+    replay = subprocess.run([HMC_RUN, merged], capture_output=True, text=True, timeout=120)
+    assert replay.returncode == 3, replay
+    assert f"# hang: rank 0 waits in 'close validation' #{waited.group(1)} " in replay.stdout, \
+        replay
+    # Rank 3 worked alone past the deadline (a `sleep` in the replay) or was killed there (the
+    # launcher's teardown once rank 0 ended: its recording stops, and it crashes there).
+    assert re.search(rf"'close validation' #{waited.group(1)} (timed out on rank 0: ranks "
+                     r"\[3\] did not arrive|on rank 0: rank 3 failed)", replay.stdout), replay
+    small = os.path.join(job.dir, "small.json")
+    began = time.monotonic()
+    shrunk = subprocess.run([HMC_RUN, "shrink", merged, "-o", small, "--max-seconds", "120"],
+                            capture_output=True, text=True, timeout=240)
+    figure(job.case, "shrink", time.monotonic() - began)
+    assert shrunk.returncode == 0, shrunk
+    with open(small) as f:
+        assert json.load(f)["world_size"] <= 2, shrunk
+    assert re.search(r"^shrunk .* to \d+ steps x [12] ranks? .*same failure: (hang|crash) in "
+                     r"'close validation'", shrunk.stdout, re.M), shrunk
+    assert_no_hmc_left(job)
+
+
+def embedding_setup(box, case):
+    if EXAMPLE is None or not os.access(EXAMPLE, os.X_OK):
+        raise Skip("no embedding example: pass --example build/examples/hmc-train-loop")
+    job = Job(box, case, 4)
+    recorded = os.path.join(job.dir, "record")
+    env = {"HMC_MASTER_PORT": str(MASTER_PORT), "HMC_TIMEOUT": "3", "HMC_NAME": "embed",
+           "HMC_JOIN_TIMEOUT": "60", "HMC_RECORD": recorded}
+    example = [WRAPPER, job.where_dir, EXAMPLE, "--steps", "3", "--skip-close", "3",
+               "--linger", "6"]
+    return job, recorded, env, example
+
+
 @test
 def mpirun_embedding_example_skipped_close_on_2_hosts_replays_and_shrinks(box):
     """A user's program (examples/train_loop.cpp, hmc::joinWorld) under mpirun across h1 and h2;
     rank 3 (on h2) skips its close and works alone. Recorded on both hosts, the run comes back
     to one machine: merged, replayed on thread ranks, shrunk (docs/record-replay.md)."""
-    if EXAMPLE is None or not os.access(EXAMPLE, os.X_OK):
-        raise Skip("no embedding example: pass --example build/examples/hmc-train-loop")
     need_mpirun()
     hosts = {"h1": 2, "h2": 2}
-    job = Job(box, "mpi-embed", 4)
-    recorded = os.path.join(job.dir, "record")
-    env = {"HMC_MASTER_ADDR": "h1", "HMC_MASTER_PORT": str(MASTER_PORT), "HMC_TIMEOUT": "3",
-           "HMC_NAME": "embed", "HMC_JOIN_TIMEOUT": "60", "HMC_RECORD": recorded}
+    job, recorded, env, example = embedding_setup(box, "mpi-embed")
+    env["HMC_MASTER_ADDR"] = "h1"
     agent = f"{PYTHON} {BOX_PY} --prefix {PREFIX} rsh"
     argv = ["mpirun", "--allow-run-as-root", "--oversubscribe",
             "--mca", "plm_rsh_agent", agent, "--mca", "plm_rsh_no_tree_spawn", "1",
             "--host", ",".join(f"{h}:{n}" for h, n in hosts.items()), "-np", "4"] + [
-                x for k, v in env.items() for x in ("-x", f"{k}={v}")] + [
-                WRAPPER, job.where_dir, EXAMPLE, "--steps", "3", "--skip-close", "3",
-                "--linger", "6"]
+                x for k, v in env.items() for x in ("-x", f"{k}={v}")] + example
     try:
         proc = job.start(box.host("h1"), argv)
         job.wait_placed()
         assert not job.wait_launchers(90), f"mpirun still runs after 90 s\n{job}"
-        out, err = job.output()
-        text = out + err
-        assert proc.returncode != 0, f"the skipped close did not fail\n{job}"
-        assert_placement(job, hosts, "orted")
-        assert "# hmc: world 'embed' of 4 ranks joined (mpirun, transport tcp)" in text, job
-        # Within 1 s (rank 0's wait after a hang), or less where mpirun's teardown warned first
-        # (rank 1 or 2 ended, and its non-zero exit makes Open MPI end the job).
-        assert re.search(r"^  rank 3 \(h2:\d+\): no end within (1|0\.\d) s; its heartbeat: "
-                         r"running", text, re.M), job
-        for rank, host in ((0, "h1"), (1, "h1"), (2, "h2")):
-            assert re.search(rf"^  rank {rank} \({host}:\d+\): hang in 'close validation' #\d+",
-                             text, re.M), job
-        assert re.search(r"^# waits: .*rank 3 \(host h2\) never arrived", text, re.M), job
-        waited = re.search(r"^  rank 0 \(h1:\d+\): hang in 'close validation' #(\d+)", text,
-                           re.M)
-        # The recording, brought to one machine: the same collective, the same rank missing.
-        merged = os.path.join(job.dir, "replay.json")
-        done = subprocess.run([HMC_RUN, "record", "merge", recorded, "-o", merged],
-                              capture_output=True, text=True, timeout=60)
-        assert done.returncode == 0, done
-        replay = subprocess.run([HMC_RUN, merged], capture_output=True, text=True, timeout=120)
-        assert replay.returncode == 3, replay
-        assert f"# hang: rank 0 waits in 'close validation' #{waited.group(1)} " in \
-            replay.stdout, replay
-        # Rank 3 worked alone past the deadline (a `sleep` in the replay) or was killed there
-        # (mpirun's teardown once rank 0 ended: its recording stops, and it crashes there).
-        assert re.search(rf"'close validation' #{waited.group(1)} (timed out on rank 0: ranks "
-                         r"\[3\] did not arrive|on rank 0: rank 3 failed)", replay.stdout), replay
-        small = os.path.join(job.dir, "small.json")
-        began = time.monotonic()
-        shrunk = subprocess.run([HMC_RUN, "shrink", merged, "-o", small, "--max-seconds", "120"],
-                                capture_output=True, text=True, timeout=240)
-        figure(job.case, "shrink", time.monotonic() - began)
-        assert shrunk.returncode == 0, shrunk
-        with open(small) as f:
-            assert json.load(f)["world_size"] <= 2, shrunk
-        assert re.search(r"^shrunk .* to \d+ steps x [12] ranks? .*same failure: (hang|crash) in "
-                         r"'close validation'", shrunk.stdout, re.M), shrunk
-        assert_no_hmc_left(job)
+        check_embedding_example(job, proc, hosts, recorded, "mpirun", "orted")
+    finally:
+        job.stop()
+
+
+@test
+def torchrun_embedding_example_skipped_close_on_2_hosts_replays_and_shrinks(box):
+    """The same program under one torchrun agent on each of h1 and h2 (c10d rendezvous on h1;
+    torchrun names the master, HMC_MASTER_PORT the store's port)."""
+    need_torchrun()
+    hosts = {"h1": 2, "h2": 2}
+    job, recorded, env, example = embedding_setup(box, "tr-embed")
+    rdzv_id = f"hmcembed-{os.getpid()}-{time.monotonic_ns()}"
+    try:
+        procs = [job.start(box.host(name), [
+            PYTHON, TORCHRUN, "--nnodes", "2", "--nproc_per_node", "2", "--node_rank", str(k),
+            "--rdzv_backend", "c10d", "--rdzv_endpoint", f"h1:{RDZV_PORT}", "--rdzv_id",
+            rdzv_id, "--monitor_interval", "0.5", "--no_python"] + example, extra=env)
+            for k, name in enumerate(hosts)]
+        job.wait_placed()
+        assert not job.wait_launchers(120), f"torchrun still runs after 120 s\n{job}"
+        check_embedding_example(job, procs[0], hosts, recorded, "torchrun", "python3")
     finally:
         job.stop()
 
