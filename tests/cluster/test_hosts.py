@@ -80,6 +80,7 @@ GOAL_S = 2.0  # fault -> exit / report: the deadline plus at most this
 sys.path.insert(0, os.path.dirname(BOX_PY))
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 import cluster_box  # noqa: E402
+from replay_check import check_replay  # noqa: E402
 
 TMP = tempfile.mkdtemp(prefix="hmc-hosts-")  # on the shared file system: every host sees it
 os.chmod(TMP, 0o755)
@@ -547,20 +548,9 @@ def check_embedding_example(job, proc, hosts, recorded, launcher, remote_parent)
         assert re.search(rf"^  rank {rank} \({host}:\d+\): hang in 'close validation' #\d+",
                          text, re.M), job
     assert re.search(r"^# waits: .*rank 3 \(host h2\) never arrived", text, re.M), job
-    waited = re.search(r"^  rank 0 \(h1:\d+\): hang in 'close validation' #(\d+)", text, re.M)
     # The recording, brought to one machine: the same collective, the same rank missing.
     merged = os.path.join(job.dir, "replay.json")
-    done = subprocess.run([HMC_RUN, "record", "merge", recorded, "-o", merged],
-                          capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done
-    replay = subprocess.run([HMC_RUN, merged], capture_output=True, text=True, timeout=120)
-    assert replay.returncode == 3, replay
-    assert f"# hang: rank 0 waits in 'close validation' #{waited.group(1)} " in replay.stdout, \
-        replay
-    # Rank 3 worked alone past the deadline (a `sleep` in the replay) or was killed there (the
-    # launcher's teardown once rank 0 ended: its recording stops, and it crashes there).
-    assert re.search(rf"'close validation' #{waited.group(1)} (timed out on rank 0: ranks "
-                     r"\[3\] did not arrive|on rank 0: rank 3 failed)", replay.stdout), replay
+    check_replay(HMC_RUN, text, recorded, merged, 3)
     small = os.path.join(job.dir, "small.json")
     began = time.monotonic()
     shrunk = subprocess.run([HMC_RUN, "shrink", merged, "-o", small, "--max-seconds", "120"],

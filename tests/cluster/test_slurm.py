@@ -73,6 +73,7 @@ sys.path.insert(0, os.path.join(SOURCE_DIR, "tests", "cluster"))
 import cluster_box  # noqa: E402
 import slurm_box  # noqa: E402
 from cluster_box import ClusterBox, Unavailable  # noqa: E402
+from replay_check import check_replay  # noqa: E402
 from slurm_box import SlurmBox  # noqa: E402
 
 HEAD = "h4"
@@ -490,19 +491,7 @@ def the_embedding_example_under_srun_names_a_skipped_close_and_its_host(ctx):
     assert "# HUNG: " in text, run
     assert_job_gone(ctx, None, "embed")
     # The recording, brought to one machine.
-    waited = re.search(r"^  rank 0 \(\S+\): hang in 'close validation' #(\d+)", text, re.M)
-    merged = ctx.path("embed-replay")
-    out = subprocess.run([HMC_RUN, "record", "merge", recorded, "-o", merged],
-                         capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out
-    replay = subprocess.run([HMC_RUN, merged], capture_output=True, text=True, timeout=120)
-    assert replay.returncode == 3, replay
-    assert f"# hang: rank 0 waits in 'close validation' #{waited.group(1)} " in replay.stdout, \
-        replay
-    # Rank `missing` worked alone past the deadline (a `sleep` in the replay) or was killed there.
-    assert re.search(r"'close validation' #{} (timed out on rank 0: ranks \[{}\] did not "
-                     r"arrive|on rank 0: rank {} failed)".format(waited.group(1), missing, missing),
-                     replay.stdout), replay
+    check_replay(HMC_RUN, text, recorded, ctx.path("embed-replay"), missing)
 
 
 def barrier_scenario(name, sleeper, timeout_s):
