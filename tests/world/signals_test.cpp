@@ -207,10 +207,12 @@ TEST_SUITE("signals") {
     kill(child, SIGSTOP);
     std::this_thread::sleep_for(1500ms);
     kill(child, SIGCONT);
-    std::this_thread::sleep_for(500ms);
+    // Past the forwarder's 500 ms after a resume, with room for a loaded machine (a CI run
+    // failed once when this was 500 ms: the next SIGCONT fell inside that window).
+    std::this_thread::sleep_for(1500ms);
     seen += drain(p.fds[0]);
     CHECK(seen == "rw");
-    kill(child, SIGCONT);  // running again for 500 ms: a warning
+    kill(child, SIGCONT);  // running again for 1.5 s: a warning
     CHECK(waitFor(p.fds[0], seen, "rww"));
     kill(child, SIGTERM);  // the forwarder's signal callback
     CHECK(exitOf(child) == 9);
