@@ -71,6 +71,21 @@ int exitOf(pid_t pid) {
   return -2;
 }
 
+// The child (it said "r" on `fd`) gets a SIGCONT while it runs: a warning ("w"). Then it is
+// stopped past the 1 s that marks a resume and continued: no warning for that SIGCONT, and
+// none by 1.5 s later (past the 500 ms window after a resume, with room for a loaded machine:
+// a CI run failed once with 500 ms). `seen` is then "rw".
+void warnedThenResumed(pid_t child, int fd, std::string& seen) {
+  kill(child, SIGCONT);
+  CHECK(waitFor(fd, seen, "w"));
+  kill(child, SIGSTOP);
+  std::this_thread::sleep_for(1500ms);
+  kill(child, SIGCONT);
+  std::this_thread::sleep_for(1500ms);
+  seen += drain(fd);
+  CHECK(seen == "rw");
+}
+
 struct Pipe {
   int fds[2] = {-1, -1};
   Pipe() {
@@ -171,15 +186,7 @@ TEST_SUITE("signals") {
     const pid_t child = startChild(p.fds[1], true);
     std::string seen;
     REQUIRE(waitFor(p.fds[0], seen, "r"));
-    kill(child, SIGCONT);
-    CHECK(waitFor(p.fds[0], seen, "w"));
-    // Stopped past the watcher's 1 s: the SIGCONT that resumes it is no warning.
-    kill(child, SIGSTOP);
-    std::this_thread::sleep_for(1500ms);
-    kill(child, SIGCONT);
-    std::this_thread::sleep_for(500ms);
-    seen += drain(p.fds[0]);
-    CHECK(seen == "rw");
+    warnedThenResumed(child, p.fds[0], seen);
     kill(child, SIGTERM);
     CHECK(exitOf(child) == 143);
   }
@@ -202,16 +209,7 @@ TEST_SUITE("signals") {
     }
     std::string seen;
     REQUIRE(waitFor(p.fds[0], seen, "r"));
-    kill(child, SIGCONT);
-    CHECK(waitFor(p.fds[0], seen, "w"));
-    kill(child, SIGSTOP);
-    std::this_thread::sleep_for(1500ms);
-    kill(child, SIGCONT);
-    // Past the forwarder's 500 ms after a resume, with room for a loaded machine (a CI run
-    // failed once when this was 500 ms: the next SIGCONT fell inside that window).
-    std::this_thread::sleep_for(1500ms);
-    seen += drain(p.fds[0]);
-    CHECK(seen == "rw");
+    warnedThenResumed(child, p.fds[0], seen);
     kill(child, SIGCONT);  // running again for 1.5 s: a warning
     CHECK(waitFor(p.fds[0], seen, "rww"));
     kill(child, SIGTERM);  // the forwarder's signal callback
