@@ -3,6 +3,8 @@
 #include "hmc/record/recording.hpp"
 
 #include <doctest/doctest.h>
+#include <sched.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -11,7 +13,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <random>
 #include <string>
+#include <vector>
 
 #include "hmc/error.hpp"
 #include "hmc/record/merge.hpp"
@@ -114,6 +118,29 @@ TEST_CASE("a second creation of the same specification refers to the first") {
   CHECK(recorder->bytesWritten() / 100 < 60);
 }
 
+TEST_CASE("a module's type is written once per specification and type, and read for each") {
+  TempDir dir;
+  auto recorder = hmc::record::openRankRecording(dir.path, 0, 1, "p", 1.0);
+  const auto a0 = recorder->create("", "{\"type\":\"x\"}", "k", "default");
+  recorder->setType(a0, "my.Block");
+  const auto a1 = recorder->create("", "{\"type\":\"x\"}", "k", "default");
+  const auto before = recorder->bytesWritten();
+  recorder->setType(a1, "my.Block");
+  CHECK(recorder->bytesWritten() == before);  // inferred: no frame
+  CHECK(recorder->typeKnown(a1));
+  const auto b = recorder->create("", "{\"type\":\"x\"}", "k", "default");
+  recorder->setType(b, "my.OtherBlock");  // the same specification, another type: a frame
+  CHECK(recorder->bytesWritten() > before);
+  const auto c = recorder->create("", "{\"type\":\"y\"}", "k", "default");
+  recorder->setType(c, "my.Block");  // another specification: a frame
+  const auto a2 = recorder->create("", "{\"type\":\"x\"}", "k", "default");
+  recorder->setType(a2, "my.OtherBlock");
+  recorder->end();
+  const auto r = hmc::record::readRecording(dir.path + "/rank-0.hmcrec");
+  CHECK(r.moduleTypes == std::vector<std::string>{"my.Block", "my.Block", "my.OtherBlock",
+                                                  "my.Block", "my.OtherBlock"});
+}
+
 TEST_CASE("a file left by a killed rank stops cleanly at its last finished call") {
   TempDir dir;
   recordRank(dir.path, 1, false, /*end=*/false);
@@ -170,6 +197,69 @@ TEST_CASE("at its cap a recording marks where it stopped and keeps the beginning
   CHECK(r.events.size() < 1000);
   CHECK(r.events[0].duration.count() == 0);  // the beginning is kept
   CHECK(r.stop.find("reached its cap of 4096 bytes") != std::string::npos);
+}
+
+TEST_CASE("the frames' checksum is zlib's CRC-32, eight bytes a step or one") {
+  const std::string check = "123456789";  // the catalogue's check value
+  CHECK(hmc::record::detail::crc32(reinterpret_cast<const unsigned char*>(check.data()),
+                                   check.size()) == 0xCBF43926u);
+  CHECK(hmc::record::detail::crc32(nullptr, 0) == 0u);
+  // Against the bit-at-a-time definition, at every length up to 3 steps of 8 and their tails.
+  const auto bitwise = [](const unsigned char* data, std::size_t bytes) {
+    std::uint32_t c = 0xFFFFFFFFu;
+    for (std::size_t i = 0; i < bytes; ++i) {
+      c ^= data[i];
+      for (int k = 0; k < 8; ++k) c = (c & 1u) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+    }
+    return c ^ 0xFFFFFFFFu;
+  };
+  std::mt19937 random(7);
+  std::vector<unsigned char> bytes(40);
+  for (auto& byte : bytes) byte = static_cast<unsigned char>(random());
+  for (std::size_t n = 0; n <= bytes.size(); ++n) {
+    CAPTURE(n);
+    CHECK(hmc::record::detail::crc32(bytes.data(), n) == bitwise(bytes.data(), n));
+  }
+}
+
+// Needs root (a mount namespace and a 2 MiB tmpfs); says so and passes without it.
+TEST_CASE("a disk that fills up stops the recording with its reason, not a SIGBUS") {
+  TempDir dir;
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    if (::unshare(CLONE_NEWNS) != 0 ||
+        ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
+        ::mount("tmpfs", dir.path.c_str(), "tmpfs", 0, "size=2m") != 0) {
+      ::_exit(77);
+    }
+    int code = 0;
+    {
+      auto recorder = hmc::record::openRankRecording(dir.path, 0, 1, "p", 1.0);
+      for (int i = 0; i < 200000; ++i) {  // 6.4 MB of frames
+        recorder->append(EventOp::kBarrier, -1, Outcome::kOk, std::chrono::nanoseconds(i));
+      }
+      recorder->end();
+      const auto r = hmc::record::readRecording(dir.path + "/rank-0.hmcrec");
+      if (!r.capped || r.events.size() < 10000 || r.events.size() >= 200000 ||
+          r.stop.find("could not grow past") == std::string::npos ||
+          r.stop.find("No space left on device") == std::string::npos) {
+        std::fprintf(stderr, "capped %d, %zu events, stop: %s\n", r.capped ? 1 : 0, r.events.size(),
+                     r.stop.c_str());
+        code = 1;
+      }
+    }
+    ::_exit(code);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 77) {
+    MESSAGE("not checked: no mount namespace with a small tmpfs here (needs root)");
+    return;
+  }
+  CHECK_FALSE(WIFSIGNALED(status));
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
 }
 
 TEST_CASE("merge: shared steps, a divergence carries ranks, a killed rank crashes there") {

@@ -61,9 +61,9 @@ void MulticoreModule::shareImpl(const std::vector<MulticoreModule*>& members,
       names.push_back(member->recordIndex_);
     }
   }
-  record::recordCall(
-      recorder, record::EventOp::kShare, recorder ? members.front()->recordIndex_ : -1,
-      [&] { shareChecked(members, className, isInstance); }, {{"modules", names}});
+  record::recordCall(recorder, record::EventOp::kShare,
+                     recorder ? members.front()->recordIndex_ : -1,
+                     [&] { shareChecked(members, className, isInstance); }, {{"modules", names}});
 }
 
 void MulticoreModule::shareChecked(const std::vector<MulticoreModule*>& members,
@@ -140,10 +140,11 @@ std::shared_ptr<lifecycle::Resource> MulticoreModule::getExecutionResources(
   const auto start = std::chrono::steady_clock::now();
   try {
     auto resources = bindOrReuse(tensor);
-    const auto took = std::chrono::steady_clock::now() - start;
+    const auto ended = std::chrono::steady_clock::now();
+    const auto took = ended - start;
     if (lastBind_) {
       recorder->bound(recordIndex_, took, group_->binding->device, group_->binding->dtype,
-                      lastBind_->reused);
+                      lastBind_->reused, ended);
     } else {
       recorder->append(record::EventOp::kForward, recordIndex_, record::Outcome::kOk, took);
     }

@@ -19,12 +19,13 @@
 //   u32 payload bytes | u32 CRC-32 of the payload | payload
 // (little-endian). The first frame is the header (JSON: format "hmc-record/1", rank,
 // world_size, host, pid, hmc version, start time, cap). The file is mapped and sized to its
-// cap up front (sparse: it takes the disk its frames take) and each frame is copied into the
-// mapping as its call ends, so the kernel holds every finished call at once: kill -9 loses at
-// most the call in flight, and a reader stops at the first zero length, a torn frame or a bad
-// CRC. A clean end writes an "end" frame and cuts the file to its frames. At the cap a "capped"
-// frame marks where it stopped; the calls after it are not recorded (never a ring that drops
-// the beginning).
+// cap up front (sparse: it takes the disk its frames take, and the 256 KiB allocated ahead of
+// them) and each frame is built in the mapping as its call ends, so the kernel holds every
+// finished call at once: kill -9 loses at most the call in flight, and a reader stops at the
+// first zero length, a torn frame or a bad CRC. A clean end writes an "end" frame and cuts the
+// file to its frames. At the cap a "capped" frame marks where it stopped; the calls after it
+// are not recorded (never a ring that drops the beginning). A disk that fills up stops it the
+// same way, the frame then carrying the reason as text.
 //
 // Cost: an event is its fixed 24 bytes plus what only some carry: a creation's name and
 // specification id (the specification's JSON only the first time it is seen), a binding's
@@ -106,6 +107,8 @@ struct Event {
 // write (disk full, cap) stops with a log line and never fails the program's call.
 class Recorder {
  public:
+  using Clock = std::chrono::steady_clock;
+
   // Creates (truncates) `path` and writes the header. Throws hmc::Error (RuntimeError) with
   // the path and the reason when the file cannot be created or mapped.
   Recorder(const std::string& path, RecordingHeader header);
@@ -121,13 +124,16 @@ class Recorder {
   std::int32_t create(std::string_view name, const nlohmann::json& specification,
                       const nlohmann::json& compatibilityKey, const nlohmann::json& scopeKey);
   // A forward that bound `module`'s group (recycled: `reused`) on `device` and `dtype`.
+  // `ended`: when the bind ended, where the caller read the clock for its duration (saves a
+  // read; default: now).
   void bound(std::int32_t module, std::chrono::nanoseconds duration, std::string_view device,
-             std::string_view dtype, bool reused);
+             std::string_view dtype, bool reused, Clock::time_point ended = {});
   // An event of `module` (or none: -1) with its outcome; `detail` may be null.
   void append(EventOp op, std::int32_t module, Outcome outcome, std::chrono::nanoseconds duration,
               const nlohmann::json& detail = nullptr);
   // The module's concrete type ("hmc.nn.ScratchLinear"), once: creation cannot know it (the
-  // base class is constructed first), so the first event that can adds it.
+  // base class is constructed first), so the first event that can adds it. No frame when the
+  // last typed module of the same specification had this type (the reader infers it).
   bool typeKnown(std::int32_t module) const noexcept;
   void setType(std::int32_t module, const std::string& type);
   // hmc-run's runner: what the step being run expects ("error", "hang", "any"; "" or "ok":
@@ -145,12 +151,21 @@ class Recorder {
   static constexpr unsigned char kBindBinary = 2;    // see bound()
   struct Spec {
     nlohmann::json specification, compatibilityKey, scopeKey;
+    std::string type;  // the type its modules were last given (setType)
   };
 
+  // Allocates the file's blocks (fallocate) and maps its pages in (MADV_POPULATE_WRITE) up to
+  // `end`, 256 KiB at a time: a frame then costs a copy, not a page fault, and a full disk
+  // is an error here rather than a SIGBUS at a write into the mapping. Returns "" or why not.
+  std::string reserve(std::uint64_t end);
   bool writeFrame(const void* payload, std::size_t bytes);
+  // The frame whose `bytes` of payload are at used_ + 8 in the mapping: its CRC, then its
+  // length; advances used_. Room for it was checked.
+  void sealFrame(std::size_t bytes);
+  // `ended`: when the call ended, if the caller read the clock already (else now).
   void writeEvent(EventOp op, Outcome outcome, std::int32_t module,
                   std::chrono::nanoseconds duration, std::string_view extra,
-                  unsigned char encoding = kJson);
+                  unsigned char encoding = kJson, Clock::time_point ended = {});
   // With the runner's expectation to carry (expect()): `detail` and the expectation, as JSON.
   // Under mutex_.
   void writeExpected(EventOp op, Outcome outcome, std::int32_t module,
@@ -163,17 +178,24 @@ class Recorder {
   unsigned char* map_ = nullptr;
   std::uint64_t size_ = 0;  // mapped bytes (the cap)
   std::uint64_t used_ = 0;
+  std::uint64_t ready_ = 0;  // bytes reserved (see reserve())
   std::uint64_t events_ = 0;
   bool stopped_ = false;  // capped, failed or ended
   std::int32_t modules_ = 0;
   std::vector<bool> typed_;
+  std::vector<std::int32_t> moduleSpecs_;                       // by module: its specification's id
   std::unordered_multimap<std::size_t, std::int32_t> specIds_;  // hash -> ids
   std::vector<Spec> specs_;
   std::string scratch_;
-  std::chrono::steady_clock::time_point origin_ = std::chrono::steady_clock::now();
+  Clock::time_point origin_ = Clock::now();
   std::string expect_;
   std::optional<std::string> expectError_;
 };
+
+namespace detail {
+// The frames' checksum: CRC-32 as zlib computes it (crc32(0, data, bytes)).
+std::uint32_t crc32(const unsigned char* data, std::size_t bytes) noexcept;
+}  // namespace detail
 
 // How a call that threw ended: hang for a collective's deadline or a lost rank (as a scenario
 // step's status), error otherwise; and the detail an event carries for it: {"kind", "message"}.
