@@ -22,14 +22,16 @@
 #include <fmt/format.h>
 #include <torch/autograd.h>
 #include <torch/torch.h>
-
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "hmc/collective/collective.hpp"
 #include "hmc/lifecycle/resource_manager.hpp"
@@ -73,45 +75,149 @@ void BM_ReuseCycleFloor(benchmark::State& state) {
 }
 BENCHMARK(BM_ReuseCycleFloor)->MeasureProcessCPUTime();
 
+// One reuse cycle of hmc's module: create, forward and backward, drop (the group turns idle
+// and the next cycle's bind reuses it). Returns whether the bind recycled a workspace.
+bool reuseCycle(const std::shared_ptr<hmc::lifecycle::ResourceManager>& manager,
+                const std::shared_ptr<hmc::resources::RankResources>& resources) {
+  hmc::nn::ScratchOptions options;
+  options.manager = manager;
+  options.resources = resources;
+  auto module = std::make_shared<hmc::nn::ScratchLinear>(std::move(options));
+  torch::Tensor x = torch::randn({kBatch, kFeatures}).requires_grad_(true);
+  torch::Tensor y = module->forward(x);
+  y.sum().backward();
+  return module->lastBind() && module->lastBind()->reused;
+}
+
+// The manager's recording of every lifecycle call (HMC_RECORD), in a folder of its own under
+// TMPDIR; ended and removed with this object.
+class BenchRecording {
+ public:
+  explicit BenchRecording(std::shared_ptr<hmc::lifecycle::ResourceManager> manager)
+      : manager_(std::move(manager)) {
+    const char* tmp = std::getenv("TMPDIR");
+    folder_ = fmt::format("{}/hmc-bench-record-{}", tmp ? tmp : "/tmp", ::getpid());
+    manager_->setRecorder(hmc::record::openRankRecording(folder_, 0, 1, "torch_bench", 60.0));
+  }
+  ~BenchRecording() {
+    manager_->setRecorder(nullptr);
+    std::remove((folder_ + "/" + hmc::record::recordingFileName(0)).c_str());
+    ::rmdir(folder_.c_str());
+  }
+  BenchRecording(const BenchRecording&) = delete;
+  BenchRecording& operator=(const BenchRecording&) = delete;
+
+  double bytesPerEvent() const {
+    const auto* recorder = manager_->recorder();
+    return static_cast<double>(recorder->bytesWritten()) /
+           static_cast<double>(std::max<std::uint64_t>(1, recorder->events()));
+  }
+
+ private:
+  std::shared_ptr<hmc::lifecycle::ResourceManager> manager_;
+  std::string folder_;
+};
+
 // Arg 1: the manager records every lifecycle call (HMC_RECORD, hmc/record/recording.hpp) to a
 // file in TMPDIR; arg 0: no recording. The recording's cost is the ratio of the two.
 void BM_ReuseCycleModule(benchmark::State& state) {
   hmc::scenario::limitTorchThreads(1);
   auto manager = std::make_shared<hmc::lifecycle::ResourceManager>(
       std::make_shared<hmc::collective::LocalCollective>());
-  std::string folder;
-  if (state.range(0) != 0) {
-    const char* tmp = std::getenv("TMPDIR");
-    folder = fmt::format("{}/hmc-bench-record-{}", tmp ? tmp : "/tmp", ::getpid());
-    manager->setRecorder(hmc::record::openRankRecording(folder, 0, 1, "torch_bench", 60.0));
-  }
+  std::optional<BenchRecording> recording;
+  if (state.range(0) != 0) recording.emplace(manager);
   auto resources = std::make_shared<hmc::resources::RankResources>();
   std::int64_t cycles = 0;
   std::int64_t reused = 0;
   for (auto _ : state) {
-    hmc::nn::ScratchOptions options;
-    options.manager = manager;
-    options.resources = resources;
-    auto module = std::make_shared<hmc::nn::ScratchLinear>(std::move(options));
-    torch::Tensor x = torch::randn({kBatch, kFeatures}).requires_grad_(true);
-    torch::Tensor y = module->forward(x);
-    y.sum().backward();
     ++cycles;
-    if (module->lastBind() && module->lastBind()->reused) ++reused;
-    module.reset();  // drop: the group turns idle and the next cycle's bind reuses it
+    if (reuseCycle(manager, resources)) ++reused;
   }
   manager->closeGroups();
   state.counters["reused"] = cycles > 0 ? static_cast<double>(reused) / cycles : 0.0;
   state.counters["groups"] = static_cast<double>(manager->groupCount());
-  if (hmc::record::Recorder* recorder = manager->recorder()) {
-    state.counters["bytes_per_event"] =
-        static_cast<double>(recorder->bytesWritten()) / std::max<std::uint64_t>(1, recorder->events());
-    manager->setRecorder(nullptr);
-    std::remove((folder + "/" + hmc::record::recordingFileName(0)).c_str());
-    ::rmdir(folder.c_str());
-  }
+  if (recording) state.counters["bytes_per_event"] = recording->bytesPerEvent();
 }
 BENCHMARK(BM_ReuseCycleModule)->ArgName("recorded")->Arg(0)->Arg(1)->MeasureProcessCPUTime();
+
+// The recording's cost, paired: each iteration runs one cycle on a manager that does not
+// record and one on a manager that records (their order alternates), each timed alone, so
+// that what disturbs a shared machine falls on both alike. Counters: the median cycle of
+// each (off_us, on_us) and `cost_pct`, the median on/off ratio's excess in percent.
+// Run with --benchmark_repetitions to see its spread.
+void BM_RecordingCostPaired(benchmark::State& state) {
+  hmc::scenario::limitTorchThreads(1);
+  auto off = std::make_shared<hmc::lifecycle::ResourceManager>(
+      std::make_shared<hmc::collective::LocalCollective>());
+  auto on = std::make_shared<hmc::lifecycle::ResourceManager>(
+      std::make_shared<hmc::collective::LocalCollective>());
+  BenchRecording recording(on);
+  auto resources = std::make_shared<hmc::resources::RankResources>();
+  std::vector<double> offNs;
+  std::vector<double> onNs;
+  const auto timed = [&](const std::shared_ptr<hmc::lifecycle::ResourceManager>& manager,
+                         std::vector<double>& into) {
+    const auto start = std::chrono::steady_clock::now();
+    benchmark::DoNotOptimize(reuseCycle(manager, resources));
+    into.push_back(
+        std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count());
+  };
+  bool onFirst = false;
+  for (auto _ : state) {
+    if (onFirst) {
+      timed(on, onNs);
+      timed(off, offNs);
+    } else {
+      timed(off, offNs);
+      timed(on, onNs);
+    }
+    onFirst = !onFirst;
+  }
+  off->closeGroups();
+  on->closeGroups();
+  const auto median = [](std::vector<double> values) {
+    if (values.empty()) return 0.0;
+    auto middle = values.begin() + static_cast<std::ptrdiff_t>(values.size() / 2);
+    std::nth_element(values.begin(), middle, values.end());
+    return *middle;
+  };
+  const double offMedian = median(offNs);
+  const double onMedian = median(onNs);
+  state.counters["off_us"] = offMedian / 1e3;
+  state.counters["on_us"] = onMedian / 1e3;
+  state.counters["cost_pct"] = offMedian > 0 ? (onMedian / offMedian - 1.0) * 100.0 : 0.0;
+  state.counters["bytes_per_event"] = recording.bytesPerEvent();
+}
+BENCHMARK(BM_RecordingCostPaired)->MeasureProcessCPUTime();
+
+// The recording's own work for one reuse cycle, without LibTorch's: the events a cycle
+// writes (a creation of a known specification, the module's type, the binding, the drop)
+// appended to a real recording. Its time over BM_ReuseCycleModule/recorded:0's is the share
+// of the cycle that recording takes.
+void BM_RecorderCycleEvents(benchmark::State& state) {
+  auto manager = std::make_shared<hmc::lifecycle::ResourceManager>(
+      std::make_shared<hmc::collective::LocalCollective>());
+  BenchRecording recording(manager);
+  hmc::record::Recorder& recorder = *manager->recorder();
+  // As ScratchLinear's: its specification's text, the same as its compatibility key.
+  const nlohmann::json specification = nlohmann::json{
+      {"type", "scratch_linear"},
+      {"features", kFeatures},
+      {"workspace_bytes",
+       kFeatures * kFeatures * 4}}.dump();
+  const nlohmann::json& compatibility = specification;
+  const nlohmann::json scope = nullptr;
+  for (auto _ : state) {
+    const std::int32_t index = recorder.create("", specification, compatibility, scope);
+    if (!recorder.typeKnown(index)) recorder.setType(index, "hmc.nn.ScratchLinear");
+    recorder.bound(index, std::chrono::nanoseconds(1500), "cpu", "float32", true);
+    recorder.append(hmc::record::EventOp::kDrop, index, hmc::record::Outcome::kOk,
+                    std::chrono::nanoseconds(0));
+  }
+  state.counters["bytes_per_event"] = recording.bytesPerEvent();
+}
+// A million cycles (4 events, 166 bytes each) stay under the default cap of 256 MiB.
+BENCHMARK(BM_RecorderCycleEvents)->Iterations(1000000);
 
 void BM_ReuseCycleRunner(benchmark::State& state) {
   const std::string text = fmt::format(R"({{
@@ -179,8 +285,14 @@ void BM_SampleProcess(benchmark::State& state) {
 }
 BENCHMARK(BM_SampleProcess)->Unit(benchmark::kMicrosecond);
 
-BENCHMARK(BM_LeakTrendCycle)->Args({0, 1})->Args({1, 1})->Args({0, 0})->Args({1, 0})->MeasureProcessCPUTime()->UseRealTime()->Unit(
-    benchmark::kMicrosecond);
+BENCHMARK(BM_LeakTrendCycle)
+    ->Args({0, 1})
+    ->Args({1, 1})
+    ->Args({0, 0})
+    ->Args({1, 0})
+    ->MeasureProcessCPUTime()
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 
