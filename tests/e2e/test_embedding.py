@@ -172,7 +172,7 @@ def check_skipped_close(launcher, world, attach_status):
         with open(report) as f:
             document = json.load(f)
         assert document["format"] == "hmc-world-end/1", document
-        assert document["outcome"] == "hang" and document["exit_code"] == 3, document
+        assert document["outcome"] == "hang" and document["exit_code"] in (3, 143), document
         assert document["ranks"][skipper]["status"] == "missing", document
         assert HOST in document["ranks"][skipper]["where"], document
         # hmc-run render draws it: the verdict, the missing rank with its host, the stage.
@@ -275,12 +275,55 @@ def check_mpirun_killed_rank():
     assert verdict_at - killed <= 3.0, f"the report came {verdict_at - killed:.2f} s after the " \
                                        f"kill:\n{run}"
     host = re.escape(HOST)
-    assert re.search(rf"^  rank 2 \({host}:{pid}\): no end within .*its connection with rank 0 "
-                     rf"had closed: it exited, crashed or was killed$", text, re.M), run
+    # Its process ended on rank 0's node: the evidence folder says so (not waited for).
+    assert re.search(rf"^  rank 2 \({host}:{pid}\): no end: its process \({pid}\) has ended: it "
+                     rf"exited, crashed or was killed; its heartbeat: waiting in 'close "
+                     rf"validation' #\d+", text, re.M), run
     for rank in (1, 3):
         assert re.search(rf"^  rank {rank} \({host}:\d+\): (stopped by mpirun's teardown .* "
                          rf"while waiting in|hang in) 'close validation' #\d+", text, re.M), run
     assert re.search(rf"^  rank 0 \({host}:\d+\): stopped by mpirun's teardown", text, re.M), run
+
+
+def check_rank0_crash():
+    """Rank 0 of 3 dies in the middle of its steps (exit 17) under torchrun: nobody is left to
+    report through rank 0, so rank 1, the lowest rank of its node still alive, reports in its
+    place from the evidence folder (the ranks' ends written beside the store), within the
+    deadline + 2 s, and writes HMC_REPORT; the folder is removed."""
+    tmp = tempfile.mkdtemp(prefix="hmc-embed-")  # TMPDIR: the evidence folder is made here
+    try:
+        check_rank0_crash_in(tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def check_rank0_crash_in(tmp):
+    report = os.path.join(tmp, "end.json")
+    run = Run(torchrun(3, ["--steps", "4000", "--crash", "0"]),
+              environment({"HMC_NAME": "rank0-crash", "HMC_TIMEOUT": str(DEADLINE_S),
+                           "HMC_REPORT": report, "TMPDIR": tmp}),
+              bound=120)
+    crashed_at, _ = run.wait_for(r"# example: rank 0 crashes", 90)
+    # HUNG, or STOPPED when torchrun's SIGTERM (after it saw rank 0 exit) came first.
+    verdict_at, _ = run.wait_for(r"^# (HUNG|STOPPED): ", 30)
+    code = run.finish()
+    text = run.text()
+    assert code != 0, f"exit 0 after rank 0 crashed:\n{run}"
+    assert verdict_at - crashed_at <= DEADLINE_S + 2, \
+        f"the report came {verdict_at - crashed_at:.2f} s after the crash:\n{run}"
+    host = re.escape(HOST)
+    found = re.search(r"^# hmc: rank 0's process \((\d+)\) has ended without reporting; rank 1, "
+                      r"the lowest rank of its node still alive, reports in its place", text, re.M)
+    assert found, run
+    pid = found.group(1)
+    assert re.search(rf"^  rank 0 \({host}:{pid}\): no end: its process \({pid}\) has ended: it "
+                     rf"exited, crashed or was killed", text, re.M), run
+    for rank in (1, 2):
+        assert re.search(rf"^  rank {rank} \({host}:\d+\): (hang|stopped)", text, re.M), run
+    document = json.load(open(report))
+    assert document["outcome"] == "hang" and document["exit_code"] in (3, 143), document
+    assert [r["status"] for r in document["ranks"]][0] == "missing", document
+    assert not [f for f in os.listdir(tmp) if f.startswith("hmc-evidence-")], os.listdir(tmp)
 
 
 CASES = [
@@ -293,6 +336,7 @@ CASES = [
     ("torchrun_2_sigterm", check_sigterm),
     ("torchrun_2_crash", check_crash),
     ("mpirun_4_killed_rank", check_mpirun_killed_rank),
+    ("torchrun_3_rank0_crash", check_rank0_crash),
 ]
 
 

@@ -31,6 +31,7 @@
 #include "hmc/host.hpp"
 #include "hmc/scenario/output_file.hpp"
 #include "hmc/text.hpp"
+#include "hmc/world/evidence_folder.hpp"
 #include "hmc/world/rank_placement.hpp"
 #include "hmc/world/result_gatherer.hpp"
 #include "hmc/world/run_keys.hpp"
@@ -262,6 +263,10 @@ struct World::Impl {
   world::RankPlacement placement;
   collective::ProcessTransport transport;
   std::shared_ptr<collective::KeyValueStore> kv;  // the end's own connection
+  // Evidence that needs no store (hmc/world/evidence_folder.hpp): the ranks on rank 0's node
+  // write their ends there too, and the lowest of them still alive reports when rank 0's
+  // process is gone (and with it the store it hosted).
+  world::EvidenceFolder folder;
   std::string storeAddress;
   std::shared_ptr<diagnostics::FlightRecorder> recorder;
   std::unique_ptr<diagnostics::Watchdog> watchdog;
@@ -292,6 +297,11 @@ struct World::Impl {
   // What this rank was doing when `signal` came (0: Open MPI's warning of its teardown).
   RankEnd stoppedEnd(int signal) const;
   void publish(const RankEnd& own, collective::KeyValueStore& store);
+  // Whether this rank reports in rank 0's place: rank 0's process on this node ended, and this
+  // is the lowest rank of the node still alive.
+  bool reportsForRank0() const;
+  // Whether rank 0 hosted the store and its process on this node has ended.
+  bool storeWentWithRank0() const;
   // Rank 0: every rank's end, printed (and written to reportPath); `signal`: stopped by it;
   // `atWarning`: at Open MPI's warning, the others' ends or the snapshots they published then.
   WorldEnd report(const RankEnd& own, collective::KeyValueStore& store, int signal = 0,
@@ -354,8 +364,17 @@ RankEnd World::Impl::closeOwn() {
 }
 
 void World::Impl::publish(const RankEnd& own, collective::KeyValueStore& store) {
+  // The folder first: a rank 0 that sees the store's key finds the file too, and a reporter in
+  // rank 0's place needs no store.
+  const std::string document = own.toJson().dump();
+  if (folder.usable()) {
+    if (const std::string problem = folder.writeResults(document); !problem.empty()) {
+      spdlog::debug("hmc world: rank {} cannot write its end to {}: {}", placement.rank,
+                    folder.path(), problem);
+    }
+  }
   try {
-    store.set(world::keys::worldEnd(placement.rank), own.toJson().dump());
+    store.set(world::keys::worldEnd(placement.rank), document);
   } catch (const std::exception& error) {
     spdlog::warn("hmc world: rank {} cannot publish its end (the store at {} is gone?): {}",
                  placement.rank, storeAddress, error.what());
@@ -399,8 +418,10 @@ void World::Impl::onWarning() {
   if (!guard.owns_lock() || reported || !signalKv) return;
   const RankEnd own = stoppedEnd(0);
   if (placement.rank != 0) {
+    const std::string document = own.toJson().dump();
+    (void)folder.writeResults(document, /*early=*/true);
     try {
-      signalKv->set(world::keys::worldEndAtWarning(placement.rank), own.toJson().dump());
+      signalKv->set(world::keys::worldEndAtWarning(placement.rank), document);
     } catch (const std::exception& error) {
       spdlog::warn("hmc world: rank {} cannot publish where it was at mpirun's teardown: {}",
                    placement.rank, error.what());
@@ -421,7 +442,7 @@ WorldEnd World::Impl::handOn(RankEnd own, collective::KeyValueStore& store) {
   if (signal != 0 && own.status != "stopped") own = stoppedEnd(signal);
   publish(own, store);
   reported = true;
-  if (placement.rank == 0) return report(own, store, signal);
+  if (placement.rank == 0 || reportsForRank0()) return report(own, store, signal);
   WorldEnd end;
   end.hung = own.status == "hang" || own.status == "stopped";
   end.clean = own.clean();
@@ -430,57 +451,99 @@ WorldEnd World::Impl::handOn(RankEnd own, collective::KeyValueStore& store) {
   return end;
 }
 
-// The other ranks' ends, waiting up to `wait` (ranks that fell silent are not waited for).
+bool World::Impl::storeWentWithRank0() const {
+  return placement.rank != 0 && placement.storeHost == world::StoreHost::kRankZero &&
+         folder.ended(0);
+}
+
+bool World::Impl::reportsForRank0() const {
+  return placement.rank != 0 && folder.usable() && folder.ended(0) &&
+         folder.lowestLiveRank(placement.worldSize) == placement.rank;
+}
+
+// The other ranks' ends, waiting up to `wait` (ranks that are gone are not waited for): from the
+// evidence folder (the ranks of rank 0's node), else the store. Once the store fails (its host,
+// rank 0, is gone), only the ranks of this node that are still alive are waited for.
 std::map<int, RankEnd> World::Impl::gatherEnds(const RankEnd& own, std::chrono::milliseconds wait,
                                                collective::KeyValueStore& store, bool early) {
   std::map<int, RankEnd> ends{{own.rank, own}};
   world::SilentRanks silent(options.timeout);
   const int size = placement.worldSize;
-  // The key that holds rank `rank`'s end, if any yet: its own end, else (early) its snapshot.
-  const auto keyOf = [&](int rank) -> std::optional<std::string> {
-    if (store.check({world::keys::worldEnd(rank)})) return world::keys::worldEnd(rank);
-    if (early && store.check({world::keys::worldEndAtWarning(rank)}))
-      return world::keys::worldEndAtWarning(rank);
-    return std::nullopt;
-  };
-  try {
-    std::vector<std::string> all;
-    for (int rank = 0; rank < size; ++rank)
-      if (rank != own.rank) all.push_back(world::keys::worldEnd(rank));
-    auto deadline = Clock::now() + wait;
-    for (int round = 0;; ++round) {
-      if (store.check(all)) break;
-      if (!early && warning.load()) {
-        early = true;  // mpirun tears the job down: SIGKILL comes in a second
-        deadline = std::min(deadline, Clock::now() + kWaitAtWarning);
-      }
-      if (round % 10 == 9) {
-        // Every ~50 ms, rank by rank (a request each): whose end (or snapshot) is still missing,
-        // and whether one of them is gone (announced dead, or fallen silent: not waited for).
-        bool missing = false;
-        bool gone = false;
-        for (int rank = 0; rank < size && !gone; ++rank) {
-          if (rank == own.rank || keyOf(rank)) continue;
-          missing = true;
-          gone = world::rankGone(store, nullptr, rank, own.rank, &silent);
-        }
-        if (!missing || gone) break;
-      }
-      if (Clock::now() >= deadline) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    for (int rank = 0; rank < size; ++rank) {
-      if (rank == own.rank) continue;
-      const auto key = keyOf(rank);
-      if (!key) continue;
-      try {
-        ends[rank] = RankEnd::fromJson(json::parse(store.get(*key, kStoreRequest)));
-      } catch (const json::exception& error) {
-        spdlog::warn("hmc world: rank {}'s end is unreadable: {}", rank, error.what());
-      }
-    }
-  } catch (const std::exception& error) {
+  // In rank 0's place, with the store rank 0 hosted: the folder alone.
+  bool storeUp = !storeWentWithRank0();
+  const auto storeFailed = [&](const std::exception& error) {
+    storeUp = false;
     spdlog::warn("hmc world: reading the ranks' ends from {}: {}", storeAddress, error.what());
+  };
+  const auto take = [&](int rank, const std::string& text) {
+    try {
+      ends[rank] = RankEnd::fromJson(json::parse(text));
+    } catch (const json::exception& error) {
+      spdlog::warn("hmc world: rank {}'s end is unreadable: {}", rank, error.what());
+    }
+  };
+  // Rank `rank`'s end, if it is there yet: its own end, else (early) its snapshot.
+  const auto look = [&](int rank, bool askStore) {
+    if (auto text = folder.readResults(rank); text) return take(rank, *text);
+    if (early) {
+      if (auto text = folder.readResults(rank, true); text) return take(rank, *text);
+    }
+    if (!askStore || !storeUp) return;
+    try {
+      for (const auto& key : {world::keys::worldEnd(rank),
+                              early ? world::keys::worldEndAtWarning(rank) : std::string()}) {
+        if (!key.empty() && store.check({key})) return take(rank, store.get(key, kStoreRequest));
+      }
+    } catch (const std::exception& error) {
+      storeFailed(error);
+    }
+  };
+  const auto missingRanks = [&] {
+    std::vector<int> missing;
+    for (int rank = 0; rank < size; ++rank)
+      if (ends.count(rank) == 0) missing.push_back(rank);
+    return missing;
+  };
+  auto deadline = Clock::now() + wait;
+  for (int round = 0;; ++round) {
+    if (!early && warning.load()) {
+      early = true;  // mpirun tears the job down: SIGKILL comes in a second
+      deadline = std::min(deadline, Clock::now() + kWaitAtWarning);
+    }
+    // Each round the folder, and one request for every end the store holds; every ~50 ms rank
+    // by rank (a request each): whose end is still missing, and whether one of them is gone
+    // (announced dead, its process ended, or fallen silent: not waited for).
+    const bool rankByRank = round % 10 == 9;
+    bool allInStore = false;
+    if (storeUp && !rankByRank) {
+      std::vector<std::string> keys;
+      for (const int rank : missingRanks()) keys.push_back(world::keys::worldEnd(rank));
+      try {
+        allInStore = !keys.empty() && store.check(keys);
+      } catch (const std::exception& error) {
+        storeFailed(error);
+      }
+    }
+    bool waiting = false;
+    bool gone = false;
+    for (const int rank : missingRanks()) {
+      look(rank, allInStore || rankByRank);
+      if (ends.count(rank) != 0 || folder.ended(rank)) continue;  // ended: nothing will come
+      if (!storeUp) {
+        waiting = waiting || folder.alive(rank);  // nothing else can bring its end now
+        continue;
+      }
+      waiting = true;
+      if (rankByRank && !gone) {
+        try {
+          gone = world::rankGone(store, nullptr, rank, own.rank, &silent);
+        } catch (const std::exception& error) {
+          storeFailed(error);
+        }
+      }
+    }
+    if (!waiting || gone || Clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   return ends;
 }
@@ -488,9 +551,12 @@ std::map<int, RankEnd> World::Impl::gatherEnds(const RankEnd& own, std::chrono::
 namespace {
 
 // A rank that left no end within `wait`: where its heartbeat says it was, and its host.
+// `endedPid`: its process on this node (the evidence folder's pid file) has ended.
 json missingRank(int rank, const std::optional<diagnostics::JobStatus>& status,
-                 std::chrono::milliseconds wait, bool connectionClosed) {
-  std::string where = "host unknown";
+                 std::chrono::milliseconds wait, bool connectionClosed,
+                 std::optional<std::int64_t> endedPid, int reporter) {
+  std::string where = endedPid ? fmt::format("{}:{}", printable(hostName()), *endedPid)
+                               : std::string("host unknown");
   std::string what = "no heartbeat";
   if (status && rank < static_cast<int>(status->ranks.size())) {
     const auto& rankStatus = status->ranks[rank];
@@ -510,9 +576,17 @@ json missingRank(int rank, const std::optional<diagnostics::JobStatus>& status,
   }
   // To a tenth of a second: the wait may have been cut short (Open MPI's warning).
   const double waitedS = std::round(std::chrono::duration<double>(wait).count() * 10) / 10;
-  std::string text = fmt::format("no end within {:g} s; its heartbeat: {}", waitedS, what);
-  if (connectionClosed) {
-    text += "; its connection with rank 0 had closed: it exited, crashed or was killed";
+  std::string text;
+  if (endedPid) {
+    text = fmt::format("no end: its process ({}) has ended: it exited, crashed or was killed",
+                       *endedPid);
+    if (what != "no heartbeat") text += "; its heartbeat: " + what;
+  } else {
+    text = fmt::format("no end within {:g} s; its heartbeat: {}", waitedS, what);
+    if (connectionClosed) {
+      text += fmt::format(
+          "; its connection with rank {} had closed: it exited, crashed or was killed", reporter);
+    }
   }
   return {{"rank", rank}, {"status", "missing"}, {"where", where}, {"error", text}};
 }
@@ -536,7 +610,7 @@ WorldEnd World::Impl::report(const RankEnd& own, collective::KeyValueStore& stor
     if (const auto closedPeers = transport.collective->closedPeers()) closed = closedPeers();
   }
   std::optional<diagnostics::JobStatus> status;
-  if (static_cast<int>(ends.size()) < size || !own.clean()) {
+  if ((static_cast<int>(ends.size()) < size || !own.clean()) && !storeWentWithRank0()) {
     try {
       status = diagnostics::readJobStatus(store, storeAddress, kStoreRequest);
     } catch (const std::exception& error) {
@@ -558,7 +632,9 @@ WorldEnd World::Impl::report(const RankEnd& own, collective::KeyValueStore& stor
     } else {
       anyHang = true;
       const bool connectionClosed = std::find(closed.begin(), closed.end(), rank) != closed.end();
-      ranks.push_back(missingRank(rank, status, std::min(wait, waited), connectionClosed));
+      const auto endedPid = folder.ended(rank) ? folder.pidOf(rank) : std::nullopt;
+      ranks.push_back(missingRank(rank, status, std::min(wait, waited), connectionClosed, endedPid,
+                                  placement.rank));
       lines.push_back(fmt::format("  rank {} ({}): {}", rank,
                                   ranks.back()["where"].get<std::string>(),
                                   ranks.back()["error"].get<std::string>()));
@@ -572,9 +648,9 @@ WorldEnd World::Impl::report(const RankEnd& own, collective::KeyValueStore& stor
                                  "STOPPED: mpirun began tearing the job down (its SIGCONT, 1 s "
                                  "before SIGTERM); what every rank did until then is above")
                 : signal != 0 ? fmt::format(
-                                    "STOPPED: rank 0 was stopped by signal {} ({}); what every "
+                                    "STOPPED: rank {} was stopped by signal {} ({}); what every "
                                     "rank did until then is above",
-                                    signal, strsignal(signal))
+                                    placement.rank, signal, strsignal(signal))
                 : end.clean ? fmt::format("OK: every rank of {} ended cleanly", size)
                 : anyHang   ? "HUNG: some rank did not reach the end or hung in a collective"
                             : "FAILED: some rank's close failed or left resources behind";
@@ -582,6 +658,7 @@ WorldEnd World::Impl::report(const RankEnd& own, collective::KeyValueStore& stor
   if (options.reportPath) {
     write(end, ranks, status);
   }
+  folder.remove();  // the ends are reported; a rank that writes one now finds no folder
   return end;
 }
 
@@ -592,6 +669,13 @@ void World::Impl::print(const WorldEnd& end, const std::vector<std::string>& lin
              options.name, placement.worldSize, placement.launcher,
              collective::toString(options.transport),
              std::chrono::duration<double>(options.timeout).count(), storeAddress);
+  if (placement.rank != 0) {
+    fmt::print(stderr,
+               "# hmc: rank 0's process ({}) has ended without reporting; rank {}, the lowest "
+               "rank of its node still alive, reports in its place from what the ranks of the "
+               "node wrote\n",
+               folder.pidOf(0).value_or(0), placement.rank);
+  }
   for (const auto& line : lines) fmt::print(stderr, "{}\n", line);
   if (status && !end.clean) {
     if (!status->diagnosis.empty()) fmt::print(stderr, "# waits: {}\n", status->diagnosis);
@@ -709,6 +793,12 @@ World joinWorld(JoinOptions options) {
   impl->storeAddress =
       fmt::format("{}:{}", impl->transport.control->host(), impl->transport.control->port());
   impl->kv = impl->transport.control->keyValueStore();
+  if (placement.rank == 0) {
+    impl->folder = world::EvidenceFolder::create(0);
+    impl->folder.announce(*impl->kv);
+  } else {
+    impl->folder = world::EvidenceFolder::join(*impl->kv, placement.rank, resolved.joinTimeout);
+  }
 
   impl->recorder = std::make_shared<diagnostics::FlightRecorder>(resolved.flightCapacity);
   impl->recorder->keepDurations(false);  // bounded however long the program runs

@@ -27,7 +27,11 @@
 // - at the end (close(), or the destructor): the bounded collective close of every group still
 //   open (close_all), the leak check, and on rank 0 one report of every rank's end: which rank
 //   did not end cleanly, in which stage, on which host (the same job status `hmc-run status`
-//   prints), on stderr and, where asked, as JSON.
+//   prints), on stderr and, where asked, as JSON;
+// - an evidence folder on rank 0's node (hmc/world/evidence_folder.hpp, under $TMPDIR): the
+//   ranks of that node write their pids and their ends there beside the store; rank 0 does not
+//   wait for one whose process has ended, and when rank 0's own process has ended without
+//   reporting, the lowest rank of its node still alive reports in its place.
 //
 // Options from the environment: every HMC_* variable below, when set, replaces the value the
 // program put in JoinOptions, so that a program is diagnosed without being rebuilt (a value
