@@ -19,6 +19,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "hmc/collective/collective.hpp"
 #include "hmc/error.hpp"
@@ -162,6 +163,44 @@ TEST_SUITE("world") {
     CHECK(currentOnAnotherThread() == ResourceManager::processDefault());
     const hmc::WorldEnd again = moved.close();  // once: the first's result
     CHECK(again.summary == end.summary);
+  }
+
+  // The evidence folder (hmc/world/evidence_folder.hpp) is made in TMPDIR by rank 0 at the
+  // join, holds its pid while the world runs, and is removed by its report; a world that fails
+  // to start removes it too.
+  TEST_CASE("the world's evidence folder lives from the join to the report") {
+    char pattern[] = "/tmp/hmc-world-test-XXXXXX";
+    REQUIRE(::mkdtemp(pattern) != nullptr);
+    const std::filesystem::path tmp = pattern;
+    Variable tmpdir("TMPDIR", pattern);
+    const auto folders = [&] {
+      std::vector<std::filesystem::path> found;
+      for (const auto& entry : std::filesystem::directory_iterator(tmp)) {
+        if (entry.path().filename().string().rfind("hmc-evidence-", 0) == 0)
+          found.push_back(entry.path());
+      }
+      return found;
+    };
+    JoinOptions options;
+    options.rank = 0;
+    options.worldSize = 1;
+    options.masterPort = 0;
+    options.timeout = 5s;
+    {
+      hmc::World world = hmc::joinWorld(options);
+      const auto running = folders();
+      REQUIRE(running.size() == 1);
+      std::ifstream pid(running[0] / "rank0.pid");
+      long written = 0;
+      pid >> written;
+      CHECK(written == ::getpid());
+      CHECK(world.close().clean);
+      CHECK(folders().empty());
+    }
+    options.recordDirectory = (tmp / "missing" / "record").string();
+    CHECK_THROWS_AS(hmc::joinWorld(options), hmc::RuntimeError);
+    CHECK(folders().empty());
+    std::filesystem::remove_all(tmp);
   }
 
   // torchrun's teardown sends SIGTERM to every rank at about once: a rank's close could fail on

@@ -645,8 +645,8 @@ WorldEnd World::Impl::report(const RankEnd& own, collective::KeyValueStore& stor
   end.clean = !anyHang && !anyError;
   end.exitCode = signal != 0 ? 128 + signal : anyHang ? 3 : (anyError ? 1 : 0);
   end.summary = atWarning ? std::string(
-                                 "STOPPED: mpirun began tearing the job down (its SIGCONT, 1 s "
-                                 "before SIGTERM); what every rank did until then is above")
+                                "STOPPED: mpirun began tearing the job down (its SIGCONT, 1 s "
+                                "before SIGTERM); what every rank did until then is above")
                 : signal != 0 ? fmt::format(
                                     "STOPPED: rank {} was stopped by signal {} ({}); what every "
                                     "rank did until then is above",
@@ -799,51 +799,56 @@ World joinWorld(JoinOptions options) {
   } else {
     impl->folder = world::EvidenceFolder::join(*impl->kv, placement.rank, resolved.joinTimeout);
   }
+  try {
+    impl->recorder = std::make_shared<diagnostics::FlightRecorder>(resolved.flightCapacity);
+    impl->recorder->keepDurations(false);  // bounded however long the program runs
+    impl->transport.collective->setObserver(impl->recorder.get());
+    // The program's body is its one step (step 0) for the heartbeats and the hang diagnosis:
+    // "running" until close(), then "after its steps".
+    impl->recorder->setStep(0);
+    diagnostics::WatchdogOptions watch;
+    watch.rank = placement.rank;
+    watch.deadline = resolved.timeout;
+    if (placement.rank == 0) {
+      watch.meta = diagnostics::JobMeta{resolved.name, placement.worldSize,
+                                        std::chrono::duration<double>(resolved.timeout).count(),
+                                        std::string(collective::toString(resolved.transport)),
+                                        diagnostics::unixNow()};
+    }
+    watch.dumpSignal = SIGUSR1;
+    impl->watchdog = std::make_unique<diagnostics::Watchdog>(
+        impl->recorder, impl->transport.control->keyValueStore(), watch);
 
-  impl->recorder = std::make_shared<diagnostics::FlightRecorder>(resolved.flightCapacity);
-  impl->recorder->keepDurations(false);  // bounded however long the program runs
-  impl->transport.collective->setObserver(impl->recorder.get());
-  // The program's body is its one step (step 0) for the heartbeats and the hang diagnosis:
-  // "running" until close(), then "after its steps".
-  impl->recorder->setStep(0);
-  diagnostics::WatchdogOptions watch;
-  watch.rank = placement.rank;
-  watch.deadline = resolved.timeout;
-  if (placement.rank == 0) {
-    watch.meta = diagnostics::JobMeta{
-        resolved.name, placement.worldSize, std::chrono::duration<double>(resolved.timeout).count(),
-        std::string(collective::toString(resolved.transport)), diagnostics::unixNow()};
-  }
-  watch.dumpSignal = SIGUSR1;
-  impl->watchdog = std::make_unique<diagnostics::Watchdog>(
-      impl->recorder, impl->transport.control->keyValueStore(), watch);
+    impl->signalKv = impl->transport.control->keyValueStore();
+    World::Impl* raw = impl.get();
+    // Open MPI's warning only under mpirun: no other launcher sends a SIGCONT to running ranks
+    // (Slurm's at a time limit comes with its SIGTERM).
+    impl->signals = std::make_unique<TerminationSignals>(
+        [raw](int signal) { raw->onSignal(signal); },
+        placement.launcher == "mpirun" ? std::function<void()>([raw] { raw->onWarning(); })
+                                       : std::function<void()>());
 
-  impl->signalKv = impl->transport.control->keyValueStore();
-  World::Impl* raw = impl.get();
-  // Open MPI's warning only under mpirun: no other launcher sends a SIGCONT to running ranks
-  // (Slurm's at a time limit comes with its SIGTERM).
-  impl->signals = std::make_unique<TerminationSignals>(
-      [raw](int signal) { raw->onSignal(signal); },
-      placement.launcher == "mpirun" ? std::function<void()>([raw] { raw->onWarning(); })
-                                     : std::function<void()>());
-
-  impl->manager = std::make_shared<lifecycle::ResourceManager>(impl->transport.collective);
-  impl->processScope = std::make_unique<lifecycle::ResourceManager::ProcessScope>(impl->manager);
-  if (resolved.recordDirectory) {
-    impl->manager->setRecorder(
-        record::openRankRecording(*resolved.recordDirectory, placement.rank,
-                                  placement.worldSize, resolved.name,
-                                  std::chrono::duration<double>(resolved.timeout).count(),
-                                  resolved.recordCap));
-  }
-  if (placement.rank == 0) {
-    const auto& control = *impl->transport.control;
-    fmt::print(stderr,
-               "# hmc: world '{}' of {} ranks joined ({}, transport {}); store at {} (attach: "
-               "hmc-run status --master-addr {} --master-port {})\n",
-               resolved.name, placement.worldSize, placement.launcher,
-               collective::toString(resolved.transport), impl->storeAddress, control.host(),
-               control.port());
+    impl->manager = std::make_shared<lifecycle::ResourceManager>(impl->transport.collective);
+    impl->processScope = std::make_unique<lifecycle::ResourceManager::ProcessScope>(impl->manager);
+    if (resolved.recordDirectory) {
+      impl->manager->setRecorder(record::openRankRecording(
+          *resolved.recordDirectory, placement.rank, placement.worldSize, resolved.name,
+          std::chrono::duration<double>(resolved.timeout).count(), resolved.recordCap));
+    }
+    if (placement.rank == 0) {
+      const auto& control = *impl->transport.control;
+      fmt::print(stderr,
+                 "# hmc: world '{}' of {} ranks joined ({}, transport {}); store at {} (attach: "
+                 "hmc-run status --master-addr {} --master-port {})\n",
+                 resolved.name, placement.worldSize, placement.launcher,
+                 collective::toString(resolved.transport), impl->storeAddress, control.host(),
+                 control.port());
+    }
+  } catch (...) {
+    // A world that never started (HMC_RECORD names no folder, ...): its folder holds only
+    // rank 0's pid and nobody else would remove it.
+    if (placement.rank == 0) impl->folder.remove();
+    throw;
   }
   return World(std::move(impl));
 }
