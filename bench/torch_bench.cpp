@@ -209,7 +209,7 @@ void BM_RecorderCycleEvents(benchmark::State& state) {
   const nlohmann::json scope = nullptr;
   for (auto _ : state) {
     const std::int32_t index = recorder.create("", specification, compatibility, scope);
-    if (!recorder.typeKnown(index)) recorder.setType(index, "hmc.nn.ScratchLinear");
+    if (!recorder.typeKnown(index)) recorder.setType(index, "hmc.nn", "ScratchLinear");
     recorder.bound(index, std::chrono::nanoseconds(1500), "cpu", "float32", true);
     recorder.append(hmc::record::EventOp::kDrop, index, hmc::record::Outcome::kOk,
                     std::chrono::nanoseconds(0));

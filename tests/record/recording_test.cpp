@@ -131,6 +131,10 @@ TEST_CASE("a module's type is written once per specification and type, and read 
   const auto b = recorder->create("", "{\"type\":\"x\"}", "k", "default");
   recorder->setType(b, "my.OtherBlock");  // the same specification, another type: a frame
   CHECK(recorder->bytesWritten() > before);
+  const auto a3 = recorder->create("", "{\"type\":\"x\"}", "k", "default");
+  const auto same = recorder->bytesWritten();
+  recorder->setType(a3, "my", "OtherBlock");  // in two parts: the same type, inferred
+  CHECK(recorder->bytesWritten() == same);
   const auto c = recorder->create("", "{\"type\":\"y\"}", "k", "default");
   recorder->setType(c, "my.Block");  // another specification: a frame
   const auto a2 = recorder->create("", "{\"type\":\"x\"}", "k", "default");
@@ -138,7 +142,27 @@ TEST_CASE("a module's type is written once per specification and type, and read 
   recorder->end();
   const auto r = hmc::record::readRecording(dir.path + "/rank-0.hmcrec");
   CHECK(r.moduleTypes == std::vector<std::string>{"my.Block", "my.Block", "my.OtherBlock",
-                                                  "my.Block", "my.OtherBlock"});
+                                                  "my.OtherBlock", "my.Block", "my.OtherBlock"});
+}
+
+TEST_CASE("modules created before their specification's first type frame get their own") {
+  TempDir dir;
+  auto recorder = hmc::record::openRankRecording(dir.path, 0, 1, "p", 1.0);
+  // Both created, then typed: a reader gives each the type written for their specification
+  // before its creation (none yet), so each needs its frame.
+  const auto first = recorder->create("", "{\"type\":\"x\"}", "k", "default");
+  const auto second = recorder->create("", "{\"type\":\"x\"}", "k", "default");
+  recorder->setType(first, "my.Block");
+  const auto before = recorder->bytesWritten();
+  recorder->setType(second, "my.Block");
+  CHECK(recorder->bytesWritten() > before);
+  const auto third = recorder->create("", "{\"type\":\"x\"}", "k", "default");
+  const auto after = recorder->bytesWritten();
+  recorder->setType(third, "my.Block");  // created after the frame: inferred
+  CHECK(recorder->bytesWritten() == after);
+  recorder->end();
+  const auto r = hmc::record::readRecording(dir.path + "/rank-0.hmcrec");
+  CHECK(r.moduleTypes == std::vector<std::string>{"my.Block", "my.Block", "my.Block"});
 }
 
 TEST_CASE("a file left by a killed rank stops cleanly at its last finished call") {

@@ -248,9 +248,13 @@ std::string Recorder::reserve(std::uint64_t end) {
   const std::uint64_t target = std::min(size_, (end + kAhead - 1) / kAhead * kAhead);
   const auto offset = static_cast<off_t>(ready_);
   const auto length = static_cast<off_t>(target - ready_);
-  if (::fallocate(fd_, 0, offset, length) != 0 && errno != EOPNOTSUPP && errno != ENOSYS) {
-    return systemError(errno);
-  }
+  int result = 0;
+  do {
+    result = ::fallocate(fd_, 0, offset, length);
+  } while (result != 0 && errno == EINTR);
+  // A filesystem without fallocate: the pages are allocated as they are written (a full disk
+  // is then a SIGBUS, as with any write into a mapping).
+  if (result != 0 && errno != EOPNOTSUPP && errno != ENOSYS) return systemError(errno);
   // ready_ is a multiple of kAhead (or the cap, past which nothing is reserved): page-aligned.
   (void)::madvise(map_ + ready_, static_cast<std::size_t>(length), MADV_POPULATE_WRITE);
   ready_ = target;
@@ -330,24 +334,30 @@ std::int32_t Recorder::create(std::string_view name, const nlohmann::json& speci
     const std::int32_t index = modules_++;
     typed_.push_back(false);
     moduleSpecs_.push_back(-1);
-    // The specification's id: a hash of the three values, then equality (no text printed for a
-    // specification seen before: the common case, a model rebuilt every step).
-    std::size_t hash = std::hash<nlohmann::json>{}(specification);
-    hash = hash * 31 + std::hash<nlohmann::json>{}(compatibilityKey);
-    hash = hash * 31 + std::hash<nlohmann::json>{}(scopeKey);
+    inferred_.push_back(-1);
+    // The specification's id: the last one created again (the common case, a model rebuilt
+    // every step: one comparison), else a hash of the three values, then equality. No text is
+    // printed for a specification seen before.
+    const auto same = [&](const Spec& known) {
+      return known.specification == specification && known.compatibilityKey == compatibilityKey &&
+             known.scopeKey == scopeKey;
+    };
     std::int32_t id = -1;
-    const auto [first, last] = specIds_.equal_range(hash);
-    for (auto it = first; it != last && id < 0; ++it) {
-      const Spec& known = specs_[static_cast<std::size_t>(it->second)];
-      if (known.specification == specification && known.compatibilityKey == compatibilityKey &&
-          known.scopeKey == scopeKey) {
-        id = it->second;
+    if (lastSpec_ >= 0 && same(specs_[static_cast<std::size_t>(lastSpec_)])) id = lastSpec_;
+    std::size_t hash = 0;
+    if (id < 0) {
+      hash = std::hash<nlohmann::json>{}(specification);
+      hash = hash * 31 + std::hash<nlohmann::json>{}(compatibilityKey);
+      hash = hash * 31 + std::hash<nlohmann::json>{}(scopeKey);
+      const auto [first, last] = specIds_.equal_range(hash);
+      for (auto it = first; it != last && id < 0; ++it) {
+        if (same(specs_[static_cast<std::size_t>(it->second)])) id = it->second;
       }
     }
     std::string definition;
     if (id < 0) {
       id = static_cast<std::int32_t>(specs_.size());
-      specs_.push_back(Spec{specification, compatibilityKey, scopeKey, {}});
+      specs_.push_back(Spec{specification, compatibilityKey, scopeKey});
       specIds_.emplace(hash, id);
       definition =
           nlohmann::json{{"spec", specification}, {"compat", compatibilityKey}, {"scope", scopeKey}}
@@ -364,6 +374,8 @@ std::int32_t Recorder::create(std::string_view name, const nlohmann::json& speci
     std::memcpy(out + 6, name.data(), nameBytes);
     std::memcpy(out + 6 + nameBytes, definition.data(), definition.size());
     moduleSpecs_.back() = id;
+    lastSpec_ = id;
+    inferred_.back() = specs_[static_cast<std::size_t>(id)].type;
     writeEvent(EventOp::kCreate, Outcome::kOk, index, std::chrono::nanoseconds(0), scratch_,
                kCreateBinary);
     return index;
@@ -431,17 +443,31 @@ bool Recorder::typeKnown(std::int32_t module) const noexcept {
          typed_[static_cast<std::size_t>(module)];
 }
 
-void Recorder::setType(std::int32_t module, const std::string& type) {
+void Recorder::setType(std::int32_t module, const std::string& type) { setType(module, type, {}); }
+
+void Recorder::setType(std::int32_t module, std::string_view prefix, std::string_view name) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (module < 0 || static_cast<std::size_t>(module) >= typed_.size()) return;
-  typed_[static_cast<std::size_t>(module)] = true;
-  // The type of the last module of this specification that had one: a reader infers it (the
-  // common case, a model rebuilt every step, writes no frame).
-  const std::int32_t spec = moduleSpecs_[static_cast<std::size_t>(module)];
-  if (spec >= 0) {
-    std::string& known = specs_[static_cast<std::size_t>(spec)].type;
-    if (known == type) return;
-    known = type;
+  const auto index = static_cast<std::size_t>(module);
+  typed_[index] = true;
+  const std::size_t length = prefix.size() + (name.empty() ? 0 : 1 + name.size());
+  const auto isType = [&](const std::string& known) {  // known == prefix "." name, unbuilt
+    return known.size() == length && known.compare(0, prefix.size(), prefix) == 0 &&
+           (name.empty() || (known[prefix.size()] == '.' &&
+                             known.compare(prefix.size() + 1, name.size(), name) == 0));
+  };
+  // A reader gives a module, at its creation, the type last written for its specification: no
+  // frame when that is this type (the common case, a model rebuilt every step).
+  if (const std::int32_t inferred = inferred_[index];
+      inferred >= 0 && isType(types_[static_cast<std::size_t>(inferred)])) {
+    return;
+  }
+  std::string type(prefix);
+  if (!name.empty()) type.append(".").append(name);
+  if (const std::int32_t spec = moduleSpecs_[index]; spec >= 0) {
+    auto known = std::find(types_.begin(), types_.end(), type);
+    if (known == types_.end()) known = types_.insert(types_.end(), type);
+    specs_[static_cast<std::size_t>(spec)].type = static_cast<std::int32_t>(known - types_.begin());
   }
   // Its start is not read (not an event): no clock.
   writeEvent(EventOp::kType, Outcome::kOk, module, std::chrono::nanoseconds(0), type, kJson,
@@ -639,7 +665,8 @@ Recording readRecording(const std::string& path) {
           throw ValueError(fmt::format("module {} created out of order", event.module));
         }
         out.moduleNames.push_back(name);
-        // A module without a type frame has the type of its specification's last typed module.
+        // A module without a type frame has the type last written for its specification before
+        // its creation (the writer leaves the frame out only then).
         specTypes.resize(specs.size());
         out.moduleTypes.push_back(specTypes[id]);
         moduleSpecs.push_back(id);

@@ -41,7 +41,7 @@ record::Recorder* MulticoreModule::recorder() {
   if (recordIndex_ < 0) return nullptr;
   record::Recorder* recorder = manager_->recorder();
   if (recorder != nullptr && !recorder->typeKnown(recordIndex_)) {
-    recorder->setType(recordIndex_, typeNamespace() + "." + typeName());
+    recorder->setType(recordIndex_, typeNamespace(), typeName());
   }
   return recorder;
 }

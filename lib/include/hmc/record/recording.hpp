@@ -133,9 +133,13 @@ class Recorder {
               const nlohmann::json& detail = nullptr);
   // The module's concrete type ("hmc.nn.ScratchLinear"), once: creation cannot know it (the
   // base class is constructed first), so the first event that can adds it. No frame when the
-  // last typed module of the same specification had this type (the reader infers it).
+  // type last written for the module's specification, when it was created, is this one (a
+  // reader infers it so).
   bool typeKnown(std::int32_t module) const noexcept;
   void setType(std::int32_t module, const std::string& type);
+  // The same for the type `prefix` "." `name` ("hmc.nn" and "ScratchLinear"), built only when
+  // a frame is written.
+  void setType(std::int32_t module, std::string_view prefix, std::string_view name);
   // hmc-run's runner: what the step being run expects ("error", "hang", "any"; "" or "ok":
   // nothing), added to its events as "x" (and "xe": the expected error's text).
   void expect(std::string_view expect, const std::optional<std::string>& error);
@@ -151,7 +155,7 @@ class Recorder {
   static constexpr unsigned char kBindBinary = 2;    // see bound()
   struct Spec {
     nlohmann::json specification, compatibilityKey, scopeKey;
-    std::string type;  // the type its modules were last given (setType)
+    std::int32_t type = -1;  // in types_: the type last written for one of its modules
   };
 
   // Allocates the file's blocks (fallocate) and maps its pages in (MADV_POPULATE_WRITE) up to
@@ -183,7 +187,10 @@ class Recorder {
   bool stopped_ = false;  // capped, failed or ended
   std::int32_t modules_ = 0;
   std::vector<bool> typed_;
-  std::vector<std::int32_t> moduleSpecs_;                       // by module: its specification's id
+  std::vector<std::string> types_;         // the modules' types, each once
+  std::vector<std::int32_t> inferred_;     // by module: its type as a reader infers it (-1: none)
+  std::int32_t lastSpec_ = -1;             // the last module's specification
+  std::vector<std::int32_t> moduleSpecs_;  // by module: its specification's id
   std::unordered_multimap<std::size_t, std::int32_t> specIds_;  // hash -> ids
   std::vector<Spec> specs_;
   std::string scratch_;
