@@ -457,7 +457,7 @@ bool World::Impl::storeWentWithRank0() const {
 }
 
 bool World::Impl::reportsForRank0() const {
-  return placement.rank != 0 && folder.usable() && folder.ended(0) &&
+  return placement.rank != 0 && folder.ended(0) &&
          folder.lowestLiveRank(placement.worldSize) == placement.rank;
 }
 
@@ -483,12 +483,12 @@ std::map<int, RankEnd> World::Impl::gatherEnds(const RankEnd& own, std::chrono::
     }
   };
   // Rank `rank`'s end, if it is there yet: its own end, else (early) its snapshot.
-  const auto look = [&](int rank, bool askStore) {
+  const auto look = [&](int rank) {
     if (auto text = folder.readResults(rank); text) return take(rank, *text);
     if (early) {
       if (auto text = folder.readResults(rank, true); text) return take(rank, *text);
     }
-    if (!askStore || !storeUp) return;
+    if (!storeUp) return;
     try {
       for (const auto& key : {world::keys::worldEnd(rank),
                               early ? world::keys::worldEndAtWarning(rank) : std::string()}) {
@@ -506,43 +506,50 @@ std::map<int, RankEnd> World::Impl::gatherEnds(const RankEnd& own, std::chrono::
   };
   auto deadline = Clock::now() + wait;
   for (int round = 0;; ++round) {
+    const std::vector<int> missing = missingRanks();
+    if (missing.empty()) break;
     if (!early && warning.load()) {
       early = true;  // mpirun tears the job down: SIGKILL comes in a second
       deadline = std::min(deadline, Clock::now() + kWaitAtWarning);
     }
-    // Each round the folder, and one request for every end the store holds; every ~50 ms rank
-    // by rank (a request each): whose end is still missing, and whether one of them is gone
-    // (announced dead, its process ended, or fallen silent: not waited for).
+    // Each round one request for every end the store holds (the folder is written first, so
+    // an end there is soon in the store too); every ~50 ms rank by rank (a file read, and a
+    // request each): whose end is still missing, and whether one of them is gone (announced
+    // dead, its process ended, or fallen silent: not waited for). Nothing per rank every round:
+    // a world of a thousand ranks waits here.
     const bool rankByRank = round % 10 == 9;
     bool allInStore = false;
     if (storeUp && !rankByRank) {
       std::vector<std::string> keys;
-      for (const int rank : missingRanks()) keys.push_back(world::keys::worldEnd(rank));
+      for (const int rank : missing) keys.push_back(world::keys::worldEnd(rank));
       try {
-        allInStore = !keys.empty() && store.check(keys);
+        allInStore = store.check(keys);
       } catch (const std::exception& error) {
         storeFailed(error);
       }
     }
-    bool waiting = false;
-    bool gone = false;
-    for (const int rank : missingRanks()) {
-      look(rank, allInStore || rankByRank);
-      if (ends.count(rank) != 0 || folder.ended(rank)) continue;  // ended: nothing will come
-      if (!storeUp) {
-        waiting = waiting || folder.alive(rank);  // nothing else can bring its end now
-        continue;
-      }
-      waiting = true;
-      if (rankByRank && !gone) {
-        try {
-          gone = world::rankGone(store, nullptr, rank, own.rank, &silent);
-        } catch (const std::exception& error) {
-          storeFailed(error);
+    if (allInStore || rankByRank) {
+      bool waiting = false;
+      bool gone = false;
+      for (const int rank : missing) {
+        look(rank);
+        if (ends.count(rank) != 0 || folder.ended(rank)) continue;  // ended: nothing will come
+        if (!storeUp) {
+          waiting = waiting || folder.alive(rank);  // nothing else can bring its end now
+          continue;
+        }
+        waiting = true;
+        if (rankByRank && !gone) {
+          try {
+            gone = world::rankGone(store, nullptr, rank, own.rank, &silent);
+          } catch (const std::exception& error) {
+            storeFailed(error);
+          }
         }
       }
+      if (!waiting || gone) break;
     }
-    if (!waiting || gone || Clock::now() >= deadline) break;
+    if (Clock::now() >= deadline) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   return ends;
