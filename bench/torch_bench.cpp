@@ -190,10 +190,10 @@ void BM_RecordingCostPaired(benchmark::State& state) {
 }
 BENCHMARK(BM_RecordingCostPaired)->MeasureProcessCPUTime();
 
-// The recording's own work for one reuse cycle, without LibTorch's: the events a cycle
-// writes (a creation of a known specification, the module's type, the binding, the drop)
-// appended to a real recording. Its time over BM_ReuseCycleModule/recorded:0's is the share
-// of the cycle that recording takes.
+// The recording's own work for one reuse cycle, without LibTorch's: the calls a cycle makes (a
+// creation of a known specification, the module's type, which a reader infers after the first
+// cycle, the binding, the drop) on a real recording. Its time over
+// BM_ReuseCycleModule/recorded:0's is the share of the cycle that recording takes.
 void BM_RecorderCycleEvents(benchmark::State& state) {
   auto manager = std::make_shared<hmc::lifecycle::ResourceManager>(
       std::make_shared<hmc::collective::LocalCollective>());
@@ -216,7 +216,7 @@ void BM_RecorderCycleEvents(benchmark::State& state) {
   }
   state.counters["bytes_per_event"] = recording.bytesPerEvent();
 }
-// A million cycles (4 events, 166 bytes each) stay under the default cap of 256 MiB.
+// A million cycles (3 events of 38 bytes on average each) stay under the default cap of 256 MiB.
 BENCHMARK(BM_RecorderCycleEvents)->Iterations(1000000);
 
 void BM_ReuseCycleRunner(benchmark::State& state) {
