@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <string>
 #include <thread>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>  // defines a glog CHECK: doctest macros are spelt DOCTEST_*
@@ -54,6 +55,52 @@ int clientOfAClosingServer() {
   return 0;
 }
 
+// In the child: a store client whose server has gone, its connections closed (`reset`: the
+// listener closes with them in its accept queue; else it accepts them and closes them), then
+// the CPU this process spends over one second of waiting. c10d 1.13's callback thread polls its
+// connection and peeks a byte; at a closed connection the peek reads 0 ("closed") and the
+// thread polls again at once, for as long as the client lives: a core spent on nothing (hmc's
+// recv() guard holds such a peek back). Exit 0: less than a quarter of that second; 30: more.
+int idleClientOfAGoneServer(bool reset) {
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (listener < 0) return 10;
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  if (::bind(listener, reinterpret_cast<sockaddr*>(&address), length) != 0 ||
+      ::listen(listener, 16) != 0 ||
+      ::getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+    return 11;
+  }
+  c10d::TCPStoreOptions options;
+  options.port = ntohs(address.sin_port);
+  options.isServer = false;
+  options.waitWorkers = false;
+  options.timeout = std::chrono::seconds(5);
+  c10d::TCPStore client("127.0.0.1", options);
+  if (!reset) {
+    for (int connection = 0; connection < 2; ++connection) {
+      const int accepted = ::accept(listener, nullptr, nullptr);
+      if (accepted < 0) return 14;
+      ::close(accepted);
+    }
+  }
+  ::close(listener);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the callback thread sees it
+  auto cpuSeconds = [] {
+    timespec now{};
+    ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &now);
+    return static_cast<double>(now.tv_sec) + static_cast<double>(now.tv_nsec) * 1e-9;
+  };
+  const double before = cpuSeconds();
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  const double spent = cpuSeconds() - before;
+  std::fprintf(stderr, "idle store client (%s): %.3f s of CPU in 1 s\n",
+               reset ? "connections reset" : "connections closed", spent);
+  return spent < 0.25 ? 0 : 30;
+}
+
 // A forked child's waitpid status: exit 0 passes; otherwise the check fails saying how it ended.
 void checkExitedCleanly(const char* who, int status) {
   DOCTEST_INFO(std::string(who), " status: ",
@@ -64,20 +111,17 @@ void checkExitedCleanly(const char* who, int status) {
   DOCTEST_CHECK(WEXITSTATUS(status) == 0);
 }
 
-}  // namespace
-
-TEST_CASE("hmc's socket guards are this process's bind() and recv()") {
-  DOCTEST_CHECK(hmc::detail::socketGuardsInstalled());
-}
-
-TEST_CASE("a store client survives its server closing with the client in the accept queue") {
+// Runs `body` in a forked child (exit code: its result; 13 if it throws) and checks that it
+// exited 0 within 60 s.
+template <typename Body>
+void checkInChild(const char* who, Body body) {
   const pid_t child = ::fork();
   DOCTEST_REQUIRE(child >= 0);
   if (child == 0) {
     int code = 12;
     try {
-      code = clientOfAClosingServer();
-    } catch (const std::exception& error) {
+      code = body();
+    } catch (const std::exception&) {
       code = 13;
     }
     ::_exit(code);
@@ -94,7 +138,23 @@ TEST_CASE("a store client survives its server closing with the client in the acc
     ::waitpid(child, &status, 0);
     DOCTEST_FAIL("the child still ran after 60 s (killed)");
   }
-  checkExitedCleanly("child", status);
+  checkExitedCleanly(who, status);
+}
+
+}  // namespace
+
+TEST_CASE("hmc's socket guards are this process's bind() and recv()") {
+  DOCTEST_CHECK(hmc::detail::socketGuardsInstalled());
+}
+
+TEST_CASE("a store client survives its server closing with the client in the accept queue") {
+  checkInChild("child", clientOfAClosingServer);
+}
+
+TEST_CASE("a store client whose server has gone does not spin a core while it waits") {
+  // Exit 30: the client's callback thread spent more than a quarter of a second of CPU.
+  checkInChild("reset connections", [] { return idleClientOfAGoneServer(true); });
+  checkInChild("closed connections", [] { return idleClientOfAGoneServer(false); });
 }
 
 namespace {

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <mutex>
 #include <stdexcept>
+#include <thread>
 
 namespace hmc::detail {
 
@@ -78,7 +79,8 @@ bool socketGuardsInstalled() {
 
 }  // namespace hmc::detail
 
-// The process's recv(): a peek at a reset connection reads as a closed one (see the header).
+// The process's recv(): a peek at a reset connection reads as a closed one, and a one-byte peek
+// that finds the connection closed returns after kClosedPeekPause (see the header).
 extern "C" ssize_t recv(int fd, void* buffer, size_t length, int flags) {
   using Recv = ssize_t (*)(int, void*, size_t, int);
   static const Recv next = reinterpret_cast<Recv>(::dlsym(RTLD_NEXT, "recv"));
@@ -86,8 +88,14 @@ extern "C" ssize_t recv(int fd, void* buffer, size_t length, int flags) {
     errno = ENOSYS;
     return -1;
   }
-  const ssize_t received = next(fd, buffer, length, flags);
-  if (received < 0 && (flags & MSG_PEEK) != 0 && errno == ECONNRESET) return 0;
+  ssize_t received = next(fd, buffer, length, flags);
+  if ((flags & MSG_PEEK) == 0) return received;
+  if (received < 0 && errno == ECONNRESET) received = 0;
+  if (received == 0 && length == 1) {
+    const int saved = errno;
+    std::this_thread::sleep_for(hmc::detail::kClosedPeekPause);
+    errno = saved;
+  }
   return received;
 }
 

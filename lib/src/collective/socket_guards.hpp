@@ -13,6 +13,13 @@
 //    joining rank 0's store as a short run ends, `hmc-run status` attaching as a job ends.
 //    A MSG_PEEK that fails with ECONNRESET returns 0 ("closed") instead, the case c10d
 //    handles. tests/collective/store_reset_test.cpp reproduces the abort.
+//    c10d "handles" a closed connection by polling it again, and a closed connection is always
+//    readable: from the moment the server's host goes until the client is destroyed, the callback
+//    thread spun a core on poll() and recv() (measured: 1.0 s of CPU per second; a rank waiting out
+//    a deadline after its store host died burned a core for the whole wait). A one-byte peek that
+//    reads "closed" now returns after kClosedPeekPause: the thread wakes 100 times a second, and a
+//    store's destructor, which stops the thread through its control pipe, waits at most that long
+//    more. Another caller that peeks one byte at a closed connection meets the same pause once.
 //
 // 2. bind(): confines the c10d store server of a loopback-only job to the loopback interface.
 //
@@ -24,11 +31,15 @@
 // port); hmc defines bind() for that (socket_guards.cpp) and forwards every call to the
 // next definition (libc's). Scopes are serialized; outside a scope bind() is unchanged.
 
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <string>
 
 namespace hmc::detail {
+
+// How long a one-byte MSG_PEEK that reads a closed connection waits before it returns (1.).
+inline constexpr std::chrono::milliseconds kClosedPeekPause{10};
 
 // Whether this process's bind() and recv() are hmc's guards (false when some other definition
 // comes first, e.g. an LD_PRELOADed library).
