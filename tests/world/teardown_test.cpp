@@ -216,6 +216,48 @@ TEST_SUITE("teardown") {
     CHECK_FALSE(fs::exists(zero.path()));
   }
 
+  TEST_CASE("the SIGTERM after a fresh report at the warning: the other ranks remove the folder") {
+    // mpirun's SIGKILL follows its SIGTERM by 50 ms: whichever rank of the node runs first
+    // removes the folder, not only the reporting one.
+    auto kv = std::make_shared<MemoryStore>();
+    const EvidenceFolder zero = EvidenceFolder::create(0);
+    REQUIRE(zero.usable());
+    zero.announce(*kv);
+    zero.markReported();
+    RankProgress progress(true);
+    progress.repetitionDone(resultOf(1, 3), nullptr);
+    Reports reports;
+    TerminationHandOff handOff(twoRanks(), underLauncher(1, "mpirun"), progress,
+                               reports.callback());
+    handOff.setStore(kv);
+    handOff.setFolder(EvidenceFolder::join(*kv, 1, 1s));
+    CHECK(handOff.onSignal(SIGTERM));
+    CHECK(reports.modes.empty());  // rank 0 reported at the warning
+    CHECK_FALSE(fs::exists(zero.path()));
+  }
+
+  TEST_CASE("the SIGTERM long after a report at the warning leaves the folder to the reporter") {
+    // Rank 0 reports again at its own SIGTERM (its report at the warning is stale) and reads
+    // the folder for it.
+    auto kv = std::make_shared<MemoryStore>();
+    const EvidenceFolder zero = EvidenceFolder::create(0);
+    REQUIRE(zero.usable());
+    zero.announce(*kv);
+    zero.markReported();
+    const fs::path mark = fs::path(zero.path()) / "reported";
+    fs::last_write_time(mark, fs::last_write_time(mark) - 10s);
+    CHECK(zero.reported());
+    CHECK_FALSE(zero.reportedWithin(3s));
+    RankProgress progress(true);
+    Reports reports;
+    TerminationHandOff handOff(twoRanks(), underLauncher(1, "mpirun"), progress,
+                               reports.callback());
+    handOff.setFolder(EvidenceFolder::join(*kv, 1, 1s));
+    CHECK(handOff.onSignal(SIGTERM));
+    CHECK(fs::exists(zero.path()));
+    zero.remove();
+  }
+
   TEST_CASE("once the main thread claimed the end of the run, a signal leaves it to it") {
     RankProgress progress(true);
     Reports reports;

@@ -123,6 +123,13 @@ void EvidenceFolder::markReported() const {
 
 bool EvidenceFolder::reported() const { return usable() && fs::exists(path_ + "/reported"); }
 
+bool EvidenceFolder::reportedWithin(std::chrono::seconds age) const {
+  if (!usable()) return false;
+  std::error_code ec;
+  const auto markedAt = fs::last_write_time(path_ + "/reported", ec);
+  return !ec && fs::file_time_type::clock::now() - markedAt < age;
+}
+
 std::optional<std::string> EvidenceFolder::readResults(int rank, bool early) const {
   if (!usable()) return std::nullopt;
   return readFile(file(rank, early ? "early.json" : "json"));

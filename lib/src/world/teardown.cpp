@@ -126,6 +126,11 @@ bool TerminationHandOff::handOn(int signal, bool early) {
       onInterrupted_({}, signal, InterruptMode::kPublishEarly);
       return true;
     case HandOff::kNothing:
+      // The reporting rank removes the folder at this SIGTERM, and mpirun's SIGKILL follows
+      // 50 ms later: on a loaded node its signal thread may not have run by then, which left
+      // the folder behind. Every rank of the node removes it (the report at the warning has
+      // read it), unless that report is stale: then the reporting rank reports again from it.
+      if (folder.reportedWithin(kEarlyReportFresh)) folder.remove();
       return true;
     default:
       break;

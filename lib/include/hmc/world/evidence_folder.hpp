@@ -50,6 +50,8 @@ class EvidenceFolder {
   // reporting rank from removing the folder).
   void markReported() const;
   bool reported() const;
+  // Whether the report at the warning was made less than `age` ago (the mark's time).
+  bool reportedWithin(std::chrono::seconds age) const;
   // Whether rank `rank` wrote its pid here and that process is alive (not a zombie). False
   // for a rank of another node.
   bool alive(int rank) const;
