@@ -90,8 +90,6 @@ bool TerminationHandOff::handOn(int signal, bool early) {
     signal_ = signal;
   }
   const RankPlacement& placement = launch_.placement;
-  const auto snap = progress_.snapshot(scenario_, placement.rank, signal);
-  const auto& results = snap.results;
   std::shared_ptr<collective::KeyValueStore> kv;
   EvidenceFolder folder;
   collective::Collective::ClosedPeers closedPeers;
@@ -113,27 +111,30 @@ bool TerminationHandOff::handOn(int signal, bool early) {
       earlyReportAt_ && std::chrono::steady_clock::now() - *earlyReportAt_ < kEarlyReportFresh;
   facts.folderReported = folder.reported();
   const HandOff what = decideHandOff(facts);
-  switch (what) {
-    case HandOff::kOwnFile:
-      // Only the current repetition's: the finished ones are in their files.
-      if (!results.empty()) {
-        scenario::writeOutputFile(repetitionResultFile(launch_.resultFile, snap.first),
-                                  rankResultsDocument(results));
-      }
-      return true;
-    case HandOff::kPrintEarlyReport:
-      folder.remove();
-      onInterrupted_({}, signal, InterruptMode::kPublishEarly);
-      return true;
-    case HandOff::kNothing:
-      // The reporting rank removes the folder at this SIGTERM, and mpirun's SIGKILL follows
-      // 50 ms later: on a loaded node its signal thread may not have run by then, which left
-      // the folder behind. Every rank of the node removes it (the report at the warning has
-      // read it), unless that report is stale: then the reporting rank reports again from it.
-      if (folder.reportedWithin(kEarlyReportFresh)) folder.remove();
-      return true;
-    default:
-      break;
+  // Under mpirun the SIGKILL follows this SIGTERM by 50 ms: the hand-offs that print the report
+  // made at the warning, or do nothing, come first, without this rank's snapshot.
+  if (what == HandOff::kPrintEarlyReport) {
+    folder.remove();
+    onInterrupted_({}, signal, InterruptMode::kPublishEarly);
+    return true;
+  }
+  if (what == HandOff::kNothing) {
+    // The reporting rank removes the folder at this SIGTERM too, and on a loaded node its
+    // signal thread may not have run before the SIGKILL, which left the folder behind. Every
+    // rank of the node removes it (the report at the warning has read it), unless that report
+    // is stale: then the reporting rank reports again from it.
+    if (folder.reportedWithin(kEarlyReportFresh)) folder.remove();
+    return true;
+  }
+  const auto snap = progress_.snapshot(scenario_, placement.rank, signal);
+  const auto& results = snap.results;
+  if (what == HandOff::kOwnFile) {
+    // Only the current repetition's: the finished ones are in their files.
+    if (!results.empty()) {
+      scenario::writeOutputFile(repetitionResultFile(launch_.resultFile, snap.first),
+                                rankResultsDocument(results));
+    }
+    return true;
   }
   const std::string document = rankResultsDocument(results);
   const std::string localProblem = folder.writeResults(document, early);
