@@ -237,6 +237,26 @@ TEST_SUITE("teardown") {
     zero.remove();  // where the check failed
   }
 
+  TEST_CASE("the SIGTERM after the warning prints the report though a peer removed the folder") {
+    // Rank 1 of the same node may remove the folder at this SIGTERM before rank 0 looks at it.
+    auto kv = std::make_shared<MemoryStore>();
+    kv->set(hmc::world::keys::result(1), hmc::world::rankResultsDocument({resultOf(1, 2)}));
+    const EvidenceFolder zero = EvidenceFolder::create(0);
+    RankProgress progress(true);
+    progress.repetitionDone(resultOf(0, 1), nullptr);
+    Reports reports;
+    TerminationHandOff handOff(twoRanks(), underLauncher(0, "mpirun"), progress,
+                               reports.callback());
+    handOff.setStore(kv);
+    handOff.setFolder(zero);
+    handOff.onWarning(SIGTERM);
+    REQUIRE(reports.modes == std::vector<InterruptMode>{InterruptMode::kEarly});
+    zero.remove();
+    CHECK(handOff.onSignal(SIGTERM));
+    CHECK(reports.modes ==
+          std::vector<InterruptMode>{InterruptMode::kEarly, InterruptMode::kPublishEarly});
+  }
+
   TEST_CASE("the SIGTERM long after a report at the warning leaves the folder to the reporter") {
     // Rank 0 reports again at its own SIGTERM (its report at the warning is stale) and reads
     // the folder for it.

@@ -104,11 +104,15 @@ bool TerminationHandOff::handOn(int signal, bool early) {
   HandOffFacts facts;
   facts.underLauncher = placement.underLauncher();
   facts.early = early;
-  facts.reporting =
-      (folder.usable() ? folder.lowestLiveRank(placement.worldSize) : 0) == placement.rank &&
-      onInterrupted_ != nullptr;
   facts.earlyReportFresh =
       earlyReportAt_ && std::chrono::steady_clock::now() - *earlyReportAt_ < kEarlyReportFresh;
+  // The rank that reported at the warning moments ago is the reporting rank without a look at
+  // the folder: the other ranks of its node remove the folder at this same SIGTERM, and a look
+  // after that would find no reporter.
+  facts.reporting =
+      onInterrupted_ != nullptr &&
+      (facts.earlyReportFresh ||
+       (folder.usable() ? folder.lowestLiveRank(placement.worldSize) : 0) == placement.rank);
   facts.folderReported = folder.reported();
   const HandOff what = decideHandOff(facts);
   // Under mpirun the SIGKILL follows this SIGTERM by 50 ms: the hand-offs that print the report
