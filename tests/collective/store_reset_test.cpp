@@ -30,11 +30,11 @@
 
 namespace {
 
-// In the child: a listener that never accepts, a store client whose two connections wait in
-// its accept queue, then the listener closes (as a store server does when its rank exits).
-int clientOfAClosingServer() {
+// A loopback listener on a free port that accepts nothing by itself, and its port; or a child's
+// exit code for what failed (-10: socket, -11: bind, listen or getsockname).
+int loopbackListener(int& port) {
   const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (listener < 0) return 10;
+  if (listener < 0) return -10;
   sockaddr_in address{};
   address.sin_family = AF_INET;
   address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -42,14 +42,30 @@ int clientOfAClosingServer() {
   if (::bind(listener, reinterpret_cast<sockaddr*>(&address), length) != 0 ||
       ::listen(listener, 16) != 0 ||
       ::getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-    return 11;
+    return -11;
   }
+  port = ntohs(address.sin_port);
+  return listener;
+}
+
+// A c10d store client of 127.0.0.1:`port` that waits for no workers; its two connections wait
+// in the listener's accept queue.
+c10d::TCPStoreOptions clientOptions(int port) {
   c10d::TCPStoreOptions options;
-  options.port = ntohs(address.sin_port);
+  options.port = port;
   options.isServer = false;
   options.waitWorkers = false;
   options.timeout = std::chrono::seconds(5);
-  c10d::TCPStore client("127.0.0.1", options);
+  return options;
+}
+
+// In the child: a listener that never accepts, a store client whose two connections wait in
+// its accept queue, then the listener closes (as a store server does when its rank exits).
+int clientOfAClosingServer() {
+  int port = 0;
+  const int listener = loopbackListener(port);
+  if (listener < 0) return -listener;
+  c10d::TCPStore client("127.0.0.1", clientOptions(port));
   ::close(listener);
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // the callback thread reads
   return 0;
@@ -62,23 +78,10 @@ int clientOfAClosingServer() {
 // thread polls again at once, for as long as the client lives: a core spent on nothing (hmc's
 // recv() guard holds such a peek back). Exit 0: less than a quarter of that second; 30: more.
 int idleClientOfAGoneServer(bool reset) {
-  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (listener < 0) return 10;
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(address);
-  if (::bind(listener, reinterpret_cast<sockaddr*>(&address), length) != 0 ||
-      ::listen(listener, 16) != 0 ||
-      ::getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-    return 11;
-  }
-  c10d::TCPStoreOptions options;
-  options.port = ntohs(address.sin_port);
-  options.isServer = false;
-  options.waitWorkers = false;
-  options.timeout = std::chrono::seconds(5);
-  c10d::TCPStore client("127.0.0.1", options);
+  int port = 0;
+  const int listener = loopbackListener(port);
+  if (listener < 0) return -listener;
+  c10d::TCPStore client("127.0.0.1", clientOptions(port));
   if (!reset) {
     for (int connection = 0; connection < 2; ++connection) {
       const int accepted = ::accept(listener, nullptr, nullptr);
