@@ -19,7 +19,7 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <torch/cuda.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 #include <unistd.h>
 
 #include <chrono>

@@ -21,7 +21,7 @@
 #include <benchmark/benchmark.h>
 #include <fmt/format.h>
 #include <torch/autograd.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 #include <unistd.h>
 
 #include <algorithm>

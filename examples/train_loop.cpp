@@ -16,7 +16,7 @@
 // (docs/embedding.md); it prints the mean step time either way. --crash RANK ends that rank
 // in the middle of its steps (exit 17), as a segfault would.
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <chrono>
 #include <cstdio>

@@ -2,7 +2,8 @@
 // LibTorch's glog defines CHECK, CHECK_EQ, ... which would replace doctest's assertions.
 // Torch tests include this instead of both headers: torch first, then doctest's macros win.
 
-#include <torch/torch.h>
+#include <torch/cuda.h>
+#include <torch/types.h>
 
 #undef CHECK
 #undef CHECK_EQ

@@ -1,9 +1,10 @@
 #include "hmc/scenario/runner.hpp"
 
+#include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 #include <torch/cuda.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 #include <torch/version.h>
 
 #include <fcntl.h>
