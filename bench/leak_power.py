@@ -55,7 +55,9 @@ def measure(hmc_run, runs, cycles, leak_bytes, transport):
         reports = doc["reports"] if "reports" in doc else [doc]
         flagged = 0
         resident = 0
+        heap = 0
         slopes = []
+        heap_slopes = []
         for r in reports:
             leaks = r["leak_trends"]["series"]
             if any(s["verdict"] == "leak" for s in leaks):
@@ -65,10 +67,16 @@ def measure(hmc_run, runs, cycles, leak_bytes, transport):
                     slopes.append(s["slope_per_cycle"])
                     if s["verdict"] == "leak":
                         resident += 1
+                if s["metric"] == "heap_bytes" and s["slope_per_cycle"] is not None:
+                    heap_slopes.append(s["slope_per_cycle"])
+                    if s["verdict"] == "leak":
+                        heap += 1
         slopes.sort()
+        heap_slopes.sort()
         return {"cycles": cycles, "leak_bytes": leak_bytes, "runs": len(reports),
-                "flagged": flagged, "resident_leaks": resident,
+                "flagged": flagged, "resident_leaks": resident, "heap_leaks": heap,
                 "slope_median": slopes[len(slopes) // 2] if slopes else None,
+                "heap_slope_median": heap_slopes[len(heap_slopes) // 2] if heap_slopes else None,
                 "seconds": round(seconds, 1), "transport": transport}
     finally:
         shutil.rmtree(folder, ignore_errors=True)
@@ -85,14 +93,17 @@ def main():
     print(f"# {args.runs} runs each, transport {args.transport}, 2 ranks; a run is flagged when "
           "any metric of it is a leak")
     print(f"# {'cycles':>6}  {'leak/cycle':>10}  {'flagged':>9}  {'rss leak':>9}  "
-          f"{'median rss slope':>16}  {'seconds':>7}")
+          f"{'heap leak':>9}  {'median rss slope':>16}  {'median heap slope':>17}  {'seconds':>7}")
     for cycles in (int(c) for c in args.cycles.split(",")):
         for size in (int(s) for s in args.sizes.split(",")):
             m = measure(args.hmc_run, args.runs, cycles, size, args.transport)
             slope = "-" if m["slope_median"] is None else f"{m['slope_median'] / 1024:.1f} KiB"
+            heap = ("-" if m["heap_slope_median"] is None
+                    else f"{m['heap_slope_median'] / 1024:.2f} KiB")
             print(f"  {cycles:>6}  {(str(size // 1024) + ' KiB') if size else 'none':>10}  "
                   f"{m['flagged']:>4}/{m['runs']:<4}  {m['resident_leaks']:>4}/{m['runs']:<4}  "
-                  f"{slope:>16}  {m['seconds']:>7}", flush=True)
+                  f"{m['heap_leaks']:>4}/{m['runs']:<4}  {slope:>16}  {heap:>17}  "
+                  f"{m['seconds']:>7}", flush=True)
             print("# json " + json.dumps(m), flush=True)
 
 

@@ -147,6 +147,25 @@ def a_mebibyte_per_cycle_grows_resident_memory():
 
 
 @test
+def four_kib_per_cycle_is_found_in_the_heap_in_use():
+    # Under resident memory's threshold (32 KiB at 40 cycles), found by the heap in use (what
+    # malloc handed out and did not get back: 2 KiB), on thread ranks and on the leaking rank
+    # process alone (the rank result's wire format carries it).
+    proc, doc = run(scenario("heap", CYCLE + [leak("memory", bytes=4096)]), "--repetitions", "40")
+    check(proc.returncode == 1, output(proc))
+    s = series(doc, None, "heap_bytes")
+    check(s["verdict"] == "leak" and 4096 <= s["slope_per_cycle"] < 1.2 * 4096, s)
+    check(series(doc, None, "resident_bytes")["verdict"] == "flat", doc["leak_trends"])
+    proc, doc = run(scenario("tcp-heap", CYCLE + [leak("memory", bytes=4096, ranks=[1])], world=2),
+                    "--repetitions", "40", "--transport", "tcp")
+    check(proc.returncode == 1, output(proc))
+    check(series(doc, 1, "heap_bytes")["verdict"] == "leak", doc["leak_trends"])
+    check(series(doc, 0, "heap_bytes")["verdict"] == "flat", doc["leak_trends"])
+    check(doc["leak_trends"]["leaks"] == [series(doc, 1, "heap_bytes")["text"]],
+          doc["leak_trends"]["leaks"])
+
+
+@test
 def rank_processes_name_the_leaking_rank_only():
     proc, doc = run(scenario("tcp-leak", CYCLE + [leak("descriptor", ranks=[1])], world=2),
                     "--repetitions", "30", "--transport", "tcp")

@@ -162,6 +162,36 @@ TEST_SUITE("leak trends") {
     CHECK((early.verdict == TrendVerdict::kFlat));
   }
 
+  TEST_CASE("heap in use: 4 KiB per cycle is a leak, a few hundred bytes are not") {
+    // Resident memory moves with the allocator's caches; the heap in use (what malloc handed
+    // out and did not get back) does not: its threshold is 2 KiB from the first fitted cycle.
+    const auto heapOf = [](int cycles, std::int64_t perCycle, std::int64_t known = 0) {
+      TrendRecorder recorder;
+      for (int c = 0; c < cycles; ++c) {
+        auto ranks = cycle(1, [](int) { return 5; });
+        ranks[0].process->heapBytes = known < 0 ? -1 : (50 << 20) + perCycle * c + (c % 3) * 64;
+        recorder.add(ranks);
+      }
+      return recorder.analyze(1);
+    };
+    const auto leaking = heapOf(200, 4096);
+    const auto& leak = seriesOf(leaking, 0, "heap_bytes");
+    CHECK((leak.verdict == TrendVerdict::kLeak));
+    CHECK(leak.threshold == 2 * 1024.0);
+    CHECK(leak.fitFrom == 20);  // the warm-up only: no half left out
+    CHECK(leak.fit->slope == doctest::Approx(4096).epsilon(0.01));
+    CHECK(leak.text.find("heap in use grows 4.0 KiB per cycle") != std::string::npos);
+    CHECK(leaking.leaked());
+    // hmc-run's own bookkeeping grows the heap by about 16 bytes per metric and cycle.
+    const auto clean = heapOf(200, 350);
+    CHECK((seriesOf(clean, 0, "heap_bytes").verdict == TrendVerdict::kFlat));
+    CHECK_FALSE(clean.leaked());
+    // A short run finds it too: the threshold does not depend on the length.
+    CHECK((seriesOf(heapOf(50, 4096), 0, "heap_bytes").verdict == TrendVerdict::kLeak));
+    // Where the heap is unknown (-1: no glibc), there is no series.
+    for (const auto& series : heapOf(50, 0, -1).series) CHECK(series.metric != "heap_bytes");
+  }
+
   TEST_CASE("a long run keeps at most kMaxTrendPoints per series, merging cycles pairwise") {
     TrendRecorder recorder;
     const int cycles = 5000;

@@ -369,7 +369,9 @@ TEST_SUITE("report") {
   }
 
   TEST_CASE("a rank result survives the wire format unchanged") {
-    const RankResult original = fullResult();
+    RankResult original = fullResult();
+    original.process = hmc::scenario::ProcessSample{1 << 20, 9, 4, false};
+    original.process->heapBytes = 123456;
     const json wire = toJson(original);
     CHECK(wire["format"] == std::string(kRankResultFormat));
     const RankResult back = rankResultFromJson(json::parse(wire.dump()));
@@ -378,6 +380,7 @@ TEST_SUITE("report") {
     CHECK((back.steps[1].error->kind == hmc::ErrorKind::kValueError));
     CHECK(back.leaks.device->live.at(0).owner == "rank 1 ScratchLinear cuda:0");
     CHECK(back.timings.collectives.at("recycle").size() == 2);
+    CHECK(back.process->heapBytes == 123456);
   }
 
   TEST_CASE("a rank result with a missing or foreign field is refused, naming it") {

@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <malloc.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -31,6 +32,7 @@ struct MetricInfo {
 };
 constexpr MetricInfo kMetrics[] = {
     {"resident_bytes", "resident memory", "bytes", 32 * 1024.0, false},
+    {"heap_bytes", "heap in use", "bytes", 2 * 1024.0, false},
     {"open_descriptors", "open descriptors", "count", 0.02, true},
     {"threads", "threads", "count", 0.02, true},
     {"hmc_bytes_held", "workspace bytes held by hmc", "bytes", 1.0, true},
@@ -118,6 +120,10 @@ std::optional<ProcessSample> sampleProcess() {
   }
   ::closedir(dir);
   sample.openDescriptors = entries - 1;  // the directory's own descriptor
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || __GLIBC_MINOR__ >= 33)
+  const struct mallinfo2 heap = ::mallinfo2();
+  sample.heapBytes = static_cast<std::int64_t>(heap.uordblks + heap.hblkhd);
+#endif
   return sample;
 }
 
@@ -301,6 +307,9 @@ void TrendRecorder::add(const std::vector<RankResult>& ranks) {
       push(rank, "resident_bytes", host, static_cast<double>(result.process->residentBytes));
       push(rank, "open_descriptors", host, static_cast<double>(result.process->openDescriptors));
       push(rank, "threads", host, static_cast<double>(result.process->threads));
+      if (result.process->heapBytes >= 0) {
+        push(rank, "heap_bytes", host, static_cast<double>(result.process->heapBytes));
+      }
     }
     const LeakCheck& leaks = result.leaks;
     if (leaks.checked) {

@@ -253,6 +253,7 @@ json toJson(const RankResult& result) {
           {"process", result.process ? json{{"resident_bytes", result.process->residentBytes},
                                             {"open_descriptors", result.process->openDescriptors},
                                             {"threads", result.process->threads},
+                                            {"heap_bytes", result.process->heapBytes},
                                             {"shared", result.process->shared}}
                                      : json(nullptr)}};
 }
@@ -294,10 +295,13 @@ RankResult rankResultFromJson(const json& value) {
   result.collectives = in.get<std::uint64_t>("collectives");
   if (!in.at("process").is_null()) {
     const Reader process = in.child("process");
-    result.process = ProcessSample{process.get<std::int64_t>("resident_bytes"),
-                                   process.get<std::int64_t>("open_descriptors"),
-                                   process.get<std::int64_t>("threads"),
-                                   process.get<bool>("shared")};
+    ProcessSample sample;
+    sample.residentBytes = process.get<std::int64_t>("resident_bytes");
+    sample.openDescriptors = process.get<std::int64_t>("open_descriptors");
+    sample.threads = process.get<std::int64_t>("threads");
+    sample.heapBytes = process.get<std::int64_t>("heap_bytes");
+    sample.shared = process.get<bool>("shared");
+    result.process = sample;
   }
   return result;
 }

@@ -32,6 +32,11 @@ struct ProcessSample {
   std::int64_t threads = 0;          // Threads
   // Taken by rank 0 for the process every thread rank shares (the threads transport).
   bool shared = false;
+  // Bytes the C allocator has handed out and not had back (glibc's mallinfo2: uordblks +
+  // hblkhd), every arena's; -1 where unknown. Unlike resident memory it does not move with
+  // what the allocator caches (per-thread caches, fragmented arenas), so it can find a leak
+  // of a few KiB per cycle (docs/leak-trends.md).
+  std::int64_t heapBytes = -1;
 };
 // Reads /proc/self (statm, stat, fd: 10-20 us); nullopt where it cannot.
 std::optional<ProcessSample> sampleProcess();
