@@ -166,6 +166,34 @@ def four_kib_per_cycle_is_found_in_the_heap_in_use():
 
 
 @test
+def ranks_under_torchrun_have_no_heap_series():
+    # Under an external launcher a rank keeps every cycle's result until the end (for rank 0
+    # to gather): its heap grows by a result each cycle, which is no leak.
+    torchrun = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                            "support", "torchrun")
+    if subprocess.run(["/usr/bin/python3", "-c", "import torch.distributed.run"],
+                      capture_output=True).returncode != 0:
+        RESULTS["skipped"] += 1
+        print("skip: ranks_under_torchrun_have_no_heap_series: no torch.distributed.run "
+              "(Debian's python3-torch; scripts/test installs it)", flush=True)
+        return
+    path = scenario("torchrun-clean", CYCLE, world=2)
+    report = path[:-5] + "-report.json"
+    proc = subprocess.run([torchrun, "--standalone", "--nproc_per_node", "2", "--no_python",
+                           HMC_RUN, path, "--repetitions", "30", "--report", report],
+                          capture_output=True, text=True, timeout=240,
+                          env=dict(os.environ, TMPDIR=WORK))  # torchrun's folder, removed
+    check(proc.returncode == 0, output(proc))
+    with open(report) as f:
+        doc = json.load(f)
+    check(doc["leak_trends"]["leaks"] == [], doc["leak_trends"])
+    for rank in (0, 1):
+        check(series(doc, rank, "resident_bytes")["verdict"] == "flat", doc["leak_trends"])
+    check(not [s for s in doc["leak_trends"]["series"] if s["metric"] == "heap_bytes"],
+          doc["leak_trends"]["series"])
+
+
+@test
 def rank_processes_name_the_leaking_rank_only():
     proc, doc = run(scenario("tcp-leak", CYCLE + [leak("descriptor", ranks=[1])], world=2),
                     "--repetitions", "30", "--transport", "tcp")

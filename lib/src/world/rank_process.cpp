@@ -216,7 +216,10 @@ void RankRun::runRepetition(int repetition) {
   }
   if (!storeLost_.empty()) recordLostStore(result, placement_.storeHostName(), storeLost_);
   if (placement_.underLauncher()) {
-    progress_.repetitionDone(result, nullptr);  // kept: handed on at the end
+    // Kept: handed on at the end. So this process's heap grows by a result each cycle, which
+    // its heap-in-use trend would call a leak: it has none (docs/leak-trends.md).
+    if (result.process) result.process->heapBytes = -1;
+    progress_.repetitionDone(result, nullptr);
     return;
   }
   // hmc-run's launcher reads it from there and removes it: a long --repetitions run holds no
