@@ -70,22 +70,34 @@ Run runRanks(const std::string& transport, int world, const std::string& scenari
              std::chrono::milliseconds timeout,
              std::optional<std::chrono::milliseconds> join = std::nullopt, int started = -1) {
   Run run;
-  run.port = hmc::testing::freeLoopbackPort();
   if (started < 0) started = world;
-  run.ranks = hmc::testing::runProcessRanks(
-      started,
-      [&](int rank) {
-        std::vector<std::string> argv{HMC_TRANSPORT_PEER,
-                                      transport,
-                                      std::to_string(rank),
-                                      std::to_string(world),
-                                      std::to_string(run.port),
-                                      std::to_string(timeout.count()),
-                                      scenario};
-        if (join) argv.push_back(std::to_string(join->count()));
-        return argv;
-      },
-      std::max(timeout, join.value_or(timeout)) + 20s, /*startGate=*/true);
+  // The free port is found by binding port 0 and closing it, so it comes from the kernel's
+  // ephemeral range, where any connection that another test opens in the meantime may take
+  // it as its local port: rank 0 then says that it cannot host the store there. That is the
+  // machine, not the case: a new port, up to three times (seen once in a fresh-clone CI run).
+  for (int attempt = 1;; ++attempt) {
+    run.port = hmc::testing::freeLoopbackPort();
+    run.ranks = hmc::testing::runProcessRanks(
+        started,
+        [&](int rank) {
+          std::vector<std::string> argv{HMC_TRANSPORT_PEER,
+                                        transport,
+                                        std::to_string(rank),
+                                        std::to_string(world),
+                                        std::to_string(run.port),
+                                        std::to_string(timeout.count()),
+                                        scenario};
+          if (join) argv.push_back(std::to_string(join->count()));
+          return argv;
+        },
+        std::max(timeout, join.value_or(timeout)) + 20s, /*startGate=*/true);
+    const std::string taken =
+        "cannot host the c10d store: port " + std::to_string(run.port) + " is already in use";
+    if (attempt == 3 || started == 0 || run.ranks[0].message.find(taken) == std::string::npos) {
+      break;
+    }
+    MESSAGE("port ", run.port, " was taken before rank 0 could host the store; again with another");
+  }
   CHECK_MESSAGE(!hmc::testing::hasChildren(), "a rank process was left behind");
   for (int rank = 0; rank < started; ++rank) {
     const auto& r = run.ranks[rank];
