@@ -78,7 +78,7 @@ std::string whoOf(const std::optional<int>& rank, const std::string& host) {
 
 }  // namespace
 
-std::optional<ProcessSample> sampleProcess() {
+std::optional<ProcessSample> sampleProcess(bool heap) {
   // Small proc files read with one read() each (an ifstream of /proc/self/status cost 20 us a
   // sample, statm and stat about a third of that).
   const auto slurp = [](const char* path, char* buffer, std::size_t size) -> std::size_t {
@@ -121,13 +121,17 @@ std::optional<ProcessSample> sampleProcess() {
   ::closedir(dir);
   sample.openDescriptors = entries - 1;  // the directory's own descriptor
 #if defined(__GLIBC__) && (__GLIBC__ > 2 || __GLIBC_MINOR__ >= 33)
-  const struct mallinfo2 heap = ::mallinfo2();
-  sample.heapBytes = static_cast<std::int64_t>(heap.uordblks + heap.hblkhd);
+  if (heap) {
+    const struct mallinfo2 info = ::mallinfo2();
+    sample.heapBytes = static_cast<std::int64_t>(info.uordblks + info.hblkhd);
+  }
+#else
+  (void)heap;
 #endif
   return sample;
 }
 
-std::optional<ProcessSample> sampleProcessEvery(std::chrono::nanoseconds cycle) {
+std::optional<ProcessSample> sampleProcessEvery(std::chrono::nanoseconds cycle, bool heap) {
   // The cost is the cheapest sample so far: one that was preempted, or the first (cold) one,
   // says nothing about what sampling costs.
   static std::mutex mutex;
@@ -142,9 +146,9 @@ std::optional<ProcessSample> sampleProcessEvery(std::chrono::nanoseconds cycle) 
     return std::nullopt;
   }
   skipped = 0;
-  if (!cost) sampleProcess();  // the first one is cold (page faults, dentries): not timed
+  if (!cost) sampleProcess(heap);  // the first one is cold (page faults, dentries): not timed
   const auto began = std::chrono::steady_clock::now();
-  auto sample = sampleProcess();
+  auto sample = sampleProcess(heap);
   const std::chrono::nanoseconds took = std::chrono::steady_clock::now() - began;
   cost = cost ? std::min(*cost, took) : took;
   since = std::chrono::nanoseconds(0);

@@ -711,7 +711,9 @@ RankResult runRank(const Scenario& scenario, RankEnvironment& env) {
   state.releaseAll();
   // What the process holds once everything of this run is released (a cycle of the
   // leak-trend check).
-  if (env.sampleProcess) result.process = sampleProcessEvery(collective::Clock::now() - began);
+  if (env.sampleProcess) {
+    result.process = sampleProcessEvery(collective::Clock::now() - began, env.sampleHeap);
+  }
   return result;
 }
 

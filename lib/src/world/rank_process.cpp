@@ -192,6 +192,10 @@ void RankRun::runRepetition(int repetition) {
                                   placement_.worldSize, scenario_.name, scenario_.timeoutS);
   }
   env.crash = [] { _exit(kCrashExitStatus); };
+  // Under a launcher the results are kept until the end (below), so this process's heap grows
+  // by a result each cycle, which its heap-in-use trend would call a leak: it has none
+  // (docs/leak-trends.md).
+  env.sampleHeap = !placement_.underLauncher();
   env.onStep = [this](const scenario::StepResult& step) { progress_.stepDone(step); };
   env.agreeOnShutdown = [this, repetition](bool clean) {
     return agreeOnShutdown(repetition, clean);
@@ -216,10 +220,7 @@ void RankRun::runRepetition(int repetition) {
   }
   if (!storeLost_.empty()) recordLostStore(result, placement_.storeHostName(), storeLost_);
   if (placement_.underLauncher()) {
-    // Kept: handed on at the end. So this process's heap grows by a result each cycle, which
-    // its heap-in-use trend would call a leak: it has none (docs/leak-trends.md).
-    if (result.process) result.process->heapBytes = -1;
-    progress_.repetitionDone(result, nullptr);
+    progress_.repetitionDone(result, nullptr);  // kept: handed on at the end
     return;
   }
   // hmc-run's launcher reads it from there and removes it: a long --repetitions run holds no

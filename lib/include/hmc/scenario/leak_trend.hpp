@@ -39,13 +39,14 @@ struct ProcessSample {
   std::int64_t heapBytes = -1;
 };
 // Reads /proc/self (statm, stat, fd: 10-20 us); nullopt where it cannot.
-std::optional<ProcessSample> sampleProcess();
+// `heap`: also the heap in use (mallinfo2, which walks every arena); false: heapBytes -1.
+std::optional<ProcessSample> sampleProcess(bool heap = true);
 // sampleProcess at most about 1% of the time, for the end of every cycle (`cycle`: how long the
 // cycle took): samples when the cycles since the last sample took at least 100 times what a
 // sample costs (the cheapest one so far; the first call always samples), and at least every
 // fourth cycle whatever the cost, else nullopt. A cycle of 0.5 ms is sampled about every other
 // time, one of 2 ms or more every time. Thread-safe (one state per process).
-std::optional<ProcessSample> sampleProcessEvery(std::chrono::nanoseconds cycle);
+std::optional<ProcessSample> sampleProcessEvery(std::chrono::nanoseconds cycle, bool heap = true);
 
 // A Theil-Sen fit of y against x: the median pairwise slope, the median intercept, and Sen's
 // two-sided confidence interval of the slope at `confidence`: with N pairwise slopes sorted and

@@ -45,6 +45,8 @@ struct RankEnvironment {
   // Whether this rank samples its process at the end of the run (RankResult::process); thread
   // ranks share one process, which the threads driver samples once they all ended.
   bool sampleProcess = true;
+  // With it, the heap in use (ProcessSample::heapBytes); false: none, and no mallinfo2 call.
+  bool sampleHeap = true;
 };
 
 // Runs every step of `scenario` on `env.collective->rank()`. Never throws for what a step
