@@ -9,10 +9,13 @@
 // - BM_ReuseCycleModule: hmc::nn::ScratchLinear on a one-rank manager: the same work plus
 //   hmc's module (torch::nn::Module, group creation, bind through recycle, retire on drop).
 //   With /recorded:1 the manager records every call (docs/record-replay.md): its cost.
+// - BM_ReuseCycleFloorPaired: the two above, a cycle of each per iteration, each timed alone:
+//   the ratio that holds on a shared machine.
 // - BM_ReuseCycleRunner: the scenario runner (hmc-run's per-rank step loop, thread driver,
 //   one rank) on a `repeat` of create/forward/drop: adds step dispatch and report
 //   bookkeeping. Time per cycle is the counter `cycle` (the set-up and close of the run are
-//   amortised over kRunnerCycles).
+//   amortised over kRunnerCycles). BM_ReuseCycleRunnerPaired: the runner's own cycle timing
+//   (what a report gives as repeat/<label>) and a block of floor cycles, alternating.
 //
 // CPU time is the process's (every thread: the runner's rank is a thread), which the other
 // loads of a shared machine disturb less than wall time. Ratio = cycle CPU time / floor CPU
@@ -63,17 +66,28 @@ struct FloorFn : public torch::autograd::Function<FloorFn> {
   }
 };
 
+// One cycle of the floor: the LibTorch work of a reuse cycle, without hmc.
+void floorCycle() {
+  torch::Tensor weight = (torch::randn({kFeatures, kFeatures}) * 0.01).requires_grad_(true);
+  torch::Tensor x = torch::randn({kBatch, kFeatures}).requires_grad_(true);
+  torch::Tensor y = FloorFn::apply(x, weight.to(x.device(), x.scalar_type()));
+  y.sum().backward();
+  benchmark::DoNotOptimize(weight.grad().data_ptr());
+}
+
 void BM_ReuseCycleFloor(benchmark::State& state) {
   hmc::scenario::limitTorchThreads(1);
-  for (auto _ : state) {
-    torch::Tensor weight = (torch::randn({kFeatures, kFeatures}) * 0.01).requires_grad_(true);
-    torch::Tensor x = torch::randn({kBatch, kFeatures}).requires_grad_(true);
-    torch::Tensor y = FloorFn::apply(x, weight.to(x.device(), x.scalar_type()));
-    y.sum().backward();
-    benchmark::DoNotOptimize(weight.grad().data_ptr());
-  }
+  for (auto _ : state) floorCycle();
 }
 BENCHMARK(BM_ReuseCycleFloor)->MeasureProcessCPUTime();
+
+// The median of `values` (0 for none).
+double medianOf(std::vector<double> values) {
+  if (values.empty()) return 0.0;
+  auto middle = values.begin() + static_cast<std::ptrdiff_t>(values.size() / 2);
+  std::nth_element(values.begin(), middle, values.end());
+  return *middle;
+}
 
 // One reuse cycle of hmc's module: create, forward and backward, drop (the group turns idle
 // and the next cycle's bind reuses it). Returns whether the bind recycled a workspace.
@@ -140,6 +154,49 @@ void BM_ReuseCycleModule(benchmark::State& state) {
 }
 BENCHMARK(BM_ReuseCycleModule)->ArgName("recorded")->Arg(0)->Arg(1)->MeasureProcessCPUTime();
 
+// hmc's module against its floor, paired: each iteration runs one floor cycle and one module
+// cycle (their order alternates), each timed alone, so that what disturbs a shared machine
+// (the floor alone reads 65-70 us or 100-120 us here, by the machine's load) falls on both
+// alike. Counters: the median of each (floor_us, module_us) and `ratio`, module / floor: the
+// lean issue's goal is at most 1.1. Run with --benchmark_repetitions to see its spread.
+void BM_ReuseCycleFloorPaired(benchmark::State& state) {
+  hmc::scenario::limitTorchThreads(1);
+  auto manager = std::make_shared<hmc::lifecycle::ResourceManager>(
+      std::make_shared<hmc::collective::LocalCollective>());
+  auto resources = std::make_shared<hmc::resources::RankResources>();
+  std::vector<double> floorNs;
+  std::vector<double> moduleNs;
+  std::int64_t reused = 0;
+  const auto timed = [](std::vector<double>& into, const auto& cycle) {
+    const auto start = std::chrono::steady_clock::now();
+    cycle();
+    into.push_back(
+        std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count());
+  };
+  const auto floor = [] { floorCycle(); };
+  const auto module = [&] { reused += reuseCycle(manager, resources) ? 1 : 0; };
+  bool moduleFirst = false;
+  for (auto _ : state) {
+    if (moduleFirst) {
+      timed(moduleNs, module);
+      timed(floorNs, floor);
+    } else {
+      timed(floorNs, floor);
+      timed(moduleNs, module);
+    }
+    moduleFirst = !moduleFirst;
+  }
+  manager->closeGroups();
+  const double floorMedian = medianOf(floorNs);
+  const double moduleMedian = medianOf(moduleNs);
+  state.counters["floor_us"] = floorMedian / 1e3;
+  state.counters["module_us"] = moduleMedian / 1e3;
+  state.counters["ratio"] = floorMedian > 0 ? moduleMedian / floorMedian : 0.0;
+  state.counters["reused"] =
+      moduleNs.empty() ? 0.0 : static_cast<double>(reused) / static_cast<double>(moduleNs.size());
+}
+BENCHMARK(BM_ReuseCycleFloorPaired)->MeasureProcessCPUTime();
+
 // The recording's cost, paired: each iteration runs one cycle on a manager that does not
 // record and one on a manager that records (their order alternates), each timed alone, so
 // that what disturbs a shared machine falls on both alike. Counters: the median cycle of
@@ -175,14 +232,8 @@ void BM_RecordingCostPaired(benchmark::State& state) {
   }
   off->closeGroups();
   on->closeGroups();
-  const auto median = [](std::vector<double> values) {
-    if (values.empty()) return 0.0;
-    auto middle = values.begin() + static_cast<std::ptrdiff_t>(values.size() / 2);
-    std::nth_element(values.begin(), middle, values.end());
-    return *middle;
-  };
-  const double offMedian = median(offNs);
-  const double onMedian = median(onNs);
+  const double offMedian = medianOf(offNs);
+  const double onMedian = medianOf(onNs);
   state.counters["off_us"] = offMedian / 1e3;
   state.counters["on_us"] = onMedian / 1e3;
   state.counters["cost_pct"] = offMedian > 0 ? (onMedian / offMedian - 1.0) * 100.0 : 0.0;
@@ -219,8 +270,9 @@ void BM_RecorderCycleEvents(benchmark::State& state) {
 // A million cycles (3 events of 38 bytes on average each) stay under the default cap of 256 MiB.
 BENCHMARK(BM_RecorderCycleEvents)->Iterations(1000000);
 
-void BM_ReuseCycleRunner(benchmark::State& state) {
-  const std::string text = fmt::format(R"({{
+// The runner's scenario: kRunnerCycles reuse cycles on one rank, then a check and close_all.
+std::string reuseCycleScenarioText() {
+  return fmt::format(R"({{
     "format": "hmc-scenario/1", "name": "reuse-cycle-bench", "world_size": 1, "device": "cpu",
     "dtype": "float32", "timeout_s": 60,
     "steps": [
@@ -232,8 +284,12 @@ void BM_ReuseCycleRunner(benchmark::State& state) {
       {{"op": "check", "groups": 1, "bound_groups": 1, "runtime_live": true}},
       {{"op": "close_all"}}
     ]}})",
-                                       kRunnerCycles);
-  const auto scenario = hmc::scenario::parseScenarioText(text, "<torch_bench>");
+                     kRunnerCycles);
+}
+
+void BM_ReuseCycleRunner(benchmark::State& state) {
+  const auto scenario = hmc::scenario::parseScenarioText(reuseCycleScenarioText(),
+                                                         "<torch_bench>");
   hmc::scenario::limitTorchThreads(1);
   for (auto _ : state) {
     const auto ranks = hmc::scenario::runOnThreads(scenario);
@@ -250,6 +306,59 @@ void BM_ReuseCycleRunner(benchmark::State& state) {
       kRunnerCycles, benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
 }
 BENCHMARK(BM_ReuseCycleRunner)->MeasureProcessCPUTime()->Unit(benchmark::kMillisecond);
+
+// hmc-run's own cycle timing against the floor, paired: each iteration runs kRunnerCycles
+// floor cycles (timed as a block) and the runner's scenario (its `repeat` step's seconds over
+// its cycles: the per-cycle time a report gives as repeat/<label>), their order alternating.
+// Counters: the median per cycle of each (floor_us, runner_us) and `ratio`, runner / floor.
+void BM_ReuseCycleRunnerPaired(benchmark::State& state) {
+  const auto scenario = hmc::scenario::parseScenarioText(reuseCycleScenarioText(),
+                                                         "<torch_bench>");
+  hmc::scenario::limitTorchThreads(1);
+  std::vector<double> floorS;
+  std::vector<double> runnerS;
+  const auto floorBlock = [&] {
+    const auto start = std::chrono::steady_clock::now();
+    for (int cycle = 0; cycle < kRunnerCycles; ++cycle) floorCycle();
+    floorS.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+                         .count() /
+                     kRunnerCycles);
+  };
+  const auto runner = [&] {
+    const auto ranks = hmc::scenario::runOnThreads(scenario);
+    if (ranks.size() != 1 || ranks[0].crashed || ranks[0].hung || ranks[0].steps.empty() ||
+        ranks[0].steps[0].status != hmc::scenario::StepStatus::kOk) {
+      return false;
+    }
+    runnerS.push_back(ranks[0].steps[0].seconds / kRunnerCycles);
+    return true;
+  };
+  bool runnerFirst = false;
+  for (auto _ : state) {
+    bool ok = true;
+    if (runnerFirst) {
+      ok = runner();
+      floorBlock();
+    } else {
+      floorBlock();
+      ok = runner();
+    }
+    runnerFirst = !runnerFirst;
+    if (!ok) {
+      state.SkipWithError("the reuse-cycle scenario did not pass on its one rank");
+      break;
+    }
+  }
+  const double floorMedian = medianOf(floorS);
+  const double runnerMedian = medianOf(runnerS);
+  state.counters["floor_us"] = floorMedian * 1e6;
+  state.counters["runner_us"] = runnerMedian * 1e6;
+  state.counters["ratio"] = floorMedian > 0 ? runnerMedian / floorMedian : 0.0;
+}
+BENCHMARK(BM_ReuseCycleRunnerPaired)
+    ->MeasureProcessCPUTime()
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(2.0);
 
 // One cycle of the leak-trend check as hmc-run runs it on thread ranks: a repetition of a short
 // scenario (2 ranks: create, forward, close_all) and the report builder taking it, with the
