@@ -89,6 +89,33 @@ double medianOf(std::vector<double> values) {
   return *middle;
 }
 
+// Runs `work` and appends how long it took (nanoseconds, steady clock) to `into`; returns what
+// `work` returns.
+template <typename Work>
+bool timedNs(std::vector<double>& into, Work&& work) {
+  const auto start = std::chrono::steady_clock::now();
+  const bool ok = work();
+  into.push_back(
+      std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count());
+  return ok;
+}
+
+// Runs `a` and `b` once each per iteration of `state`, which goes first alternating from one
+// iteration to the next, so that what disturbs a shared machine falls on both alike (the
+// paired benchmarks). When one returns false the benchmark stops with `error`.
+template <typename A, typename B>
+void alternate(benchmark::State& state, A&& a, B&& b, const char* error) {
+  bool bFirst = false;
+  for (auto _ : state) {
+    const bool ok = bFirst ? b() && a() : a() && b();
+    bFirst = !bFirst;
+    if (!ok) {
+      state.SkipWithError(error);
+      break;
+    }
+  }
+}
+
 // One reuse cycle of hmc's module: create, forward and backward, drop (the group turns idle
 // and the next cycle's bind reuses it). Returns whether the bind recycled a workspace.
 bool reuseCycle(const std::shared_ptr<hmc::lifecycle::ResourceManager>& manager,
@@ -167,25 +194,21 @@ void BM_ReuseCycleFloorPaired(benchmark::State& state) {
   std::vector<double> floorNs;
   std::vector<double> moduleNs;
   std::int64_t reused = 0;
-  const auto timed = [](std::vector<double>& into, const auto& cycle) {
-    const auto start = std::chrono::steady_clock::now();
-    cycle();
-    into.push_back(
-        std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count());
-  };
-  const auto floor = [] { floorCycle(); };
-  const auto module = [&] { reused += reuseCycle(manager, resources) ? 1 : 0; };
-  bool moduleFirst = false;
-  for (auto _ : state) {
-    if (moduleFirst) {
-      timed(moduleNs, module);
-      timed(floorNs, floor);
-    } else {
-      timed(floorNs, floor);
-      timed(moduleNs, module);
-    }
-    moduleFirst = !moduleFirst;
-  }
+  alternate(
+      state,
+      [&] {
+        return timedNs(floorNs, [] {
+          floorCycle();
+          return true;
+        });
+      },
+      [&] {
+        return timedNs(moduleNs, [&] {
+          reused += reuseCycle(manager, resources) ? 1 : 0;
+          return true;
+        });
+      },
+      "");
   manager->closeGroups();
   const double floorMedian = medianOf(floorNs);
   const double moduleMedian = medianOf(moduleNs);
@@ -212,24 +235,14 @@ void BM_RecordingCostPaired(benchmark::State& state) {
   auto resources = std::make_shared<hmc::resources::RankResources>();
   std::vector<double> offNs;
   std::vector<double> onNs;
-  const auto timed = [&](const std::shared_ptr<hmc::lifecycle::ResourceManager>& manager,
-                         std::vector<double>& into) {
-    const auto start = std::chrono::steady_clock::now();
-    benchmark::DoNotOptimize(reuseCycle(manager, resources));
-    into.push_back(
-        std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count());
+  const auto cycleOn = [&](const std::shared_ptr<hmc::lifecycle::ResourceManager>& manager,
+                           std::vector<double>& into) {
+    return timedNs(into, [&] {
+      benchmark::DoNotOptimize(reuseCycle(manager, resources));
+      return true;
+    });
   };
-  bool onFirst = false;
-  for (auto _ : state) {
-    if (onFirst) {
-      timed(on, onNs);
-      timed(off, offNs);
-    } else {
-      timed(off, offNs);
-      timed(on, onNs);
-    }
-    onFirst = !onFirst;
-  }
+  alternate(state, [&] { return cycleOn(off, offNs); }, [&] { return cycleOn(on, onNs); }, "");
   off->closeGroups();
   on->closeGroups();
   const double offMedian = medianOf(offNs);
@@ -323,6 +336,7 @@ void BM_ReuseCycleRunnerPaired(benchmark::State& state) {
     floorS.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
                          .count() /
                      kRunnerCycles);
+    return true;
   };
   const auto runner = [&] {
     const auto ranks = hmc::scenario::runOnThreads(scenario);
@@ -333,22 +347,7 @@ void BM_ReuseCycleRunnerPaired(benchmark::State& state) {
     runnerS.push_back(ranks[0].steps[0].seconds / kRunnerCycles);
     return true;
   };
-  bool runnerFirst = false;
-  for (auto _ : state) {
-    bool ok = true;
-    if (runnerFirst) {
-      ok = runner();
-      floorBlock();
-    } else {
-      floorBlock();
-      ok = runner();
-    }
-    runnerFirst = !runnerFirst;
-    if (!ok) {
-      state.SkipWithError("the reuse-cycle scenario did not pass on its one rank");
-      break;
-    }
-  }
+  alternate(state, floorBlock, runner, "the reuse-cycle scenario did not pass on its one rank");
   const double floorMedian = medianOf(floorS);
   const double runnerMedian = medianOf(runnerS);
   state.counters["floor_us"] = floorMedian * 1e6;
