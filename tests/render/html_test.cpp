@@ -310,14 +310,17 @@ TEST_SUITE("render") {
   }
 
   TEST_CASE("a huge run's page is bounded and says what was left out") {
+    // 1,024 ranks of 300 steps: 16 times the ranks a page draws and 1.5 times the steps, with
+    // the problem far from either end of both. (1,000 steps a rank made 1.8 GB of json and
+    // took 30-60 s under AddressSanitizer, for the same checks.)
     json report = hangReport();
     json ranks = json::array();
     json steps = json::array();
-    for (int s = 0; s < 1000; ++s) steps.push_back(step(s, "forward", "ok"));
+    for (int s = 0; s < 300; ++s) steps.push_back(step(s, "forward", "ok"));
     for (int r = 0; r < 1024; ++r)
       ranks.push_back({{"rank", r}, {"host", "h"}, {"pid", 1000 + r}, {"steps", steps}});
-    ranks[900]["steps"][700]["status"] = "error";
-    ranks[900]["steps"][700]["expected"] = false;
+    ranks[900]["steps"][150]["status"] = "error";
+    ranks[900]["steps"][150]["expected"] = false;
     report["ranks"] = ranks;
     report["hang"] = nullptr;
     json values = json::array();
@@ -326,7 +329,7 @@ TEST_SUITE("render") {
     const std::string page = renderHtmlReport(report);
     CHECK(count(page, "class=\"cell s-") == kMaxTimelineRanks * kMaxTimelineSteps);
     CHECK(page.find("64 of 1024 ranks drawn") != std::string::npos);
-    CHECK(page.find("steps 600-799 of 1000 drawn") != std::string::npos);  // around the error
+    CHECK(page.find("steps 50-249 of 300 drawn") != std::string::npos);  // around the error
     CHECK(page.find(">rank 900<") != std::string::npos);                   // the rank with it
     CHECK(page.find("2000 dots drawn") != std::string::npos);
     CHECK(page.size() < 8u * 1024 * 1024);
