@@ -55,6 +55,19 @@ std::string messageOf(const std::function<void()>& fn) {
 }  // namespace
 
 TEST_SUITE("torch") {
+  TEST_CASE("a scratch module's specification text is the JSON document's dump") {
+    for (const char* kind : {"scratch_linear", "scratch_mlp"}) {
+      for (const std::int64_t features : {std::int64_t{1}, std::int64_t{64}, std::int64_t{-3}}) {
+        for (const std::int64_t bytes :
+             {std::int64_t{0}, features * features * 4, std::int64_t{1} << 40}) {
+          const nlohmann::json document = {
+              {"type", kind}, {"features", features}, {"workspace_bytes", bytes}};
+          CHECK(hmc::nn::detail::specificationText(kind, features, bytes) == document.dump());
+        }
+      }
+    }
+  }
+
   TEST_CASE("the first forward binds; a dropped module's workspace is reused on every rank") {
     for (int world : {2, 4, 8}) {
       CAPTURE(world);

@@ -85,20 +85,15 @@ struct ScratchFn : public torch::autograd::Function<ScratchFn<Workspace>> {
   }
 };
 
-nlohmann::json specificationOf(const std::string& kind, std::int64_t features,
-                               std::int64_t workspaceBytes) {
-  return {{"type", kind}, {"features", features}, {"workspace_bytes", workspaceBytes}};
-}
-
 MulticoreOptions baseOptions(const std::string& kind, const ScratchOptions& options) {
   const std::int64_t features = options.features;
   const std::int64_t bytes = options.workspaceBytes.value_or(features * features * 4);
-  const nlohmann::json spec = specificationOf(kind, features, bytes);
-  const nlohmann::json compat =
-      options.compat && !options.compat->is_null() ? *options.compat : spec;
   // The reference keys on json.dumps(..., sort_keys=True): compare serialised text, so that
   // 1 and 1.0 stay different keys as they are there.
-  return MulticoreOptions{spec.dump(), compat.dump(), options.scope, options.manager,
+  std::string spec = detail::specificationText(kind, features, bytes);
+  std::string compat =
+      options.compat && !options.compat->is_null() ? options.compat->dump() : spec;
+  return MulticoreOptions{std::move(spec), std::move(compat), options.scope, options.manager,
                           options.name};
 }
 
@@ -220,6 +215,12 @@ ScratchLinear::ScratchLinear(ScratchOptions options)
     : ScratchModule("scratch_linear", std::move(options)) {}
 
 ScratchMLP::ScratchMLP(ScratchOptions options) : ScratchModule("scratch_mlp", std::move(options)) {}
+
+std::string detail::specificationText(std::string_view kind, std::int64_t features,
+                                      std::int64_t workspaceBytes) {
+  return fmt::format(R"({{"features":{},"type":"{}","workspace_bytes":{}}})", features, kind,
+                     workspaceBytes);
+}
 
 std::shared_ptr<ScratchModule> makeScratchModule(const std::string& type, ScratchOptions options) {
   if (type == "scratch_linear") return std::make_shared<ScratchLinear>(std::move(options));

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "hmc/resources/host_resources.hpp"
 #include "hmc/torch/multicore_module.hpp"
@@ -86,5 +87,14 @@ class ScratchMLP final : public ScratchModule {
 
 // "scratch_linear" or "scratch_mlp" -> a new module; nullptr for another name.
 std::shared_ptr<ScratchModule> makeScratchModule(const std::string& type, ScratchOptions options);
+
+namespace detail {
+// A scratch module's specification as the manager keys it: the text of
+// {"features": F, "type": KIND, "workspace_bytes": B} with sorted keys and no spaces, what
+// nlohmann::json's dump() writes for it, built without a JSON document (once per module
+// created, every reuse cycle). `kind` is one of makeScratchModule's names (nothing to escape).
+std::string specificationText(std::string_view kind, std::int64_t features,
+                              std::int64_t workspaceBytes);
+}  // namespace detail
 
 }  // namespace hmc::nn
