@@ -56,7 +56,10 @@ std::string messageOf(const std::function<void()>& fn) {
 
 TEST_SUITE("torch") {
   TEST_CASE("a scratch module's specification text is the JSON document's dump") {
-    for (const char* kind : {"scratch_linear", "scratch_mlp"}) {
+    // makeScratchModule's kinds, and a subclass's that JSON escapes (a quote, a backslash, a
+    // tab, UTF-8).
+    for (const char* kind :
+         {"scratch_linear", "scratch_mlp", "my \"own\" kind", "a\\b\tc", "caf\xc3\xa9"}) {
       for (const std::int64_t features : {std::int64_t{1}, std::int64_t{64}, std::int64_t{-3}}) {
         for (const std::int64_t bytes :
              {std::int64_t{0}, features * features * 4, std::int64_t{1} << 40}) {

@@ -218,6 +218,16 @@ ScratchMLP::ScratchMLP(ScratchOptions options) : ScratchModule("scratch_mlp", st
 
 std::string detail::specificationText(std::string_view kind, std::int64_t features,
                                       std::int64_t workspaceBytes) {
+  // A kind that JSON writes as it is (printable ASCII but '"' and '\\'): the text directly.
+  // Another (a subclass's own kind) goes through the document, which escapes it.
+  const bool plain = std::all_of(kind.begin(), kind.end(), [](char c) {
+    return c >= 0x20 && c < 0x7f && c != '"' && c != '\\';
+  });
+  if (!plain) {
+    return nlohmann::json{
+        {"type", std::string(kind)}, {"features", features}, {"workspace_bytes", workspaceBytes}}
+        .dump();
+  }
   return fmt::format(R"({{"features":{},"type":"{}","workspace_bytes":{}}})", features, kind,
                      workspaceBytes);
 }

@@ -92,7 +92,7 @@ namespace detail {
 // A scratch module's specification as the manager keys it: the text of
 // {"features": F, "type": KIND, "workspace_bytes": B} with sorted keys and no spaces, what
 // nlohmann::json's dump() writes for it, built without a JSON document (once per module
-// created, every reuse cycle). `kind` is one of makeScratchModule's names (nothing to escape).
+// created, every reuse cycle) unless `kind` needs escaping (a subclass's own kind).
 std::string specificationText(std::string_view kind, std::int64_t features,
                               std::int64_t workspaceBytes);
 }  // namespace detail
