@@ -300,18 +300,23 @@ std::string reuseCycleScenarioText() {
                      kRunnerCycles);
 }
 
+constexpr const char* kRunnerFailed = "the reuse-cycle scenario did not pass on its one rank";
+
+// Whether the runner's scenario passed: one rank, neither crashed nor hung, every step ok.
+bool passedOnOneRank(const std::vector<hmc::scenario::RankResult>& ranks) {
+  if (ranks.size() != 1 || ranks[0].crashed || ranks[0].hung) return false;
+  return std::all_of(ranks[0].steps.begin(), ranks[0].steps.end(), [](const auto& step) {
+    return step.status == hmc::scenario::StepStatus::kOk;
+  });
+}
+
 void BM_ReuseCycleRunner(benchmark::State& state) {
   const auto scenario = hmc::scenario::parseScenarioText(reuseCycleScenarioText(),
                                                          "<torch_bench>");
   hmc::scenario::limitTorchThreads(1);
   for (auto _ : state) {
-    const auto ranks = hmc::scenario::runOnThreads(scenario);
-    bool ok = ranks.size() == 1 && !ranks[0].crashed && !ranks[0].hung;
-    for (const auto& step : ok ? ranks[0].steps : std::vector<hmc::scenario::StepResult>{}) {
-      ok = ok && step.status == hmc::scenario::StepStatus::kOk;
-    }
-    if (!ok) {
-      state.SkipWithError("the reuse-cycle scenario did not pass on its one rank");
+    if (!passedOnOneRank(hmc::scenario::runOnThreads(scenario))) {
+      state.SkipWithError(kRunnerFailed);
       break;
     }
   }
@@ -328,30 +333,25 @@ void BM_ReuseCycleRunnerPaired(benchmark::State& state) {
   const auto scenario = hmc::scenario::parseScenarioText(reuseCycleScenarioText(),
                                                          "<torch_bench>");
   hmc::scenario::limitTorchThreads(1);
-  std::vector<double> floorS;
-  std::vector<double> runnerS;
+  std::vector<double> floorBlockNs;
+  std::vector<double> runnerCycleNs;
   const auto floorBlock = [&] {
-    const auto start = std::chrono::steady_clock::now();
-    for (int cycle = 0; cycle < kRunnerCycles; ++cycle) floorCycle();
-    floorS.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-                         .count() /
-                     kRunnerCycles);
-    return true;
+    return timedNs(floorBlockNs, [] {
+      for (int cycle = 0; cycle < kRunnerCycles; ++cycle) floorCycle();
+      return true;
+    });
   };
   const auto runner = [&] {
     const auto ranks = hmc::scenario::runOnThreads(scenario);
-    if (ranks.size() != 1 || ranks[0].crashed || ranks[0].hung || ranks[0].steps.empty() ||
-        ranks[0].steps[0].status != hmc::scenario::StepStatus::kOk) {
-      return false;
-    }
-    runnerS.push_back(ranks[0].steps[0].seconds / kRunnerCycles);
+    if (!passedOnOneRank(ranks)) return false;
+    runnerCycleNs.push_back(ranks[0].steps[0].seconds * 1e9 / kRunnerCycles);
     return true;
   };
-  alternate(state, floorBlock, runner, "the reuse-cycle scenario did not pass on its one rank");
-  const double floorMedian = medianOf(floorS);
-  const double runnerMedian = medianOf(runnerS);
-  state.counters["floor_us"] = floorMedian * 1e6;
-  state.counters["runner_us"] = runnerMedian * 1e6;
+  alternate(state, floorBlock, runner, kRunnerFailed);
+  const double floorMedian = medianOf(floorBlockNs) / kRunnerCycles;
+  const double runnerMedian = medianOf(runnerCycleNs);
+  state.counters["floor_us"] = floorMedian / 1e3;
+  state.counters["runner_us"] = runnerMedian / 1e3;
   state.counters["ratio"] = floorMedian > 0 ? runnerMedian / floorMedian : 0.0;
 }
 BENCHMARK(BM_ReuseCycleRunnerPaired)
