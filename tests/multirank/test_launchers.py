@@ -563,9 +563,10 @@ def launch_ranks(world, env_of, args, bound=60):
         except subprocess.TimeoutExpired:
             for p in procs:
                 kill_group(p)
-            for p in procs:
-                p.communicate()
-            raise AssertionError(f"a rank still ran after {bound} s")
+            # What every rank had printed says where it waited (HMC_LOG_LEVEL=info).
+            where = "\n".join(f"rank {r}: exit {p.returncode}\n{stdout[-1500:]}\n{stderr[-3000:]}"
+                              for r, (stdout, stderr) in enumerate(p.communicate() for p in procs))
+            raise AssertionError(f"a rank still ran after {bound} s; the ranks' output:\n{where}")
         out.append((proc.returncode, stdout, stderr))
     return out
 
@@ -583,9 +584,21 @@ def torchrun_vars(rank, world, port, extra=None):
 
 def check_hosts(transport):
     world = 4
-    port = free_port("127.0.0.2")
-    results = launch_ranks(world, lambda r: torchrun_vars(
-        r, world, port, {"HMC_ADVERTISE_ADDR": HOSTS[r]}), [QUICKSTART, "--transport", transport])
+    # free_port's port is free only until its socket closes: another test's store (a wildcard
+    # listener on an ephemeral port) may take it before rank 0 binds it. Rank 0 then names the
+    # taken port and exits (a_taken_master_port_names_the_port_and_what_to_do checks that), and
+    # the other ranks wait out their join deadline; the deadline is short so that their own
+    # message shows, and the race alone (rank 0's message, nothing else) earns another port.
+    for attempt in range(3):
+        port = free_port("127.0.0.2")
+        results = launch_ranks(world, lambda r: torchrun_vars(
+            r, world, port, {"HMC_ADVERTISE_ADDR": HOSTS[r]}),
+            [QUICKSTART, "--transport", transport, "--join-timeout", "30"])
+        taken = f"port {port} is already in use"
+        if results[0][0] == 0 or taken not in results[0][2]:
+            break
+        print(f"note: port {port} on 127.0.0.2 was taken before rank 0 bound it; another port",
+              flush=True)
     where = "\n".join(f"rank {r}: exit {code}\n{out[-1500:]}\n{err[-1500:]}"
                       for r, (code, out, err) in enumerate(results))
     assert all(code == 0 for code, _, _ in results), where
