@@ -7,7 +7,9 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <limits>
 #include <string>
+#include <vector>
 
 #include "hmc/error.hpp"
 #include "hmc/resources/host_resources.hpp"
@@ -436,6 +438,56 @@ TEST_SUITE("lifecycle") {
         CHECK(diagnosis["first_difference"]["this_rank"][1][1] == 128);
       }
     }
+  }
+
+  TEST_CASE("the recycle digest tells apart what the full manifests tell apart") {
+    using hmc::lifecycle::detail::digestOf;
+    const json signature = {{"kind", "ScratchLinear"}, {"dtype", "float32"}, {"sizes", {64, 8}},
+                            {"bias", true}, {"scale", 0.5}, {"note", nullptr}};
+    // Equal values (built apart) give equal digests; a copy is no different.
+    CHECK(digestOf(signature) == digestOf(json::parse(signature.dump())));
+    // Every change, however deep, changes the digest.
+    const std::vector<json> changed = {
+        json::parse(R"({"kind":"ScratchLinear","dtype":"float64","sizes":[64,8],"bias":true,"scale":0.5,"note":null})"),
+        json::parse(R"({"kind":"ScratchLinear","dtype":"float32","sizes":[8,64],"bias":true,"scale":0.5,"note":null})"),
+        json::parse(R"({"kind":"ScratchLinear","dtype":"float32","sizes":[64,8],"bias":false,"scale":0.5,"note":null})"),
+        json::parse(R"({"kind":"ScratchLinear","dtype":"float32","sizes":[64,8],"bias":true,"scale":0.25,"note":null})"),
+        json::parse(R"({"kind":"ScratchLinear","dtype":"float32","sizes":[64,8],"bias":true,"scale":0.5})"),
+        json::parse(R"({"kind":"ScratchLinear","dtype":"float32","sizes":[64,8],"bias":true,"scale":0.5,"notes":null})"),
+    };
+    for (const json& other : changed) {
+      CAPTURE(other.dump());
+      CHECK(digestOf(other) != digestOf(signature));
+    }
+    // Two values share a digest exactly when their CBOR (the full-manifest agreement's
+    // comparison) is the same: values that print alike or run together in a byte stream stay
+    // apart, and a signed and an unsigned 1, or two NaNs, are one value there as here.
+    const double nan = std::numeric_limits<double>::quiet_NaN();
+    const std::vector<json> values = {
+        json(1), json(1u), json(-1), json(1.0), json(true), json("1"), json::array({1}),
+        json(nullptr), json(-0.0), json(0.0), json(nan), json(-nan), json::array(),
+        json::object(), json::array({"ab", "c"}), json::array({"a", "bc"}),
+        json::array({json::array({1}), 2}), json::array({1, json::array({2})}),
+        json::object({{"a", "b"}}), json::array({"a", "b"}), json::binary({1, 2}),
+        json::binary({1, 2}, 7), json::array({1, 2})};
+    // Two strings whose bytes, run together with the string tag between them, are the same
+    // stream: only the strings' sizes tell them apart.
+    std::string tag(8, '\0');
+    tag[0] = static_cast<char>(json::value_t::string);
+    const std::vector<json> runTogether = {json::array({"x", "y" + tag + "z"}),
+                                           json::array({"x" + tag + "y", "z"})};
+    CHECK(digestOf(runTogether[0]) != digestOf(runTogether[1]));
+    int same = 0;
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      for (std::size_t j = i + 1; j < values.size(); ++j) {
+        CAPTURE(values[i].dump(-1, ' ', false, json::error_handler_t::replace));
+        CAPTURE(values[j].dump(-1, ' ', false, json::error_handler_t::replace));
+        const bool cborSame = json::to_cbor(values[i]) == json::to_cbor(values[j]);
+        CHECK((digestOf(values[i]) == digestOf(values[j])) == cborSame);
+        same += cborSame ? 1 : 0;
+      }
+    }
+    CHECK(same == 2);  // 1 and 1u; NaN and -NaN
   }
 
   TEST_CASE("the recycle payload stays small however many groups are bound") {

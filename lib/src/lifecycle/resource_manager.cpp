@@ -1,8 +1,10 @@
 #include "hmc/lifecycle/resource_manager.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <initializer_list>
+#include <limits>
 #include <mutex>
 #include <utility>
 
@@ -26,10 +28,66 @@ std::uint64_t mix(std::uint64_t digest, std::uint64_t value) {
   return mixBytes(digest, &value, sizeof value);
 }
 
-std::uint64_t digestOf(const nlohmann::json& value) {
-  const std::string text = value.dump();
-  return mixBytes(kDigestSeed, text.data(), text.size());
+namespace {
+
+std::uint64_t mixText(std::uint64_t digest, const std::string& text) {
+  return mixBytes(mix(digest, text.size()), text.data(), text.size());
 }
+
+// Walks the value instead of dumping it (a dump allocates its text and a 512-byte indent
+// string on every cycle's recycle). Two values get one digest exactly when their CBOR, which
+// the full-manifest agreement compares byte for byte, is the same (up to FNV-1a collisions):
+// each value mixes its type, then its contents, and strings and containers mix their size
+// first, so 1, 1.0, true and "1" differ, as do ["ab","c"] and ["a","bc"]. As in CBOR, a
+// non-negative integer is one number whether signed or not, every NaN is one NaN, and -0.0
+// differs from 0.0.
+std::uint64_t walk(std::uint64_t digest, const nlohmann::json& value) {
+  using value_t = nlohmann::json::value_t;
+  value_t type = value.type();
+  if (type == value_t::number_integer && value.get<std::int64_t>() >= 0) {
+    type = value_t::number_unsigned;
+  }
+  digest = mix(digest, static_cast<std::uint64_t>(type));
+  switch (type) {
+    case value_t::boolean:
+      return mix(digest, value.get<bool>() ? 1 : 0);
+    case value_t::number_integer:
+      return mix(digest, static_cast<std::uint64_t>(value.get<std::int64_t>()));
+    case value_t::number_unsigned:
+      return mix(digest, value.get<std::uint64_t>());
+    case value_t::number_float: {
+      const double number = std::isnan(value.get<double>())
+                                ? std::numeric_limits<double>::quiet_NaN()
+                                : value.get<double>();
+      return mixBytes(digest, &number, sizeof number);
+    }
+    case value_t::string:
+      return mixText(digest, value.get_ref<const std::string&>());
+    case value_t::binary: {
+      const auto& binary = value.get_binary();
+      digest = mix(mix(digest, binary.has_subtype() ? binary.subtype() + 1 : 0), binary.size());
+      return mixBytes(digest, binary.data(), binary.size());
+    }
+    case value_t::array:
+      digest = mix(digest, value.size());
+      for (const nlohmann::json& element : value) digest = walk(digest, element);
+      return digest;
+    case value_t::object:
+      digest = mix(digest, value.size());
+      for (auto it = value.begin(); it != value.end(); ++it) {
+        digest = walk(mixText(digest, it.key()), it.value());
+      }
+      return digest;
+    case value_t::null:
+    case value_t::discarded:
+      return digest;
+  }
+  return digest;
+}
+
+}  // namespace
+
+std::uint64_t digestOf(const nlohmann::json& value) { return walk(kDigestSeed, value); }
 
 // u64 digest | u32 count | for each bit vector: count bits, packed.
 collective::Bytes encodeStates(std::uint64_t digest,

@@ -24,6 +24,12 @@
 #include "hmc/record/recording.hpp"
 
 namespace hmc::lifecycle {
+namespace detail {
+// The digest that the recycle agreement exchanges for a JSON value (FNV-1a over its type and
+// contents, without dumping it): equal values give equal digests on every rank.
+std::uint64_t digestOf(const nlohmann::json& value);
+}  // namespace detail
+
 
 // Stage tags of the manager's collectives.
 inline constexpr std::string_view kRecycleStage = "recycle";
