@@ -20,11 +20,18 @@
 // CPU time is the process's (every thread: the runner's rank is a thread), which the other
 // loads of a shared machine disturb less than wall time. Ratio = cycle CPU time / floor CPU
 // time; compare medians of --benchmark_repetitions.
+//
+// The paired benchmarks run on one CPU (the one the benchmark starts on; counter `cpu`), their
+// threads too: the CPUs of a virtual machine need not be alike. On the 2-core development
+// machine, 2026-12-06, `taskset -c 0` and `-c 1` gave BM_ReuseCycleFloor 65.9 and 67.1 us
+// against 108.9 and 104.8 us (the "bimodal" floor of earlier notes), and the runner's rank
+// thread, placed on the other CPU than the floor's, read 1.8x the floor.
 
 #include <benchmark/benchmark.h>
 #include <fmt/format.h>
 #include <torch/autograd.h>
 #include <torch/types.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -99,6 +106,31 @@ bool timedNs(std::vector<double>& into, Work&& work) {
       std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count());
   return ok;
 }
+
+// Holds the calling thread (and the threads it starts: they inherit its mask) on the CPU it
+// runs on, for a paired benchmark's two halves to run on the same CPU; restores the mask.
+class PinnedToThisCpu {
+ public:
+  explicit PinnedToThisCpu(benchmark::State& state) {
+    if (::sched_getaffinity(0, sizeof before_, &before_) != 0) return;
+    const int cpu = ::sched_getcpu();
+    if (cpu < 0) return;
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    pinned_ = ::sched_setaffinity(0, sizeof one, &one) == 0;
+    state.counters["cpu"] = pinned_ ? cpu : -1;
+  }
+  ~PinnedToThisCpu() {
+    if (pinned_) ::sched_setaffinity(0, sizeof before_, &before_);
+  }
+  PinnedToThisCpu(const PinnedToThisCpu&) = delete;
+  PinnedToThisCpu& operator=(const PinnedToThisCpu&) = delete;
+
+ private:
+  cpu_set_t before_{};
+  bool pinned_ = false;
+};
 
 // Runs `a` and `b` once each per iteration of `state`, which goes first alternating from one
 // iteration to the next, so that what disturbs a shared machine falls on both alike (the
@@ -187,6 +219,7 @@ BENCHMARK(BM_ReuseCycleModule)->ArgName("recorded")->Arg(0)->Arg(1)->MeasureProc
 // alike. Counters: the median of each (floor_us, module_us) and `ratio`, module / floor: the
 // lean issue's goal is at most 1.1. Run with --benchmark_repetitions to see its spread.
 void BM_ReuseCycleFloorPaired(benchmark::State& state) {
+  const PinnedToThisCpu pinned(state);
   hmc::scenario::limitTorchThreads(1);
   auto manager = std::make_shared<hmc::lifecycle::ResourceManager>(
       std::make_shared<hmc::collective::LocalCollective>());
@@ -226,6 +259,7 @@ BENCHMARK(BM_ReuseCycleFloorPaired)->MeasureProcessCPUTime();
 // each (off_us, on_us) and `cost_pct`, the median on/off ratio's excess in percent.
 // Run with --benchmark_repetitions to see its spread.
 void BM_RecordingCostPaired(benchmark::State& state) {
+  const PinnedToThisCpu pinned(state);
   hmc::scenario::limitTorchThreads(1);
   auto off = std::make_shared<hmc::lifecycle::ResourceManager>(
       std::make_shared<hmc::collective::LocalCollective>());
@@ -330,6 +364,7 @@ BENCHMARK(BM_ReuseCycleRunner)->MeasureProcessCPUTime()->Unit(benchmark::kMillis
 // its cycles: the per-cycle time a report gives as repeat/<label>), their order alternating.
 // Counters: the median per cycle of each (floor_us, runner_us) and `ratio`, runner / floor.
 void BM_ReuseCycleRunnerPaired(benchmark::State& state) {
+  const PinnedToThisCpu pinned(state);
   const auto scenario = hmc::scenario::parseScenarioText(reuseCycleScenarioText(),
                                                          "<torch_bench>");
   hmc::scenario::limitTorchThreads(1);
