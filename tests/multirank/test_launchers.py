@@ -564,8 +564,9 @@ def launch_ranks(world, env_of, args, bound=60):
             for p in procs:
                 kill_group(p)
             # What every rank had printed says where it waited (HMC_LOG_LEVEL=info).
-            where = "\n".join(f"rank {r}: exit {p.returncode}\n{stdout[-1500:]}\n{stderr[-3000:]}"
-                              for r, (stdout, stderr) in enumerate(p.communicate() for p in procs))
+            outputs = [p.communicate() for p in procs]
+            where = "\n".join(f"rank {r}: exit {p.returncode}\n{o[-1500:]}\n{e[-3000:]}"
+                              for r, (p, (o, e)) in enumerate(zip(procs, outputs)))
             raise AssertionError(f"a rank still ran after {bound} s; the ranks' output:\n{where}")
         out.append((proc.returncode, stdout, stderr))
     return out

@@ -427,8 +427,9 @@ def launch_pair(env_of, args=(), bound=60):
             except subprocess.TimeoutExpired:
                 for p in procs:
                     kill_tree(p, "")
+                outputs = [p.communicate() for p in procs]
                 where = "\n".join(f"rank {r}: exit {p.returncode}\n{o[-1500:]}\n{e[-3000:]}"
-                                  for r, (o, e) in enumerate(p.communicate() for p in procs))
+                                  for r, (p, (o, e)) in enumerate(zip(procs, outputs)))
                 raise AssertionError("a rank of the simulated launch did not finish in time; "
                                      f"the ranks' output:\n{where}")
         results = [(p.returncode, o, e) for p, (o, e) in zip(procs, outs)]
