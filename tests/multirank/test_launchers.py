@@ -40,6 +40,7 @@ sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
 import shard  # noqa: E402
 from cases import Skip, run_cases  # noqa: E402
+from ports import free_port, on_a_free_port  # noqa: E402
 
 HMC_RUN = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else "build/app/hmc-run")
 SOURCE_DIR = os.path.abspath(sys.argv[2] if len(sys.argv) > 2 else ".")
@@ -64,12 +65,6 @@ def clean_env(extra=None):
     env[OWNER_VAR] = TMP  # marks this test's processes (hmc_processes)
     env.update(extra or {})
     return env
-
-
-def free_port(host="127.0.0.1"):
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def scenario(name, steps, world_size=2, timeout_s=3):
@@ -585,21 +580,11 @@ def torchrun_vars(rank, world, port, extra=None):
 
 def check_hosts(transport):
     world = 4
-    # free_port's port is free only until its socket closes: another test's store (a wildcard
-    # listener on an ephemeral port) may take it before rank 0 binds it. Rank 0 then names the
-    # taken port and exits (a_taken_master_port_names_the_port_and_what_to_do checks that), and
-    # the other ranks wait out their join deadline; the deadline is short so that their own
-    # message shows, and the race alone (rank 0's message, nothing else) earns another port.
-    for attempt in range(3):
-        port = free_port("127.0.0.2")
-        results = launch_ranks(world, lambda r: torchrun_vars(
-            r, world, port, {"HMC_ADVERTISE_ADDR": HOSTS[r]}),
-            [QUICKSTART, "--transport", transport, "--join-timeout", "30"])
-        taken = f"port {port} is already in use"
-        if results[0][0] == 0 or taken not in results[0][2]:
-            break
-        print(f"note: port {port} on 127.0.0.2 was taken before rank 0 bound it; another port",
-              flush=True)
+    # A short join deadline: when rank 0 lost its port to another test, the others end with
+    # their own message inside launch_ranks' bound, and on_a_free_port takes another port.
+    results = on_a_free_port(lambda port: launch_ranks(world, lambda r: torchrun_vars(
+        r, world, port, {"HMC_ADVERTISE_ADDR": HOSTS[r]}),
+        [QUICKSTART, "--transport", transport, "--join-timeout", "30"]), host="127.0.0.2")
     where = "\n".join(f"rank {r}: exit {code}\n{out[-1500:]}\n{err[-1500:]}"
                       for r, (code, out, err) in enumerate(results))
     assert all(code == 0 for code, _, _ in results), where

@@ -16,7 +16,6 @@ import json
 import os
 import re
 import signal
-import socket
 import shutil
 import subprocess
 import sys
@@ -28,6 +27,7 @@ import traceback
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
 import shard  # noqa: E402
+from ports import free_port, on_a_free_port  # noqa: E402
 
 HMC_RUN = sys.argv[1] if len(sys.argv) > 1 else "build/app/hmc-run"
 SOURCE_DIR = sys.argv[2] if len(sys.argv) > 2 else "."
@@ -45,12 +45,6 @@ def clean_env(extra=None):
     env = {k: v for k, v in os.environ.items() if not LAUNCH_VARS.match(k)}
     env.update(extra or {})
     return env
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def scenario(name, steps, world_size=2, timeout_s=5):
@@ -406,17 +400,13 @@ def skipped_close_is_diagnosed():
 
 # (d) each process a rank of an external launcher (its variables simulated here).
 def launch_pair(env_of, args=(), bound=60):
-    """Starts ranks 0 and 1 with env_of(rank, port) and args ("{port}" filled in) on a free port;
-    returns [(exit, stdout, stderr)] of both.
-
-    free_port's port is free only until its socket closes: another test's store (a wildcard
-    listener on an ephemeral port) may take it before rank 0 binds it. Rank 0 then names the
-    taken port and exits, and rank 1 waits out its join deadline (short here, so that its own
-    message shows inside the bound); that race alone, rank 0's message and nothing else, earns
-    another port."""
+    """Starts ranks 0 and 1 with env_of(rank, port) and args ("{port}" filled in) on a free port
+    (on_a_free_port: another one if another test took it first); returns [(exit, stdout,
+    stderr)] of both. The join deadline is short, so that a rank 1 whose rank 0 lost its port
+    ends with its own message inside the bound."""
     quickstart = os.path.join(SOURCE_DIR, "scenarios", "quickstart.json")
-    for _ in range(3):
-        port = free_port()
+
+    def launch(port):
         argv = [quickstart, "--join-timeout", "30"] + [a.format(port=port) for a in args]
         procs = [start(argv, env_of(rank, port)) for rank in (0, 1)]
         outs = []
@@ -432,11 +422,9 @@ def launch_pair(env_of, args=(), bound=60):
                                   for r, (p, (o, e)) in enumerate(zip(procs, outputs)))
                 raise AssertionError("a rank of the simulated launch did not finish in time; "
                                      f"the ranks' output:\n{where}")
-        results = [(p.returncode, o, e) for p, (o, e) in zip(procs, outs)]
-        if results[0][0] == 0 or f"port {port} is already in use" not in results[0][2]:
-            return results
-        print(f"note: port {port} was taken before rank 0 bound it; another port", flush=True)
-    return results
+        return [(p.returncode, o, e) for p, (o, e) in zip(procs, outs)]
+
+    return on_a_free_port(launch)
 
 
 def check_pair(results, launcher):
