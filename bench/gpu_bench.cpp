@@ -195,7 +195,8 @@ ExchangeWorld& exchangeWorld(const std::string& kind, int world) {
   auto& slot = cache[kind + "/" + std::to_string(world)];
   if (slot) return *slot;
   slot = std::make_unique<ExchangeWorld>();
-  const int port = hmc::collective::freeLoopbackPort();
+  const auto held = hmc::collective::PortReservation::loopback();  // until rank 0's store binds
+  const int port = held.port();
   auto threads = hmc::collective::ThreadWorld::create(world);
   for (int rank = 1; rank < world; ++rank) {
     slot->peers.emplace_back([kind, rank, world, port, threads] {

@@ -186,7 +186,9 @@ ProcessWorld& processWorld(const std::string& transport, int world, int glooThre
       transport + "/" + std::to_string(world) + "/" + std::to_string(glooThreads) + "/" + mode;
   auto& slot = worlds()[key];
   if (!slot) {
-    const int port = hmc::collective::freeLoopbackPort();
+    // Held until rank 0 (this process) has its store up on it.
+    const auto held = hmc::collective::PortReservation::loopback();
+    const int port = held.port();
     auto created = std::make_unique<ProcessWorld>();
     for (int rank = 1; rank < world; ++rank) {
       created->peers.push_back(
@@ -209,7 +211,8 @@ void exchangeLoop(benchmark::State& state, Collective& collective) {
 }
 
 void BM_TcpPingPong(benchmark::State& state) {
-  const int port = hmc::collective::freeLoopbackPort();
+  const auto held = hmc::collective::PortReservation::loopback();  // the echo: SO_REUSEADDR
+  const int port = held.port();
   const pid_t echo = spawnSelf({"--echo", std::to_string(port)});
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};

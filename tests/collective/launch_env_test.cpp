@@ -1,8 +1,14 @@
 #include "hmc/collective/launch_env.hpp"
 
 #include <doctest/doctest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <cstdint>
 #include <map>
+#include <utility>
 
 #include "hmc/error.hpp"
 
@@ -17,9 +23,78 @@ EnvLookup fakeEnv(std::map<std::string, std::string> vars) {
     return it->second;
   };
 }
+// A TCP socket bound to `address`:`port` (SO_REUSEADDR when `reuse`); -1 and errno when the
+// bind fails.
+int boundSocket(in_addr_t address, int port, bool reuse) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(fd >= 0);
+  const int one = 1;
+  if (reuse) REQUIRE(::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) == 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(address);
+  addr.sin_port = htons(static_cast<std::uint16_t>(port));
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    const int error = errno;
+    ::close(fd);
+    errno = error;
+    return -1;
+  }
+  return fd;
+}
+
+int portOf(int fd) {
+  sockaddr_in addr{};
+  socklen_t length = sizeof addr;
+  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &length) == 0);
+  return ntohs(addr.sin_port);
+}
 }  // namespace
 
 TEST_SUITE("launch") {
+  // What hmc-run's own launcher relies on to keep the master port it picked until rank 0's
+  // store binds it (the race a freed port loses: another job's bind to port 0 or connection).
+  TEST_CASE("a reserved port: no other bind takes it, a store's listener (SO_REUSEADDR) does") {
+    auto held = hmc::collective::PortReservation::loopback();
+    const int port = held.port();
+    REQUIRE(port > 0);
+    // Without SO_REUSEADDR, on the loopback and on the wildcard address: in use.
+    for (const in_addr_t address : {INADDR_LOOPBACK, INADDR_ANY}) {
+      CHECK(boundSocket(address, port, false) == -1);
+      CHECK(errno == EADDRINUSE);
+    }
+    // The kernel's choice for port 0 never falls on it (a bound port is skipped).
+    int picked = 0;
+    for (int i = 0; i < 2000; ++i) {
+      const int fd = boundSocket(INADDR_LOOPBACK, 0, false);
+      REQUIRE(fd >= 0);
+      if (portOf(fd) == port) ++picked;
+      ::close(fd);
+    }
+    CHECK(picked == 0);
+    // A listener as c10d's TCPStore makes one (SO_REUSEADDR, the wildcard address) binds it,
+    // listens and accepts a connection while the reservation is held.
+    const int listener = boundSocket(INADDR_ANY, port, true);
+    REQUIRE(listener >= 0);
+    REQUIRE(::listen(listener, 4) == 0);
+    const int client = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    REQUIRE(client >= 0);
+    sockaddr_in to{};
+    to.sin_family = AF_INET;
+    to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    to.sin_port = htons(static_cast<std::uint16_t>(port));
+    CHECK(::connect(client, reinterpret_cast<sockaddr*>(&to), sizeof to) == 0);
+    const int accepted = ::accept(listener, nullptr, nullptr);
+    CHECK(accepted >= 0);
+    for (const int fd : {accepted, client, listener}) {
+      if (fd >= 0) ::close(fd);
+    }
+    // A moved reservation keeps the port; the moved-from one holds nothing.
+    auto moved = std::move(held);
+    CHECK(moved.port() == port);
+    CHECK(boundSocket(INADDR_LOOPBACK, port, false) == -1);
+  }
+
   TEST_CASE("no launcher variables means no launch") { CHECK_FALSE(detectLaunch(fakeEnv({}))); }
 
   TEST_CASE("torchrun variables give rank, world and master") {

@@ -71,12 +71,13 @@ Run runRanks(const std::string& transport, int world, const std::string& scenari
              std::optional<std::chrono::milliseconds> join = std::nullopt, int started = -1) {
   Run run;
   if (started < 0) started = world;
-  // The free port is found by binding port 0 and closing it, so it comes from the kernel's
-  // ephemeral range, where any connection that another test opens in the meantime may take
-  // it as its local port: rank 0 then says that it cannot host the store there. That is the
-  // machine, not the case: a new port, up to three times (seen once in a fresh-clone CI run).
+  // The port is held (collective::PortReservation) until the ranks are done, so that no
+  // other test's bind to port 0 or connection takes it before rank 0's store binds it. Before
+  // it was held, that race was seen once in a fresh-clone CI run: rank 0 said that it cannot
+  // host the store there. Should it come back, a new port, up to three times.
   for (int attempt = 1;; ++attempt) {
-    run.port = hmc::testing::freeLoopbackPort();
+    const auto held = hmc::collective::PortReservation::loopback();
+    run.port = held.port();
     run.ranks = hmc::testing::runProcessRanks(
         started,
         [&](int rank) {

@@ -116,8 +116,6 @@ inline bool gateWait(int rank, std::chrono::milliseconds bound = std::chrono::mi
   return gateAwait([] { return gateFileExists("go"); }, bound);
 }
 
-using hmc::collective::freeLoopbackPort;
-
 // Whether this process has any child left (reaped or not).
 inline bool hasChildren() {
   siginfo_t info{};

@@ -166,7 +166,8 @@ TEST_SUITE("world driver") {
     const auto scenario = hmc::scenario::parseScenarioText(text, "sleep.json");
     hmc::world::SignalScope signals;
     WorldOptions options = optionsFor(hmc::collective::Transport::kTcp, 1);
-    options.masterPort = hmc::collective::freeLoopbackPort();
+    const auto held = hmc::collective::PortReservation::loopback();  // until rank 0 binds it
+    options.masterPort = held.port();
     // The signal comes once every rank is seen sleeping in step 2 (their heartbeats in the
     // store, as `hmc-run status` reads them): the state the assertions below describe.
     std::atomic<bool> seen{false};

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 
 #include "hmc/error.hpp"
 #include "hmc/text.hpp"
@@ -105,22 +106,47 @@ EnvLookup processEnvironment() {
   };
 }
 
-int freeLoopbackPort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) throw RuntimeError(fmt::format("socket: {}", std::strerror(errno)));
+PortReservation PortReservation::loopback() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    throw RuntimeError(fmt::format(
+        "cannot reserve a TCP port on 127.0.0.1 for a store: socket: {} (descriptors left "
+        "under ulimit -n?)",
+        std::strerror(errno)));
+  }
+  const int one = 1;
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   addr.sin_port = 0;
   socklen_t length = sizeof addr;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+  if (::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
+      ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
       ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &length) != 0) {
     const std::string reason = std::strerror(errno);
     ::close(fd);
-    throw RuntimeError("cannot find a free loopback port: " + reason);
+    throw RuntimeError(fmt::format(
+        "cannot reserve a TCP port on 127.0.0.1 for a store: {} (is the loopback interface "
+        "up? `ip link show lo`)",
+        reason));
   }
-  ::close(fd);
-  return ntohs(addr.sin_port);
+  return PortReservation(fd, ntohs(addr.sin_port));
+}
+
+PortReservation::PortReservation(PortReservation&& other) noexcept
+    : fd_(std::exchange(other.fd_, -1)), port_(other.port_) {}
+
+PortReservation& PortReservation::operator=(PortReservation&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = std::exchange(other.fd_, -1);
+    port_ = other.port_;
+  }
+  return *this;
+}
+
+PortReservation::~PortReservation() {
+  if (fd_ >= 0) ::close(fd_);
 }
 
 std::string firstSlurmHost(const std::string& nodeList) {

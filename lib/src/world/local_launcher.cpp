@@ -364,11 +364,18 @@ LocalLaunchResult launchLocalRanks(const scenario::Scenario& scenario,
   const int world = scenario.worldSize;
   const RunFolder folder;
   const fs::path scenarioCopy = writeScenarioCopy(folder, options.scenarioText);
-  // --master-port, else a free port; said on stderr so that `hmc-run status` can attach.
-  const int port = options.masterPort ? *options.masterPort : collective::freeLoopbackPort();
+  // --master-port, else a free port; said on stderr so that `hmc-run status` can attach. The
+  // ports that hmc-run picks are held until the world ends (collective::PortReservation):
+  // freed, another job's bind to port 0 or an outgoing connection could take them before
+  // rank 0's store binds them, and rank 0 would fail with the port "already in use".
+  std::vector<collective::PortReservation> held;
+  const auto reserve = [&held] {
+    return held.emplace_back(collective::PortReservation::loopback()).port();
+  };
+  const int port = options.masterPort ? *options.masterPort : reserve();
   printStoreAddress(stderr, "127.0.0.1", port);
-  int glooPort = collective::freeLoopbackPort();
-  if (glooPort == port) glooPort = collective::freeLoopbackPort();
+  int glooPort = reserve();
+  if (glooPort == port) glooPort = reserve();  // the kernel may pick --master-port's number
 
   RepetitionFiles files(folder.path(), world, options.onRepetition);
   // The caller's SignalScope records Ctrl-C, SIGTERM and SIGHUP (pendingSignal()).

@@ -62,9 +62,31 @@ int parseIntVariable(const std::string& name, const std::string& value, int low,
 // nullopt when no launcher variables are set. Throws ValueError as described above.
 std::optional<LaunchEnv> detectLaunch(const EnvLookup& env, const LaunchOverrides& overrides = {});
 
-// A TCP port free right now on 127.0.0.1 (the kernel's choice for port 0), for a store or a
-// listener started next. Throws RuntimeError with the OS reason.
-int freeLoopbackPort();
+// A TCP port held for a store or listener that this process or a child opens next: a socket
+// bound to 127.0.0.1 on the kernel's choice of port, with SO_REUSEADDR, not listening. While
+// it is held, the kernel gives the port to no bind to port 0 and no outgoing connection (a
+// port with a bound socket is skipped by both), a bind to it without SO_REUSEADDR fails, and
+// a listener that sets SO_REUSEADDR binds it all the same: c10d's TCPStore does (1.13's
+// sockets, 2.x's sockets and libuv). Close-on-exec, and closed in forked rank processes
+// (world::ProcessGroup), so that only the holder keeps it. Holding it for the whole run is
+// harmless: it accepts no connection.
+class PortReservation {
+ public:
+  // Throws RuntimeError with the OS reason.
+  static PortReservation loopback();
+  PortReservation(PortReservation&& other) noexcept;
+  PortReservation& operator=(PortReservation&& other) noexcept;
+  PortReservation(const PortReservation&) = delete;
+  PortReservation& operator=(const PortReservation&) = delete;
+  ~PortReservation();
+
+  int port() const noexcept { return port_; }
+
+ private:
+  PortReservation(int fd, int port) noexcept : fd_(fd), port_(port) {}
+  int fd_ = -1;
+  int port_ = 0;
+};
 
 // The first host of a Slurm node list: "node[01-04,07],gpu5" -> "node01".
 std::string firstSlurmHost(const std::string& nodeList);
