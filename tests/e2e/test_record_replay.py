@@ -30,7 +30,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -38,6 +37,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
 from cases import Skip, run_cases  # noqa: E402
+from ports import reserved_port  # noqa: E402
 
 HMC_RUN, SOURCE = sys.argv[1], sys.argv[2]
 EXAMPLE = sys.argv[3] if len(sys.argv) > 3 and sys.argv[3] != "-k" else ""
@@ -141,12 +141,6 @@ def check_tcp_processes():
     round_trip(["--transport", "tcp"])
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def check_embedding_skipped_close():
     if not EXAMPLE:
         raise Skip("no embedding example built (HMC_BUILD_EXAMPLES=OFF)")
@@ -157,7 +151,7 @@ def check_embedding_skipped_close():
     env = dict(os.environ, HMC_RECORD=folder, HMC_TIMEOUT="3", HMC_NAME="skipped-close")
     proc = subprocess.run(
         [PYTHON, TORCHRUN, "--nnodes", "1", "--nproc_per_node", "4", "--rdzv_backend", "c10d",
-         "--rdzv_endpoint", f"127.0.0.1:{free_port()}", "--rdzv_id",
+         "--rdzv_endpoint", f"127.0.0.1:{reserved_port()}", "--rdzv_id",
          f"hmc-rec-{os.getpid()}-{time.monotonic_ns()}", "--monitor_interval", "0.5",
          "--no_python", EXAMPLE, "--steps", "3", "--skip-close", "3", "--linger", "1"],
         capture_output=True, text=True, timeout=120, env=env)

@@ -40,7 +40,7 @@ sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
 import shard  # noqa: E402
 from cases import Skip, run_cases  # noqa: E402
-from ports import free_port, on_a_free_port  # noqa: E402
+from ports import on_a_free_port, reserved_port  # noqa: E402
 
 HMC_RUN = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else "build/app/hmc-run")
 SOURCE_DIR = os.path.abspath(sys.argv[2] if len(sys.argv) > 2 else ".")
@@ -191,7 +191,7 @@ def torchrun_command(world, args):
         raise Skip("torchrun: python3-torch is not installed (import torch.distributed.run "
                    "failed)")
     return [PYTHON, TORCHRUN, "--nnodes", "1", "--nproc_per_node", str(world),
-            "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{free_port()}",
+            "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{reserved_port()}",
             "--rdzv_id", f"hmc-test-{os.getpid()}-{time.monotonic_ns()}",
             "--monitor_interval", "0.5",  # sees a worker's exit in 0.5 s rather than 5 s
             "--no_python",
@@ -632,7 +632,7 @@ CONNECT_BOUND_S = 20
 
 @test
 def no_store_at_the_master_fails_within_the_deadline_naming_address_and_port():
-    port = free_port("127.0.0.9")  # nothing listens there once the probe socket is closed
+    port = reserved_port("127.0.0.9")  # held, and nothing listens there
     code, out, err, seconds = one_rank(torchrun_vars(1, 2, port, {"MASTER_ADDR": "127.0.0.9"}),
                                        CONNECT_DEADLINE_S, 60)
     assert code != 0, (code, out, err)
@@ -734,7 +734,7 @@ def a_taken_master_port_names_the_port_and_what_to_do():
 
 @test
 def an_advertised_address_of_another_host_is_refused_by_name():
-    port = free_port("127.0.0.2")
+    port = reserved_port("127.0.0.2")
     env = torchrun_vars(0, 1, port, {"HMC_ADVERTISE_ADDR": "192.0.2.77"})
     code, out, err, _ = one_rank(env, CONNECT_DEADLINE_S, 60)
     assert code != 0, (code, out, err)

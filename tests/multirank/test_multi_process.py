@@ -27,7 +27,7 @@ import traceback
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
 import shard  # noqa: E402
-from ports import free_port, on_a_free_port  # noqa: E402
+from ports import on_a_free_port, reserved_port  # noqa: E402
 
 HMC_RUN = sys.argv[1] if len(sys.argv) > 1 else "build/app/hmc-run"
 SOURCE_DIR = sys.argv[2] if len(sys.argv) > 2 else "."
@@ -305,7 +305,7 @@ def kill_rank_in_churn(transport, world, victim):
     """Runs the churn, kills rank `victim` with SIGKILL once every rank is in its steps; returns
     the finished Run."""
     path = scenario(f"churn-{world}", CHURN_STEPS, world_size=world, timeout_s=5)
-    port = free_port()
+    port = reserved_port()
     pid_file = os.path.join(TMP, f"pids-churn-{transport}-{world}-{victim}")
     report_path = os.path.join(TMP, f"report-churn-{transport}-{world}-{victim}.json")
     proc = start([path, "--transport", transport, "--master-port", str(port),

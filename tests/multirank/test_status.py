@@ -17,7 +17,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
 from cases import run_cases  # noqa: E402
+from ports import reserved_port  # noqa: E402
 
 HMC_RUN = sys.argv[1] if len(sys.argv) > 1 else "build/app/hmc-run"
 SOURCE_DIR = sys.argv[2] if len(sys.argv) > 2 else "."
@@ -43,12 +43,6 @@ def clean_env(extra=None):
     return env
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def scenario(name, steps, world_size=4, timeout_s=30):
     path = os.path.join(TMP, name + ".json")
     with open(path, "w") as f:
@@ -62,7 +56,7 @@ class Job:
     share it), killed with its process group and its ranks on exit."""
 
     def __init__(self, args):
-        self.port = free_port()
+        self.port = reserved_port()
         self.stderr_path = os.path.join(TMP, f"stderr-{time.monotonic_ns()}")
         self.pid_file = os.path.join(TMP, f"pids-{time.monotonic_ns()}")
         self.stderr = open(self.stderr_path, "w")
@@ -166,7 +160,7 @@ def flight_dump(job, rank, bound=30):
 
 
 def test_nothing_listening_exits_2_naming_address_and_port():
-    port = free_port()
+    port = reserved_port()
     code, out, err, _ = status(port, "--timeout", "2")
     assert code == 2, (code, out, err)
     assert f"127.0.0.1:{port}" in err and "Connection refused" in err, err
