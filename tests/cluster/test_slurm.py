@@ -414,6 +414,12 @@ def srun_quickstart_passes_with_6_ranks_on_3_hosts(ctx):
         assert re.search(r"rank {} of the tcp transport listens on {} port \d+".format(
             rank, re.escape(addr)), run.stderr), "rank {} not on {} ({}):\n{}".format(
                 rank, host, addr, run)
+        # The peers on its host over a Unix-domain socket, the others over TCP.
+        mates = [r for r, h in sorted(HOST_OF_RANK.items()) if h == host and r != rank]
+        others = [r for r, h in sorted(HOST_OF_RANK.items()) if h != host]
+        line = "rank {} of the tcp transport: ranks {} over TCP, ranks {} over a Unix-domain " \
+               "socket (this host)".format(rank, others, mates)
+        assert line in run.stderr, "no '{}':\n{}".format(line, run)
     assert_job_gone(ctx, None, "quickstart")
 
 

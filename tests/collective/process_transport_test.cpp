@@ -59,6 +59,23 @@ constexpr int kJoinWorld = 3;
 // by the join timeout, which the peers take equal to this deadline unless a case gives one.
 constexpr auto kShortDeadline = std::chrono::seconds(6);
 
+// While it lives, with `on`: the rank processes started connect to every peer over TCP
+// (HMC_TCP_LOCAL_SOCKETS=0, inherited), not over Unix-domain sockets.
+class OverTcp {
+ public:
+  explicit OverTcp(bool on) : on_(on) {
+    if (on_) ::setenv(hmc::collective::kTcpLocalSocketsVariable, "0", 1);
+  }
+  ~OverTcp() {
+    if (on_) ::unsetenv(hmc::collective::kTcpLocalSocketsVariable);
+  }
+  OverTcp(const OverTcp&) = delete;
+  OverTcp& operator=(const OverTcp&) = delete;
+
+ private:
+  bool on_;
+};
+
 struct Run {
   std::vector<ProcessOutcome> ranks;
   int port = 0;
@@ -273,6 +290,9 @@ TEST_SUITE("process transports") {
   TEST_CASE("tcp: a crashed peer is a rank failure at once and a timeout breaks the transport") {
     for (int world : kWorlds) {
       CAPTURE(world);
+      // The ranks of one host use Unix-domain sockets; the first world keeps them on TCP
+      // (HMC_TCP_LOCAL_SOCKETS=0), so that both kinds of socket fail as they should.
+      const OverTcp overTcp(world == kWorlds[0]);
       auto crash = runRanks("tcp", world, "crash", 10s);
       const std::string closed = "rank " + std::to_string(world - 1) +
                                  " closed its connection in 'recycle' #1: it exited or crashed";
@@ -299,6 +319,7 @@ TEST_SUITE("process transports") {
   TEST_CASE("tcp: closedPeers names a peer whose process ended, from outside any collective") {
     for (int world : kWorlds) {
       CAPTURE(world);
+      const OverTcp overTcp(world == kWorlds[0]);  // both kinds of socket, as above
       auto run = runRanks("tcp", world, "closed-peers", kShortDeadline);
       CHECK(run.ranks[world - 1].exitCode == 7);
       for (int rank = 0; rank < world - 1; ++rank) {

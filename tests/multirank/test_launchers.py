@@ -596,6 +596,13 @@ def check_hosts(transport):
         for rank, (_, _, err) in enumerate(results):
             assert re.search(rf"rank {rank} of the tcp transport listens on {re.escape(HOSTS[rank])}"
                              rf" port \d+ \(HMC_ADVERTISE_ADDR={re.escape(HOSTS[rank])}\)", err), where
+            # The peer on its address (ranks 0 and 1 share 127.0.0.2) over a Unix-domain
+            # socket, the others over TCP.
+            others = [r for r in range(world) if HOSTS[r] != HOSTS[rank]]
+            mates = [r for r in range(world) if HOSTS[r] == HOSTS[rank] and r != rank]
+            line = f"rank {rank} of the tcp transport: ranks {others} over TCP" + (
+                f", ranks {mates} over a Unix-domain socket (this host)" if mates else "")
+            assert line + "\n" in err, f"no '{line}':\n{where}"
 
 
 @test

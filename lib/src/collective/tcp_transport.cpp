@@ -9,14 +9,17 @@
 #include <poll.h>
 #include <sched.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <cstddef>
 #include <cstring>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <system_error>
 #include <utility>
 
@@ -162,6 +165,7 @@ std::string hello(int rank, int world) {
 struct TcpPeer {
   int rank = 0;
   Socket socket;
+  bool local = false;  // a Unix-domain socket
   // Received bytes not yet consumed: the current frame, and possibly the start of the next.
   std::string in;
   std::size_t sent = 0;
@@ -181,6 +185,7 @@ struct TcpTransportState {
   std::shared_ptr<collective::StoreTransport> control;  // destroyed last
   collective::TcpTransportOptions options;
   std::string host;
+  std::string publishedHost;  // the numeric address in the store ("127.0.0.1")
   int port = 0;
   std::vector<TcpPeer> peers;  // every other rank, in rank order
   std::shared_ptr<PeerSockets> watched = std::make_shared<PeerSockets>();
@@ -258,14 +263,78 @@ std::pair<Socket, std::string> listenForPeers(const SetUp& up) {
   ::getsockname(listener.get(), reinterpret_cast<sockaddr*>(&bound.storage), &bound.length);
   const auto [boundHost, boundPort] = numeric(bound);
   up.s.port = boundPort;
+  up.s.publishedHost = boundHost;
   hmc::logger()->info("rank {} of the tcp transport listens on {} port {} ({})", up.self, boundHost,
                       boundPort, origin);
   return {std::move(listener), fmt::format("{} {}", boundHost, boundPort)};
 }
 
+// The address of an abstract Unix-domain socket (Linux: a name in the network namespace, no
+// file; gone with its last descriptor).
+std::pair<sockaddr_un, socklen_t> localAddress(const std::string& name) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  const std::size_t size = std::min(name.size(), sizeof(addr.sun_path) - 1);
+  std::memcpy(addr.sun_path + 1, name.data(), size);  // sun_path[0] = '\0': abstract
+  return {addr, static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + size)};
+}
+
+// Ranks that announce the same address are on one host (in one network namespace), where a
+// Unix-domain socket carries a frame for a fraction of what the loopback TCP stack costs (no
+// segments, acknowledgements or softirq work: measured below, docs/multi-process.md). Each rank
+// also listens on an abstract socket of a random name and publishes the name after its
+// address; a lower rank (ranks connect to the higher ones) that announces the same address
+// connects there, and falls back to TCP when the name is not found (another network
+// namespace, another machine). Returns the
+// listener and its name, or an invalid socket and "" when the listener cannot be made (then
+// every peer connects over TCP).
+std::pair<Socket, std::string> listenLocally(const SetUp& up) {
+  const auto variable = collective::processEnvironment()(collective::kTcpLocalSocketsVariable);
+  if (!up.s.options.localSockets || (variable && *variable == "0")) {
+    hmc::logger()->info("rank {} of the tcp transport: TCP to every peer ({})", up.self,
+                        up.s.options.localSockets
+                            ? fmt::format("{}=0", collective::kTcpLocalSocketsVariable)
+                            : std::string("the localSockets option"));
+    return {Socket(), ""};
+  }
+  std::random_device entropy;
+  const std::uint64_t token = (static_cast<std::uint64_t>(entropy()) << 32) ^ entropy();
+  const std::string name =
+      fmt::format("hmc-tcp-{}-{}-{:016x}", static_cast<long>(::getpid()), up.self, token);
+  Socket listener(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  const auto [addr, length] = localAddress(name);
+  if (listener.get() < 0 ||
+      ::bind(listener.get(), reinterpret_cast<const sockaddr*>(&addr), length) != 0 ||
+      ::listen(listener.get(), SOMAXCONN) != 0) {
+    hmc::logger()->info(
+        "rank {} of the tcp transport: no local socket ({}); peers on this host "
+        "connect over TCP",
+        up.self, osReason(errno));
+    return {Socket(), ""};
+  }
+  setNonBlocking(listener.get(), up.what);
+  return {std::move(listener), name};
+}
+
+// A connection to the abstract socket `name` on this host, or an invalid socket when nothing
+// listens there.
+Socket connectLocally(const std::string& name) {
+  Socket socket(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (socket.get() < 0) return Socket();
+  const auto [addr, length] = localAddress(name);
+  // Blocking: a listener that exists completes it from its backlog (SOMAXCONN, more than any
+  // world's ranks); one that does not fails at once (ECONNREFUSED).
+  int rc = 0;
+  while ((rc = ::connect(socket.get(), reinterpret_cast<const sockaddr*>(&addr), length)) != 0 &&
+         errno == EINTR) {
+  }
+  if (rc != 0) return Socket();
+  return socket;
+}
+
 // Connects to every higher rank: each listens before it publishes, so the kernel completes
 // the connection from its backlog without waiting for the peer to accept.
-void connectToHigherRanks(const SetUp& up, collective::KeyValueStore& kv) {
+void connectToHigherRanks(const SetUp& up, collective::KeyValueStore& kv, bool local) {
   const std::string helloBytes = hello(up.self, up.world);
   for (int peer = up.self + 1; peer < up.world; ++peer) {
     Bytes published;
@@ -281,11 +350,26 @@ void connectToHigherRanks(const SetUp& up, collective::KeyValueStore& kv) {
       }
       throw up.timedOut(missing, "did not publish their address");
     }
+    // "HOST PORT" or "HOST PORT LOCAL-NAME".
     const auto space = published.find(' ');
     const std::string peerHost = published.substr(0, space);
     const int peerPort = space == Bytes::npos ? 0 : std::atoi(published.c_str() + space + 1);
+    const auto second = space == Bytes::npos ? Bytes::npos : published.find(' ', space + 1);
+    const std::string peerLocal = second == Bytes::npos ? "" : published.substr(second + 1);
     const std::string to =
         fmt::format("{} connecting to rank {} at {} port {}", up.what, peer, peerHost, peerPort);
+    if (local && !peerLocal.empty() && peerHost == up.s.publishedHost) {
+      Socket local = connectLocally(peerLocal);
+      if (local.get() >= 0) {
+        setNonBlocking(local.get(), to);
+        if (!writeAll(local.get(), helloBytes.data(), helloBytes.size(), up.deadline, to)) {
+          throw up.timedOut({peer}, "did not accept");
+        }
+        up.slot(peer).socket = std::move(local);
+        up.slot(peer).local = true;
+        continue;
+      }
+    }
     const Address remote = resolve(peerHost, peerPort, SOCK_STREAM, to);
     Socket socket(::socket(remote.storage.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
     if (socket.get() < 0) throw BackendError(fmt::format("{}: socket: {}", to, osReason(errno)));
@@ -310,12 +394,13 @@ void connectToHigherRanks(const SetUp& up, collective::KeyValueStore& kv) {
   }
 }
 
-// Accepts one connection from every lower rank; anything else that connects is dropped.
-void acceptLowerRanks(const SetUp& up, const Socket& listener) {
+// Accepts one connection from every lower rank, over TCP or on the local socket (when there
+// is one); anything else that connects is dropped.
+void acceptLowerRanks(const SetUp& up, const Socket& listener, const Socket& local) {
   int waiting = up.self;
   while (waiting > 0) {
-    pollfd p{listener.get(), POLLIN, 0};
-    const int ready = ::poll(&p, 1, pollMillis(up.deadline));
+    pollfd polls[2] = {{listener.get(), POLLIN, 0}, {local.get(), POLLIN, 0}};
+    const int ready = ::poll(polls, local.get() >= 0 ? 2 : 1, pollMillis(up.deadline));
     if (ready < 0 && errno == EINTR) continue;
     if (ready <= 0 && Clock::now() >= up.deadline) {
       std::vector<int> missing;
@@ -324,7 +409,9 @@ void acceptLowerRanks(const SetUp& up, const Socket& listener) {
       }
       throw up.timedOut(missing, "did not connect");
     }
-    Socket socket(::accept4(listener.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
+    const bool tcp = local.get() < 0 || polls[1].revents == 0;
+    Socket socket(::accept4(tcp ? listener.get() : local.get(), nullptr, nullptr,
+                            SOCK_NONBLOCK | SOCK_CLOEXEC));
     if (socket.get() < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNABORTED)
         continue;
@@ -344,8 +431,9 @@ void acceptLowerRanks(const SetUp& up, const Socket& listener) {
         up.slot(peer).socket.get() >= 0) {
       continue;
     }
-    setNoDelay(socket.get(), up.what);
+    if (tcp) setNoDelay(socket.get(), up.what);
     up.slot(peer).socket = std::move(socket);
+    up.slot(peer).local = !tcp;
     --waiting;
   }
 }
@@ -394,14 +482,29 @@ TcpTransport::TcpTransport(const TcpTransportOptions& options,
                  Clock::now() + joinTimeout,
                  fmt::format("rank {} setting up the tcp transport", self)};
   const auto [listener, address] = listenForPeers(up);
+  const auto [localListener, localName] = listenLocally(up);
   s.peers.resize(world - 1);
   for (int peer = 0, i = 0; peer < world; ++peer) {
     if (peer != self) s.peers[i++].rank = peer;
   }
   auto kv = s.control->keyValueStore();
-  kv->set(up.addressKey(self), address);
-  connectToHigherRanks(up, *kv);
-  acceptLowerRanks(up, listener);
+  kv->set(up.addressKey(self), localName.empty() ? address : address + " " + localName);
+  // A rank without a local listener does not connect to its peers' either: the pair uses TCP.
+  connectToHigherRanks(up, *kv, !localName.empty());
+  acceptLowerRanks(up, listener, localListener);
+  std::vector<int> overTcp;
+  for (const TcpPeer& peer : s.peers) {
+    if (!peer.local) overTcp.push_back(peer.rank);
+  }
+  const std::vector<int> local = localPeers();
+  if (s.peers.empty()) return;
+  hmc::logger()->info(
+      "rank {} of the tcp transport: {}{}{}", self,
+      overTcp.empty() ? "" : fmt::format("ranks {} over TCP", formatRankList(overTcp)),
+      overTcp.empty() || local.empty() ? "" : ", ",
+      local.empty()
+          ? ""
+          : fmt::format("ranks {} over a Unix-domain socket (this host)", formatRankList(local)));
   for (const TcpPeer& peer : s.peers) {
     s.watched->rankAndFd.emplace_back(peer.rank, peer.socket.get());
   }
@@ -437,6 +540,14 @@ std::shared_ptr<KeyValueStore> TcpTransport::keyValueStore() {
   return state_->control->keyValueStore();
 }
 bool TcpTransport::broken() const noexcept { return state_->broken.has_value(); }
+
+std::vector<int> TcpTransport::localPeers() const {
+  std::vector<int> out;
+  for (const TcpPeer& peer : state_->peers) {
+    if (peer.local) out.push_back(peer.rank);
+  }
+  return out;
+}
 
 std::vector<Bytes> TcpTransport::gather(std::uint64_t sequence, std::string_view stage,
                                         const Bytes& envelope, Clock::time_point deadline) {

@@ -102,6 +102,9 @@ int derivedMasterPort(const std::string& jobId, const std::string& stepId = "");
 
 // The variable that overrides a rank's advertised address (advertiseAddress).
 inline constexpr const char* kAdvertiseAddrVariable = "HMC_ADVERTISE_ADDR";
+// "0": the tcp transport connects to every peer over TCP, those on this host too
+// (TcpTransportOptions::localSockets).
+inline constexpr const char* kTcpLocalSocketsVariable = "HMC_TCP_LOCAL_SOCKETS";
 
 // The address this process announces to its peers and binds its listeners to: the value of
 // HMC_ADVERTISE_ADDR when set and not empty, else routeAddressToward(masterHost, masterPort)

@@ -13,7 +13,11 @@
 // Construction is collective: every rank binds a listening socket to an ephemeral port on
 // options.host, publishes "host port" under "<name>/addr/<rank>" in the store's key-value
 // view, connects to every higher rank (TCP_NODELAY, a hello naming its rank) and accepts one
-// connection from every lower rank. It returns once all world - 1 connections stand, or
+// connection from every lower rank. Ranks that announce the same address (one host) connect
+// over a Unix-domain socket instead (options.localSockets): each also listens on an abstract
+// socket of a random name, published after its port, and the rank connecting to it falls
+// back to TCP when that name is not found (another network namespace or machine).
+// localPeers() says which peers use one. It returns once all world - 1 connections stand, or
 // throws TimeoutError after the store's join timeout (StoreTransport::joinTimeout(): setting up
 // is part of forming the world) naming the ranks that did not publish or connect
 // (BackendError when a socket call fails, ValueError for bad options). Every rank must use
@@ -71,6 +75,11 @@ struct TcpTransportOptions {
   // Namespace of the rendezvous keys in the store's key-value view; transports sharing a
   // store need distinct names.
   std::string name = "tcp";
+  // Peers that announce this rank's address connect over a Unix-domain socket: a frame costs
+  // a fraction of what the loopback TCP stack does (docs/multi-process.md). False, or
+  // HMC_TCP_LOCAL_SOCKETS=0 in the environment: TCP to every peer (a pair uses TCP when
+  // either rank says so).
+  bool localSockets = true;
 
   // Throws ValueError naming the first bad field.
   void validate() const;
@@ -91,6 +100,8 @@ class TcpTransport final : public Collective {
   std::shared_ptr<KeyValueStore> keyValueStore();
   // Whether an earlier failure left the connections unusable.
   bool broken() const noexcept;
+  // The peers connected over a Unix-domain socket (the others: TCP), in rank order.
+  std::vector<int> localPeers() const;
   // Polls every peer's socket for its closed end (POLLRDHUP), without reading from it.
   ClosedPeers closedPeers() const override;
 
