@@ -334,7 +334,7 @@ Socket connectLocally(const std::string& name) {
 
 // Connects to every higher rank: each listens before it publishes, so the kernel completes
 // the connection from its backlog without waiting for the peer to accept.
-void connectToHigherRanks(const SetUp& up, collective::KeyValueStore& kv, bool local) {
+void connectToHigherRanks(const SetUp& up, collective::KeyValueStore& kv, bool useLocal) {
   const std::string helloBytes = hello(up.self, up.world);
   for (int peer = up.self + 1; peer < up.world; ++peer) {
     Bytes published;
@@ -358,14 +358,14 @@ void connectToHigherRanks(const SetUp& up, collective::KeyValueStore& kv, bool l
     const std::string peerLocal = second == Bytes::npos ? "" : published.substr(second + 1);
     const std::string to =
         fmt::format("{} connecting to rank {} at {} port {}", up.what, peer, peerHost, peerPort);
-    if (local && !peerLocal.empty() && peerHost == up.s.publishedHost) {
-      Socket local = connectLocally(peerLocal);
-      if (local.get() >= 0) {
-        setNonBlocking(local.get(), to);
-        if (!writeAll(local.get(), helloBytes.data(), helloBytes.size(), up.deadline, to)) {
+    if (useLocal && !peerLocal.empty() && peerHost == up.s.publishedHost) {
+      Socket onHost = connectLocally(peerLocal);
+      if (onHost.get() >= 0) {
+        setNonBlocking(onHost.get(), to);
+        if (!writeAll(onHost.get(), helloBytes.data(), helloBytes.size(), up.deadline, to)) {
           throw up.timedOut({peer}, "did not accept");
         }
-        up.slot(peer).socket = std::move(local);
+        up.slot(peer).socket = std::move(onHost);
         up.slot(peer).local = true;
         continue;
       }
@@ -492,19 +492,20 @@ TcpTransport::TcpTransport(const TcpTransportOptions& options,
   // A rank without a local listener does not connect to its peers' either: the pair uses TCP.
   connectToHigherRanks(up, *kv, !localName.empty());
   acceptLowerRanks(up, listener, localListener);
-  std::vector<int> overTcp;
-  for (const TcpPeer& peer : s.peers) {
-    if (!peer.local) overTcp.push_back(peer.rank);
+  if (!s.peers.empty()) {
+    std::vector<int> overTcp;
+    for (const TcpPeer& peer : s.peers) {
+      if (!peer.local) overTcp.push_back(peer.rank);
+    }
+    const std::vector<int> local = localPeers();
+    hmc::logger()->info(
+        "rank {} of the tcp transport: {}{}{}", self,
+        overTcp.empty() ? "" : fmt::format("ranks {} over TCP", formatRankList(overTcp)),
+        overTcp.empty() || local.empty() ? "" : ", ",
+        local.empty()
+            ? ""
+            : fmt::format("ranks {} over a Unix-domain socket (this host)", formatRankList(local)));
   }
-  const std::vector<int> local = localPeers();
-  if (s.peers.empty()) return;
-  hmc::logger()->info(
-      "rank {} of the tcp transport: {}{}{}", self,
-      overTcp.empty() ? "" : fmt::format("ranks {} over TCP", formatRankList(overTcp)),
-      overTcp.empty() || local.empty() ? "" : ", ",
-      local.empty()
-          ? ""
-          : fmt::format("ranks {} over a Unix-domain socket (this host)", formatRankList(local)));
   for (const TcpPeer& peer : s.peers) {
     s.watched->rankAndFd.emplace_back(peer.rank, peer.socket.get());
   }
