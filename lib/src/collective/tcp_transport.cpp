@@ -281,13 +281,12 @@ std::pair<sockaddr_un, socklen_t> localAddress(const std::string& name) {
 
 // Ranks that announce the same address are on one host (in one network namespace), where a
 // Unix-domain socket carries a frame for a fraction of what the loopback TCP stack costs (no
-// segments, acknowledgements or softirq work: measured below, docs/multi-process.md). Each rank
+// segments, acknowledgements or softirq work; measured in docs/multi-process.md). Each rank
 // also listens on an abstract socket of a random name and publishes the name after its
 // address; a lower rank (ranks connect to the higher ones) that announces the same address
 // connects there, and falls back to TCP when the name is not found (another network
-// namespace, another machine). Returns the
-// listener and its name, or an invalid socket and "" when the listener cannot be made (then
-// every peer connects over TCP).
+// namespace, another machine). Returns the listener and its name, or an invalid socket and ""
+// when local sockets are off or the listener cannot be made (then every peer uses TCP).
 std::pair<Socket, std::string> listenLocally(const SetUp& up) {
   const auto variable = collective::processEnvironment()(collective::kTcpLocalSocketsVariable);
   if (!up.s.options.localSockets || (variable && *variable == "0")) {
@@ -494,10 +493,8 @@ TcpTransport::TcpTransport(const TcpTransportOptions& options,
   acceptLowerRanks(up, listener, localListener);
   if (!s.peers.empty()) {
     std::vector<int> overTcp;
-    for (const TcpPeer& peer : s.peers) {
-      if (!peer.local) overTcp.push_back(peer.rank);
-    }
-    const std::vector<int> local = localPeers();
+    std::vector<int> local;
+    for (const TcpPeer& peer : s.peers) (peer.local ? local : overTcp).push_back(peer.rank);
     hmc::logger()->info(
         "rank {} of the tcp transport: {}{}{}", self,
         overTcp.empty() ? "" : fmt::format("ranks {} over TCP", formatRankList(overTcp)),
