@@ -6,6 +6,7 @@
 #include "hmc/world/result_gatherer.hpp"
 
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -154,7 +155,10 @@ TEST_SUITE("result gatherer") {
     };
     const auto merged = hmc::world::gatherResults(&kv, rankOf(0, 3), {{0, {resultOf(0)}}}, 0ms, why,
                                                   EvidenceFolder(), nullptr, closedPeers);
-    CHECK(asked == 1);
+    // Rank 1 looks waiting while rank 2's connection closed: asked again (each 10 ms apart)
+    // until kClosingGrace has passed, then still reported hung.
+    CHECK(asked > 1);
+    CHECK(asked <= 1 + hmc::world::kClosingGrace / 10ms);
     CHECK(merged[0][1].hung);
     CHECK_FALSE(merged[0][2].hung);
     CHECK(merged[0][2].crashed);
@@ -165,9 +169,50 @@ TEST_SUITE("result gatherer") {
     // Nobody missing: not asked.
     kv.set(hmc::world::keys::result(1), hmc::world::rankResultsDocument({resultOf(1)}));
     kv.set(hmc::world::keys::result(2), hmc::world::rankResultsDocument({resultOf(2)}));
+    asked = 0;
     hmc::world::gatherResults(&kv, rankOf(0, 3), {{0, {resultOf(0)}}}, 0ms, why, EvidenceFolder(),
                               nullptr, closedPeers);
+    CHECK(asked == 0);
+  }
+
+  TEST_CASE("a waiting rank whose connection closes a moment after another's: crashed too") {
+    // Ranks 2 and 3 share a host whose processes were killed one by one: rank 0 saw rank 2's
+    // connection close first, rank 3's from its third look on. Rank 4 runs a step (its
+    // heartbeat says running) and rank 1 had a result that closed its connection: neither
+    // makes rank 0 look again.
+    MemoryStore kv;
+    for (int rank : {2, 3}) writeWaiting(kv, rank, 1, 0.5);
+    writeWaiting(kv, 4, 1, 0.5, hmc::diagnostics::RankState::kRunning);
+    kv.set(hmc::world::keys::result(1), hmc::world::rankResultsDocument({resultOf(1)}));
+    int asked = 0;
+    const auto closedPeers = [&asked] {
+      ++asked;
+      return asked < 3 ? std::vector<int>{1, 2} : std::vector<int>{1, 2, 3};
+    };
+    const auto merged = hmc::world::gatherResults(&kv, rankOf(0, 5), {{0, {resultOf(0)}}}, 0ms, why,
+                                                  EvidenceFolder(), nullptr, closedPeers, true);
+    CHECK(asked == 3);
+    for (int rank : {2, 3}) {
+      CHECK_FALSE(merged[0][rank].hung);
+      CHECK(merged[0][rank].crashReason ==
+            fmt::format("no result from rank {}: its connection with rank 0 had closed: its "
+                        "process ended (killed, crashed, or stopped by the same teardown; did "
+                        "its node fail?); last heartbeat (waiting): in step 2",
+                        rank));
+    }
+    CHECK(merged[0][4].crashReason ==
+          "stopped by the launcher's teardown while running step 2 (alive then: its last "
+          "heartbeat says running; its result did not come before the report)");
+    // A result that closed its connection is no sign of a dying host: rank 3 waits, unasked.
+    asked = 0;
+    const auto onlyFinished = [&asked] {
+      ++asked;
+      return std::vector<int>{1};
+    };
+    const auto alive = hmc::world::gatherResults(&kv, rankOf(0, 4), {{0, {resultOf(0)}}}, 0ms, why,
+                                                 EvidenceFolder(), nullptr, onlyFinished);
     CHECK(asked == 1);
+    CHECK(alive[0][3].hung);
   }
 
   TEST_CASE("a store that fails is given up at its first error") {

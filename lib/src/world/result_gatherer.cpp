@@ -199,13 +199,37 @@ std::vector<std::vector<scenario::RankResult>> gatherResults(
     });
   }
   std::vector<int> closed;
-  bool someMissing = false;
-  for (const auto& results : byRank) someMissing = someMissing || results.empty();
+  std::vector<bool> missing;  // by rank (byRank itself is moved into fillMissing)
+  for (const auto& results : byRank) missing.push_back(results.empty());
+  const bool someMissing = std::find(missing.begin(), missing.end(), true) != missing.end();
   if (closedPeers && someMissing) {
     closed = closedPeers();
     spdlog::debug("rank {}: closed connections of ranks {}", self,
                   collective::formatRankList(closed));
   }
+  const auto isClosed = [&](int rank) {
+    return std::find(closed.begin(), closed.end(), rank) != closed.end();
+  };
+  // A rank that looks alive and waiting may have died a moment ago with a rank whose
+  // connection already shows closed (its host's processes killed one by one): asked again
+  // until kClosingGrace after the first answer, within half the margin that gatherEveryRank
+  // gives this read beyond `wait` (the rest is for the reads below).
+  const auto graceEnd = std::min(Clock::now() + kClosingGrace, deadline + kStoreReadMargin / 2);
+  const auto closesSoon = [&](int rank) {
+    const bool missingClosed = std::any_of(closed.begin(), closed.end(), [&](int peer) {
+      return peer >= 0 && peer < static_cast<int>(missing.size()) && missing[peer];
+    });
+    if (!missingClosed) return false;
+    while (Clock::now() < graceEnd) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      closed = closedPeers();
+      if (isClosed(rank)) {
+        spdlog::debug("rank {}: rank {}'s connection closed during the grace", self, rank);
+        return true;
+      }
+    }
+    return false;
+  };
   // Where a rank without results was: its heartbeat (every rank writes one at least every
   // second), else the flight record its watchdog published at a deadline.
   std::optional<std::map<int, diagnostics::PublishedFlight>> published;
@@ -215,7 +239,15 @@ std::vector<std::vector<scenario::RankResult>> gatherResults(
     evidence.leakReason = "no result from this rank: not checked";
     evidence.ended = folder.ended(rank);
     evidence.atTeardown = atTeardown;
-    if (!evidence.ended && std::find(closed.begin(), closed.end(), rank) != closed.end()) {
+    fromStore([&] {
+      std::string problem;
+      evidence.heartbeat =
+          diagnostics::readHeartbeat(*kv, rank, std::chrono::milliseconds(500), &problem);
+      if (!problem.empty()) spdlog::debug("rank {}'s heartbeat: {}", rank, problem);
+    });
+    const bool waiting =
+        evidence.heartbeat && evidence.heartbeat->state == diagnostics::RankState::kWaiting;
+    if (!evidence.ended && (isClosed(rank) || (waiting && closesSoon(rank)))) {
       evidence.ended = true;
       evidence.reason = fmt::format(
           "no result from rank {}: its connection with rank {} had closed: its process ended "
@@ -235,12 +267,6 @@ std::vector<std::vector<scenario::RankResult>> gatherResults(
         evidence.silent = true;
       });
     }
-    fromStore([&] {
-      std::string problem;
-      evidence.heartbeat =
-          diagnostics::readHeartbeat(*kv, rank, std::chrono::milliseconds(500), &problem);
-      if (!problem.empty()) spdlog::debug("rank {}'s heartbeat: {}", rank, problem);
-    });
     if (!evidence.heartbeat) {
       if (!published) {
         published.emplace();

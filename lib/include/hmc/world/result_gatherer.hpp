@@ -33,6 +33,11 @@ using MissingWhy = std::function<std::string(int rank)>;
 // The bound on reading the store beyond a wait, should the store not answer.
 inline constexpr std::chrono::milliseconds kStoreReadMargin{300};
 
+// How long a report waits for a connection that has not shown closed yet, where another
+// missing rank's has (gatherResults): a host's processes die one by one, and the signal of a
+// launcher that saw the first die may reach the reporting rank before the last is gone.
+inline constexpr std::chrono::milliseconds kClosingGrace{200};
+
 // Polls for `keys` until all exist or `deadline` passes.
 bool waitForKeys(collective::KeyValueStore& kv, const std::vector<std::string>& keys,
                  Clock::time_point deadline);
@@ -103,9 +108,12 @@ ResultsByRank readLocalResults(const EvidenceFolder& local, int worldSize, int s
 // A rank announced dead in the store by another rank (it fell silent) and not seen ended
 // through `folder` is reported as such: "no result from rank R: <the announcement>", never as
 // hung. With `silent`, the wait for a rank's result ends once it falls silent.
-// `closedPeers` (Collective::closedPeers, may be null), asked once after the waits: a rank of
+// `closedPeers` (Collective::closedPeers, may be null), asked after the waits: a rank of
 // another host whose connection with this rank closed and that left no result ended (killed,
-// crashed, or stopped by the same teardown): crashed, never hung.
+// crashed, or stopped by the same teardown): crashed, never hung. Where one rank without a
+// result has closed, a rank without one whose heartbeat says waiting is asked about again for
+// up to kClosingGrace (all of them together, and no later than half kStoreReadMargin past
+// `wait`) before it is reported hung.
 // `atTeardown`: the report is made at a launcher's teardown (MissingRankEvidence::atTeardown).
 std::vector<std::vector<scenario::RankResult>> gatherResults(
     collective::KeyValueStore* kv, const RankPlacement& placement, ResultsByRank local,
