@@ -116,6 +116,18 @@ bool waitForRanks(collective::KeyValueStore& kv, const std::function<std::string
 
 namespace {
 
+// Asks `closedPeers` again every 10 ms, each answer replacing `closed`, until `rank` is in it
+// (true) or `until` passes (false): the wait of kClosingGrace.
+bool closesBy(const collective::Collective::ClosedPeers& closedPeers, std::vector<int>& closed,
+              int rank, Clock::time_point until) {
+  while (Clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    closed = closedPeers();
+    if (std::find(closed.begin(), closed.end(), rank) != closed.end()) return true;
+  }
+  return false;
+}
+
 // Polls for rank `rank`'s `key` until it exists (true), the rank is gone (rankGone), or
 // `deadline` passes.
 bool waitForRankKey(collective::KeyValueStore& kv, const std::string& key, int rank,
@@ -219,16 +231,9 @@ std::vector<std::vector<scenario::RankResult>> gatherResults(
     const bool missingClosed = std::any_of(closed.begin(), closed.end(), [&](int peer) {
       return peer >= 0 && peer < static_cast<int>(missing.size()) && missing[peer];
     });
-    if (!missingClosed) return false;
-    while (Clock::now() < graceEnd) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      closed = closedPeers();
-      if (isClosed(rank)) {
-        spdlog::debug("rank {}: rank {}'s connection closed during the grace", self, rank);
-        return true;
-      }
-    }
-    return false;
+    if (!missingClosed || !closesBy(closedPeers, closed, rank, graceEnd)) return false;
+    spdlog::debug("rank {}: rank {}'s connection closed during the grace", self, rank);
+    return true;
   };
   // Where a rank without results was: its heartbeat (every rank writes one at least every
   // second), else the flight record its watchdog published at a deadline.
