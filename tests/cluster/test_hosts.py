@@ -85,9 +85,11 @@ GOAL_S = 2.0  # fault -> exit / report: the deadline plus at most this
 STORE_LOST_SLACK_S = 3.0
 
 sys.path.insert(0, os.path.dirname(BOX_PY))
+sys.path.insert(0, os.path.join(SOURCE_DIR, "tests", "support"))
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 import cluster_box  # noqa: E402
 from replay_check import check_replay  # noqa: E402
+from torch_probe import torchrun_missing  # noqa: E402
 
 TMP = tempfile.mkdtemp(prefix="hmc-hosts-")  # on the shared file system: every host sees it
 os.chmod(TMP, 0o755)
@@ -287,15 +289,10 @@ def need_mpirun():
         raise Skip("mpirun: openmpi-bin is not installed (scripts/setup installs it)")
 
 
-_TORCH = []
-
-
 def need_torchrun():
-    if not _TORCH:
-        _TORCH.append(subprocess.run([PYTHON, "-c", "import torch.distributed.run"],
-                                     capture_output=True, timeout=120).returncode == 0)
-    if not _TORCH[0]:
-        raise Skip("torchrun: python3-torch is not installed")
+    missing = torchrun_missing(PYTHON)
+    if missing:
+        raise Skip(missing)
 
 
 def mpirun(job, hosts, args):

@@ -36,6 +36,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
 from cases import Skip, run_cases  # noqa: E402
 from ports import reserved_port  # noqa: E402
+from torch_probe import torchrun_missing  # noqa: E402
 
 EXAMPLE, HMC_RUN, SOURCE = sys.argv[1], sys.argv[2], sys.argv[3]
 TORCHRUN = os.path.join(SOURCE, "tests", "support", "torchrun")
@@ -46,9 +47,9 @@ LINGER_S = 9.0    # how long the skipping rank works alone: past rank 0's report
 
 
 def torchrun(world, args):
-    if subprocess.run([PYTHON, "-c", "import torch.distributed.run"], capture_output=True,
-                      timeout=120).returncode != 0:
-        raise Skip("torchrun: python3-torch is not installed (scripts/setup installs it)")
+    missing = torchrun_missing(PYTHON)
+    if missing:
+        raise Skip(missing)
     return [PYTHON, TORCHRUN, "--nnodes", "1", "--nproc_per_node", str(world),
             "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{reserved_port()}",
             "--rdzv_id", f"hmc-embed-{os.getpid()}-{time.monotonic_ns()}",

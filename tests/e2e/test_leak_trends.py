@@ -22,6 +22,9 @@ import tempfile
 import time
 import traceback
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from torch_probe import torchrun_missing  # noqa: E402
+
 HMC_RUN = os.path.abspath(sys.argv[1]) if len(sys.argv) > 1 else None
 WORK = tempfile.mkdtemp(prefix="hmc-leak-trends-")
 RESULTS = {"passed": 0, "failed": 0, "skipped": 0}
@@ -171,11 +174,10 @@ def ranks_under_torchrun_have_no_heap_series():
     # to gather): its heap grows by a result each cycle, which is no leak.
     torchrun = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                             "support", "torchrun")
-    if subprocess.run(["/usr/bin/python3", "-c", "import torch.distributed.run"],
-                      capture_output=True).returncode != 0:
+    missing = torchrun_missing("/usr/bin/python3")
+    if missing:
         RESULTS["skipped"] += 1
-        print("skip: ranks_under_torchrun_have_no_heap_series: no torch.distributed.run "
-              "(Debian's python3-torch; scripts/test installs it)", flush=True)
+        print(f"skip: ranks_under_torchrun_have_no_heap_series: {missing}", flush=True)
         return
     path = scenario("torchrun-clean", CYCLE, world=2)
     report = path[:-5] + "-report.json"

@@ -38,6 +38,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
 from cases import Skip, run_cases  # noqa: E402
 from ports import reserved_port  # noqa: E402
+from torch_probe import torchrun_missing  # noqa: E402
 
 HMC_RUN, SOURCE = sys.argv[1], sys.argv[2]
 EXAMPLE = sys.argv[3] if len(sys.argv) > 3 and sys.argv[3] != "-k" else ""
@@ -144,9 +145,9 @@ def check_tcp_processes():
 def check_embedding_skipped_close():
     if not EXAMPLE:
         raise Skip("no embedding example built (HMC_BUILD_EXAMPLES=OFF)")
-    if subprocess.run([PYTHON, "-c", "import torch.distributed.run"], capture_output=True,
-                      timeout=120).returncode != 0:
-        raise Skip("torchrun: python3-torch is not installed (scripts/setup installs it)")
+    missing = torchrun_missing(PYTHON)
+    if missing:
+        raise Skip(missing)
     folder = os.path.join(WORK, "embedding")
     env = dict(os.environ, HMC_RECORD=folder, HMC_TIMEOUT="3", HMC_NAME="skipped-close")
     proc = subprocess.run(

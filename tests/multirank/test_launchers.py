@@ -41,6 +41,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import shard  # noqa: E402
 from cases import Skip, run_cases  # noqa: E402
 from ports import on_a_free_port, reserved_port  # noqa: E402
+from torch_probe import torchrun_missing  # noqa: E402
 
 HMC_RUN = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else "build/app/hmc-run")
 SOURCE_DIR = os.path.abspath(sys.argv[2] if len(sys.argv) > 2 else ".")
@@ -179,17 +180,10 @@ def launch(command, bound=90, env=None, report=None):
 
 # --- the real launchers -------------------------------------------------------------------
 
-_TORCH_DISTRIBUTED = []  # whether torch.distributed.run imports, asked once (an import takes seconds)
-
-
 def torchrun_command(world, args):
-    if not _TORCH_DISTRIBUTED:
-        _TORCH_DISTRIBUTED.append(subprocess.run(
-            [PYTHON, "-c", "import torch.distributed.run"], capture_output=True,
-            timeout=120).returncode == 0)
-    if not _TORCH_DISTRIBUTED[0]:
-        raise Skip("torchrun: python3-torch is not installed (import torch.distributed.run "
-                   "failed)")
+    missing = torchrun_missing(PYTHON)
+    if missing:
+        raise Skip(missing)
     return [PYTHON, TORCHRUN, "--nnodes", "1", "--nproc_per_node", str(world),
             "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{reserved_port()}",
             "--rdzv_id", f"hmc-test-{os.getpid()}-{time.monotonic_ns()}",
