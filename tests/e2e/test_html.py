@@ -6,20 +6,24 @@ usage: test_html.py HMC_RUN [REPO_ROOT]
 Runs the real hmc-run with --html on a passing scenario (quickstart), an expected hang
 (skipped-close-hang), a crashed rank (crashed-rank), draws a stored report with a
 `leak_trends` section through `hmc-run render`, and compares two runs (`compare --html`,
-`--format markdown`). Each page is loaded in Chromium (Debian's `chromium`, or $HMC_CHROMIUM):
-no script error and no console error, the key facts in the rendered DOM (--dump-dom), and a
-screenshot (1400x1000) that is not blank: decoded here with zlib and struct, it must have many
-colours and enough ink. Screenshots are kept in $HMC_HTML_SCREENSHOTS when set; after a
+`--format markdown`). Each page is loaded in Chromium (Debian's `chromium`, or $HMC_CHROMIUM;
+one headless browser for the run, a tab a page, driven over the DevTools protocol on a pipe):
+no script error and nothing on the console (Content Security Policy refusals included), the key
+facts in the rendered DOM, and a screenshot (1400x1000) that is not blank: decoded here with zlib
+and struct, it must have many colours and enough ink. Screenshots are kept in $HMC_HTML_SCREENSHOTS when set; after a
 failure everything is kept in the temporary folder it names.
 
 Standard library only. Exit 77 (CTest: skipped) with the reason when no Chromium is found;
 scripts/setup installs Debian's `chromium`. Prints one line per check and a closing
 "N passed, N failed, N skipped"; exits 1 on any failure.
 """
+import base64
+import fcntl
 import html
 import json
 import os
 import re
+import select
 import shutil
 import struct
 import subprocess
@@ -68,16 +72,161 @@ def find_chromium():
 
 
 CHROMIUM = None
+BROWSER = None  # the one Chromium of the run (main())
 
 
-def chromium(*args, timeout=60):
-    # --no-sandbox: Chromium refuses to run as root with its sandbox (CI containers are root);
-    # a profile of our own so runs do not share state.
-    profile = tempfile.mkdtemp(prefix="profile-", dir=WORK)
-    command = [CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu",
-               "--no-first-run", "--no-default-browser-check", "--disable-extensions",
-               f"--user-data-dir={profile}", *args]
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+class Browser:
+    """One headless Chromium for every page, driven over the DevTools protocol on a pipe
+    (--remote-debugging-pipe: it reads commands on its fd 3 and writes answers and events on its
+    fd 4, each message JSON ended by a NUL). A Chromium start costs about 3.6 s of CPU (the
+    machine's CPU counted while it ran, the quickstart page); nine starts, one a page, were a
+    quarter of this program's time."""
+
+    def __init__(self):
+        # --no-sandbox: Chromium refuses to run as root with its sandbox (CI containers are
+        # root); a profile of our own so runs do not share state.
+        self.profile = tempfile.mkdtemp(prefix="profile-", dir=WORK)
+        self.log_path = os.path.join(WORK, "chromium.log")
+        self.log = open(self.log_path, "wb")
+        commands_read, self.commands = os.pipe()
+        self.answers, answers_write = os.pipe()
+        # The child's ends as fds 3 and 4: copied to high numbers first (a pipe's end may itself
+        # be 3 or 4), then duplicated onto 3 and 4 between fork and exec. close_fds=False, since
+        # it would close them after that; every other fd of this program is close-on-exec.
+        high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10) for fd in (commands_read, answers_write)]
+        os.close(commands_read)
+        os.close(answers_write)
+
+        def onto_3_and_4():  # in the child, before exec
+            os.dup2(high[0], 3)
+            os.dup2(high[1], 4)
+
+        self.proc = subprocess.Popen(
+            [CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
+             "--no-default-browser-check", "--disable-extensions",
+             f"--user-data-dir={self.profile}", "--remote-debugging-pipe",
+             "--enable-logging=stderr", "--v=0", "about:blank"],
+            stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log, close_fds=False,
+            preexec_fn=onto_3_and_4)
+        for fd in high:
+            os.close(fd)
+        self.buffer = b""
+        self.next_id = 0
+        self.events = []  # (sessionId, method, params) not yet taken
+        self.call("Browser.getVersion", timeout=60)  # up and answering
+
+    def why_gone(self):
+        self.log.flush()
+        with open(self.log_path, "rb") as fh:
+            tail = fh.read()[-2000:].decode(errors="replace")
+        return f"chromium's exit status {self.proc.poll()}; its log ({self.log_path}) ends:\n{tail}"
+
+    def receive(self, deadline):
+        """The next message from Chromium, waiting until `deadline` (time.monotonic())."""
+        while b"\0" not in self.buffer:
+            left = deadline - time.monotonic()
+            check(left > 0, "chromium did not answer in time; " + self.why_gone())
+            ready, _, _ = select.select([self.answers], [], [], left)
+            if ready:
+                chunk = os.read(self.answers, 1 << 20)
+                check(chunk, "chromium closed its DevTools pipe; " + self.why_gone())
+                self.buffer += chunk
+        message, self.buffer = self.buffer.split(b"\0", 1)
+        return json.loads(message)
+
+    def call(self, method, params=None, session=None, timeout=30):
+        """Sends a command and returns its result; the events that arrive meanwhile are kept."""
+        self.next_id += 1
+        command = {"id": self.next_id, "method": method, "params": params or {}}
+        if session:
+            command["sessionId"] = session
+        try:
+            os.write(self.commands, json.dumps(command).encode() + b"\0")
+        except OSError as error:
+            raise Failure(f"chromium: cannot send {method} ({error}); " + self.why_gone())
+        deadline = time.monotonic() + timeout
+        while True:
+            message = self.receive(deadline)
+            if message.get("id") == self.next_id:
+                check("error" not in message, f"chromium: {method} failed: {message.get('error')}")
+                return message.get("result", {})
+            if "method" in message:
+                self.events.append((message.get("sessionId"), message["method"],
+                                    message.get("params", {})))
+
+    def wait_event(self, session, method, timeout=30):
+        deadline = time.monotonic() + timeout
+        while True:
+            for event in self.events:
+                if event[0] == session and event[1] == method:
+                    return
+            message = self.receive(deadline)
+            if "method" in message:
+                self.events.append((message.get("sessionId"), message["method"],
+                                    message.get("params", {})))
+
+    def console(self, session):
+        """What the page wrote on its console: console calls, uncaught exceptions, and the log's
+        entries (Content Security Policy refusals among them). hmc's pages write nothing there, so
+        each of them is an error."""
+        lines = []
+        for sid, method, params in self.events:
+            if sid != session:
+                continue
+            if method == "Runtime.consoleAPICalled":
+                words = [str(arg.get("value", arg.get("description", ""))) for arg in
+                         params.get("args", [])]
+                lines.append(f"console.{params.get('type')}: {' '.join(words)}")
+            elif method == "Runtime.exceptionThrown":
+                details = params.get("exceptionDetails", {})
+                lines.append("Uncaught " + details.get("exception", {}).get(
+                    "description", details.get("text", "")))
+            elif method == "Log.entryAdded":
+                entry = params.get("entry", {})
+                lines.append(f"{entry.get('source')} {entry.get('level')}: {entry.get('text')}")
+        return lines
+
+    def load(self, url, width=1400, height=1000):
+        """(DOM, screenshot PNG bytes, console lines) of the page at `url` in a new tab of that
+        size, once it has loaded and 2 s of virtual time have run (what --virtual-time-budget=2000
+        gave the page's timers)."""
+        target = self.call("Target.createTarget", {"url": "about:blank"})["targetId"]
+        session = self.call("Target.attachToTarget",
+                            {"targetId": target, "flatten": True})["sessionId"]
+        try:
+            for method in ("Page.enable", "Runtime.enable", "Log.enable"):
+                self.call(method, session=session)
+            self.call("Emulation.setDeviceMetricsOverride",
+                      {"width": width, "height": height, "deviceScaleFactor": 1,
+                       "mobile": False}, session)
+            self.call("Page.navigate", {"url": url}, session)
+            self.wait_event(session, "Page.loadEventFired")
+            self.call("Emulation.setVirtualTimePolicy", {"policy": "advance", "budget": 2000},
+                      session)
+            self.wait_event(session, "Emulation.virtualTimeBudgetExpired")
+            dom = self.call("Runtime.evaluate",
+                            {"expression": "document.documentElement.outerHTML",
+                             "returnByValue": True}, session)["result"]["value"]
+            png = base64.b64decode(self.call("Page.captureScreenshot", {"format": "png"},
+                                             session)["data"])
+            return dom, png, self.console(session)
+        finally:
+            self.call("Target.closeTarget", {"targetId": target})
+            self.events = [event for event in self.events if event[0] != session]
+
+    def close(self):
+        try:
+            self.call("Browser.close", timeout=10)
+        except Failure:
+            pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        os.close(self.commands)
+        os.close(self.answers)
+        self.log.close()
 
 
 # ---- PNG, decoded with the standard library -----------------------------------------------------
@@ -148,31 +297,21 @@ def check_screenshot(path):
 
 # ---- a page in the browser ---------------------------------------------------------------------
 
-# Chromium logs every console message as ":INFO:CONSOLE:<line>] ..." (whatever its level);
-# hmc's pages log nothing, so any of them is an error, as are CSP refusals.
-CONSOLE_ERROR = re.compile(r"(:CONSOLE[:(]|Uncaught|Refused to|Content Security Policy)")
-
-
 def load(page, name):
-    """The page's DOM as Chromium rendered it, after checking for errors and a screenshot.
-    One Chromium start does both (new headless writes the screenshot and dumps the DOM once the
-    virtual time budget has run): a start costs about 2.4 s of CPU, ten pages a run."""
+    """The page's DOM as Chromium rendered it, after checking for errors and a screenshot."""
     url = "file://" + os.path.abspath(page)
     shot = os.path.join(SHOTS, f"{name}.png")
     if os.path.exists(shot):  # HMC_HTML_SCREENSHOTS may hold an earlier run's
         os.remove(shot)
-    proc = chromium("--enable-logging=stderr", "--v=0", "--virtual-time-budget=2000",
-                    f"--screenshot={shot}", "--window-size=1400,1000", "--dump-dom", url)
-    check(proc.returncode == 0, f"chromium --dump-dom --screenshot {name}: {output(proc)}")
-    dom = proc.stdout
-    check("<main>" in dom and "</html>" in dom, f"{name}: no page in the DOM dump\n{dom[:500]}")
-    errors = [line for line in proc.stderr.splitlines() if CONSOLE_ERROR.search(line)]
-    check(not errors, f"{name}: console errors:\n" + "\n".join(errors[:10]))
+    dom, png, console = BROWSER.load(url)
+    with open(shot, "wb") as fh:
+        fh.write(png)
+    check("<main>" in dom and "</html>" in dom, f"{name}: no page in the DOM\n{dom[:500]}")
+    check(not console, f"{name}: console errors:\n" + "\n".join(console[:10]))
     # The page's probe (an inline script) records script errors on <html>.
     recorded = re.search(r'<html[^>]*data-page-errors="([^"]*)"', dom)
     check("window.addEventListener('error'" in dom, f"{name}: the error probe is missing")
     check(recorded is None, f"{name}: a script error was recorded: {recorded and recorded[1]}")
-    check(os.path.exists(shot), f"chromium --screenshot {name} wrote no {shot}: {output(proc)}")
     colours, ink = check_screenshot(shot)
     print(f"      {name}: screenshot {shot}: {colours} colours, {ink:.0%} ink", flush=True)
     return dom
@@ -380,7 +519,8 @@ def output_paths_checked_like_report():
 
 
 def the_checks_catch_a_broken_page():
-    """The checks above can fail: a script error, a console error and a blank page are caught."""
+    """The checks above can fail: a script error, a console error, a script refused by the
+    page's Content Security Policy and a blank page are caught."""
     probe = ("<script>window.addEventListener('error',function(e){var d=document.documentElement;"
              "d.setAttribute('data-page-errors',(d.getAttribute('data-page-errors')||'')+e.message"
              "+';')});</script>")
@@ -390,6 +530,8 @@ def the_checks_catch_a_broken_page():
         "console": f"<!DOCTYPE html><html><head>{probe}</head><body><main>x</main>"
                    "<script>console.error('bad thing')</script></body></html>",
         "blank": f"<!DOCTYPE html><html><head>{probe}</head><body><main></main></body></html>",
+        "csp": "<!DOCTYPE html><html><head><meta http-equiv=\"Content-Security-Policy\" "
+               f"content=\"script-src 'none'\">{probe}</head><body><main>x</main></body></html>",
     }
     for name, text in pages.items():
         page = os.path.join(WORK, f"broken-{name}.html")
@@ -398,7 +540,8 @@ def the_checks_catch_a_broken_page():
         try:
             load(page, f"broken-{name}")
         except Failure as caught:
-            expected = {"thrown": "boom", "console": "bad thing", "blank": "distinct colours"}[name]
+            expected = {"thrown": "boom", "console": "bad thing", "blank": "distinct colours",
+                        "csp": "Content Security Policy"}[name]
             check(expected in str(caught), f"broken-{name}: caught for another reason: {caught}")
             continue
         raise Failure(f"broken-{name}: the checks passed a broken page")
@@ -422,7 +565,7 @@ def test(function):
 
 
 def main():
-    global CHROMIUM
+    global CHROMIUM, BROWSER
     if HMC_RUN is None or not os.path.exists(HMC_RUN):
         print(__doc__)
         return 2
@@ -431,10 +574,18 @@ def main():
         print("skip: no Chromium found (chromium, chromium-browser, google-chrome or "
               "$HMC_CHROMIUM); scripts/setup installs Debian's chromium", flush=True)
         return SKIP_CODE
-    for function in (the_checks_catch_a_broken_page, pass_page, hang_page, crash_page, leak_page,
-                     real_leak_page,
-                     compare_page, output_paths_checked_like_report):
-        test(function)
+    try:
+        BROWSER = Browser()
+    except Failure as failure:
+        print(f"FAIL  starting chromium: {failure}", flush=True)
+        return 1
+    try:
+        for function in (the_checks_catch_a_broken_page, pass_page, hang_page, crash_page,
+                         leak_page, real_leak_page, compare_page,
+                         output_paths_checked_like_report):
+            test(function)
+    finally:
+        BROWSER.close()
     print(f"{RESULTS['passed']} passed, {RESULTS['failed']} failed, "
           f"{RESULTS['skipped']} skipped")
     if RESULTS["failed"] == 0:
