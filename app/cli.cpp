@@ -243,7 +243,8 @@ CommandLine::CommandLine()
       "Exit codes: 0 every expectation met, 1 an expectation failed, 2 bad input or usage,\n"
       "3 an unexpected hang, 130 interrupted. Formats: docs/scenario-format.md (hmc-scenario/1,\n"
       "hmc-report/1). Environment: HMC_LOG_LEVEL (like --log-level), TMPDIR, HMC_ADVERTISE_ADDR\n"
-      "(the address a rank binds and announces).");
+      "(the address a rank binds and announces), HMC_RANK_WARM_UP=0 (no LibTorch warm-up while\n"
+      "the world forms: docs/multi-process.md).");
   app.set_version_flag("--version", std::string("hmc-run ") + HMC_VERSION);
 
   addRunOptions(app, run);

@@ -1,5 +1,6 @@
 #include "hmc/scenario/runner.hpp"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
@@ -523,6 +524,19 @@ std::string cudaUnusableReason() {
 }
 
 std::string torchVersion() { return TORCH_VERSION; }
+
+std::function<void()> saveCpuGeneratorState() {
+  at::Generator generator = at::detail::getDefaultCPUGenerator();
+  at::Tensor state;
+  {
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    state = generator.get_state();
+  }
+  return [generator, state]() mutable {
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_state(state);
+  };
+}
 
 bool expectationMet(const Step& step, const StepResult& result) {
   if (result.status == StepStatus::kSkipped || result.status == StepStatus::kNotRun) return true;

@@ -2,13 +2,16 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <mutex>
 #include <system_error>
 #include <thread>
 
+#include "hmc/collective/launch_env.hpp"
 #include "hmc/collective/threads_transport.hpp"
 #include "hmc/host.hpp"
+#include "hmc/log.hpp"
 
 namespace hmc::scenario {
 namespace {
@@ -133,6 +136,130 @@ std::vector<RankResult> runOnThreads(const Scenario& scenario, const ThreadRunOp
     if (results[0].process) results[0].process->shared = true;
   }
   return results;
+}
+
+}  // namespace hmc::scenario
+
+namespace hmc::scenario {
+namespace {
+
+// The first step of `steps` (depth first, in order, into `repeat` blocks) that `match` accepts.
+template <typename Match>
+const Step* firstStep(const std::vector<Step>& steps, const Match& match) {
+  for (const Step& step : steps) {
+    if (match(step)) return &step;
+    if (const Step* nested = firstStep(step.steps, match)) return nested;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+std::optional<Scenario> warmUpScenario(const Scenario& scenario) {
+  const Step* create =
+      firstStep(scenario.steps, [](const Step& step) { return step.op == Op::kCreate; });
+  if (create == nullptr) return std::nullopt;
+  const Step* forward = firstStep(scenario.steps, [&](const Step& step) {
+    return step.op == Op::kForward && step.module == create->module;
+  });
+  if (forward != nullptr && forward->device.value_or(scenario.device) == Device::kCuda) {
+    return std::nullopt;
+  }
+  if (forward == nullptr && scenario.device == Device::kCuda) return std::nullopt;
+
+  Scenario warm;
+  warm.name = "rank warm-up";
+  warm.worldSize = 1;
+  warm.device = Device::kCpu;
+  warm.dtype = scenario.dtype;
+  warm.timeoutS = 30;
+  const auto add = [&warm](Step step) {
+    step.path = fmt::format("/steps/{}", warm.steps.size());
+    warm.steps.push_back(std::move(step));
+  };
+  Step made;
+  made.op = Op::kCreate;
+  made.module = create->module;
+  made.type = create->type;
+  made.features = create->features;
+  made.workspaceBytes = create->workspaceBytes;
+  made.compat = create->compat;
+  made.scope = create->scope;
+  add(std::move(made));
+  Step run;
+  run.op = Op::kForward;
+  run.module = create->module;
+  if (forward != nullptr) {
+    run.batch = forward->batch;
+    run.dtype = forward->dtype;
+  }
+  run.device = Device::kCpu;
+  add(std::move(run));
+  Step drop;
+  drop.op = Op::kDrop;
+  drop.module = create->module;
+  add(std::move(drop));
+  Step closeAll;
+  closeAll.op = Op::kCloseAll;
+  add(std::move(closeAll));
+  return warm;
+}
+
+RankWarmUp::RankWarmUp(const Scenario& scenario) {
+  const auto variable = collective::processEnvironment()(kRankWarmUpVariable);
+  if (variable && *variable == "0") {
+    skipped_ = fmt::format("{}=0", kRankWarmUpVariable);
+    return;
+  }
+  std::optional<Scenario> warm = warmUpScenario(scenario);
+  if (!warm) {
+    skipped_ = "the scenario creates no module on the CPU";
+    return;
+  }
+  if (usesCuda(scenario)) {
+    skipped_ = "the scenario uses CUDA";
+    return;
+  }
+  restoreGenerator_ = saveCpuGeneratorState();
+  start_ = collective::Clock::now();
+  try {
+    thread_ = std::thread([this, warm = std::move(*warm)] {
+      try {
+        ThreadRunOptions options;
+        options.sampleProcess = false;
+        const std::vector<RankResult> results = runOnThreads(warm, options);
+        for (const StepResult& step : results.at(0).steps) {
+          if (step.status != StepStatus::kOk) {
+            logger()->debug("the rank's warm-up: step {} ({}) ended {}{}", step.index,
+                            toString(step.op), toString(step.status),
+                            step.error ? ": " + step.error->message : std::string());
+          }
+        }
+      } catch (const std::exception& error) {
+        logger()->debug("the rank's warm-up failed: {}", error.what());
+      }
+      end_ = collective::Clock::now();  // read after the join
+    });
+  } catch (const std::system_error& error) {
+    skipped_ = fmt::format("its thread could not start: {}", error.what());
+    restoreGenerator_ = nullptr;
+  }
+}
+
+RankWarmUp::~RankWarmUp() { finish(); }
+
+void RankWarmUp::finish() {
+  if (!thread_.joinable()) return;
+  const auto finishing = collective::Clock::now();
+  thread_.join();
+  restoreGenerator_();
+  const auto ms = [](collective::Clock::duration span) {
+    return std::chrono::duration<double, std::milli>(span).count();
+  };
+  took_ = end_ - start_;
+  logger()->debug(
+      "the rank's warm-up of LibTorch took {:.1f} ms; {:.1f} ms of it after the world formed",
+      ms(*took_), ms(std::max(end_ - finishing, collective::Clock::duration(0))));
 }
 
 }  // namespace hmc::scenario

@@ -13,8 +13,10 @@
 #include "hmc/diagnostics/watchdog.hpp"
 #include "hmc/error.hpp"
 #include "hmc/host.hpp"
+#include "hmc/log.hpp"
 #include "hmc/scenario/output_file.hpp"
 #include "hmc/scenario/runner.hpp"
+#include "hmc/scenario/thread_driver.hpp"
 #include "hmc/world/evidence_folder.hpp"
 #include "hmc/world/rank_progress.hpp"
 #include "hmc/world/result_files.hpp"
@@ -233,7 +235,13 @@ void RankRun::runRepetition(int repetition) {
 }
 
 RankProcessOutcome RankRun::run() {
+  // LibTorch's first calls, on a thread of their own while the world forms.
+  scenario::RankWarmUp warmUp(scenario_);
+  if (!warmUp.skipped().empty()) {
+    hmc::logger()->debug("rank {}: no warm-up ({})", placement_.rank, warmUp.skipped());
+  }
   joinWorld();
+  warmUp.finish();
   // After a hang or a crash (every rank knows from the vote) there is no world to repeat with.
   for (int repetition = 0; repetition < launch_.repetitions && everyoneClean_; ++repetition) {
     runRepetition(repetition);

@@ -66,6 +66,9 @@ bool usesCuda(const Scenario& scenario);
 std::string cudaUnusableReason();
 // The LibTorch version this build runs against ("1.13.1").
 std::string torchVersion();
+// Saves the state of LibTorch's default CPU generator (the one torch::randn draws from); the
+// returned function puts that state back.
+std::function<void()> saveCpuGeneratorState();
 
 // Whether a finished step met its expectation (the reference runner's `met`).
 bool expectationMet(const Step& step, const StepResult& result);

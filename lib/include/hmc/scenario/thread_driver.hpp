@@ -8,6 +8,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "hmc/collective/threads_transport.hpp"
@@ -49,5 +50,48 @@ struct ThreadRunOptions {
 // Blocks until every rank thread has finished; bounded by the scenario's deadlines.
 std::vector<RankResult> runOnThreads(const Scenario& scenario,
                                      const ThreadRunOptions& options = {});
+
+// Turns RankWarmUp off where it is "0".
+inline constexpr const char* kRankWarmUpVariable = "HMC_RANK_WARM_UP";
+
+// What RankWarmUp runs for `scenario`: one rank on the CPU, the module of the first `create`
+// (type, features, workspace_bytes, compat, scope), the first `forward` of it (batch, dtype),
+// with backward, then drop and close_all; 30 s deadline. Steps inside `repeat` count; `ranks`
+// and `expect` are dropped. nullopt when no step creates a module, or when the first forward
+// of it is on CUDA (its own `device`, or the scenario's "cuda").
+std::optional<Scenario> warmUpScenario(const Scenario& scenario);
+
+// LibTorch resolves its symbols (lazily, across the ~290 libraries behind libtorch_cpu), its
+// operator handles and its code pages at the first call of each operator in a process: a rank
+// process's first cycle of reuse-churn took 18-32 ms on the 2-core machine, later ones 0.2-0.4
+// ms. RankWarmUp runs warmUpScenario on a thread world of one rank, on a thread of its own,
+// while the rank process forms its world (it waits on the store and its peers then), so the
+// first cycle of the real steps finds that done. The default CPU generator's state is put back
+// in finish(): the steps draw the numbers they would have drawn without it (nothing else may
+// draw from it meanwhile). It does not run for a scenario on CUDA (usesCuda), nor with
+// HMC_RANK_WARM_UP=0. It never throws: a warm-up that fails or cannot start says why in the
+// debug log, and the steps pay the first calls as before.
+class RankWarmUp {
+ public:
+  explicit RankWarmUp(const Scenario& scenario);
+  ~RankWarmUp();
+  RankWarmUp(const RankWarmUp&) = delete;
+  RankWarmUp& operator=(const RankWarmUp&) = delete;
+
+  // Waits for the warm-up (bounded by its 30 s deadline) and puts the generator back. Once.
+  void finish();
+  // Why no warm-up runs ("HMC_RANK_WARM_UP=0", ...); "" when one runs.
+  const std::string& skipped() const noexcept { return skipped_; }
+  // How long the warm-up ran on its thread, once finish() has waited for it.
+  const std::optional<collective::Clock::duration>& took() const noexcept { return took_; }
+
+ private:
+  std::thread thread_;
+  std::function<void()> restoreGenerator_;
+  std::string skipped_;
+  collective::Clock::time_point start_;
+  collective::Clock::time_point end_;  // written by thread_
+  std::optional<collective::Clock::duration> took_;
+};
 
 }  // namespace hmc::scenario
