@@ -12,6 +12,8 @@
 //                        went and what it left; rank 0 reads them all for the report
 //   evidence/folder      "<host>\n<path>" of rank 0's evidence folder, or "none" when it has
 //                        none, so that no rank waits for the announcement (evidence_folder.hpp)
+//   start/count          how many ranks are ready for their first step; the one that makes
+//   start/go             it world_size sets start/go, which every rank waits for (bounded)
 
 #include <string>
 
@@ -31,5 +33,7 @@ inline std::string worldEndAtWarning(int rank) {
 }
 inline constexpr const char* kResultsRead = "results-read";
 inline constexpr const char* kEvidenceFolder = "evidence/folder";
+inline constexpr const char* kStartCount = "start/count";
+inline constexpr const char* kStartGo = "start/go";
 
 }  // namespace hmc::world::keys
