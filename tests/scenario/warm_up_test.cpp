@@ -88,6 +88,21 @@ TEST_CASE("warmUpScenario: a module never forwarded gets the default batch") {
   CHECK_FALSE(warm->steps[1].dtype.has_value());
 }
 
+TEST_CASE("warmUpScenario: small sizes, whatever the scenario's") {
+  const auto warm = warmUpScenario(parse(R"([
+    {"op": "create", "module": "m", "features": 16384, "workspace_bytes": 1073741824},
+    {"op": "forward", "module": "m", "batch": 4096}])"));
+  REQUIRE(warm.has_value());
+  CHECK(warm->steps[0].features == hmc::scenario::kWarmUpMaxFeatures);
+  CHECK(warm->steps[0].workspaceBytes == hmc::scenario::kWarmUpMaxWorkspaceBytes);
+  CHECK(warm->steps[1].batch == hmc::scenario::kWarmUpMaxBatch);
+  // Without workspace_bytes the module's default follows the capped features.
+  const auto plain = warmUpScenario(parse(R"([{"op": "create", "module": "m", "features": 512}])"));
+  REQUIRE(plain.has_value());
+  CHECK(plain->steps[0].features == hmc::scenario::kWarmUpMaxFeatures);
+  CHECK_FALSE(plain->steps[0].workspaceBytes.has_value());
+}
+
 TEST_CASE("warmUpScenario: none without a module, none on CUDA") {
   CHECK_FALSE(warmUpScenario(parse(R"([{"op": "barrier"}])")).has_value());
   CHECK_FALSE(warmUpScenario(parse(R"([{"op": "create", "module": "m"},

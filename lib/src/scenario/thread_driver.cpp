@@ -177,12 +177,16 @@ std::optional<Scenario> warmUpScenario(const Scenario& scenario) {
     step.path = fmt::format("/steps/{}", warm.steps.size());
     warm.steps.push_back(std::move(step));
   };
+  // The first calls do not depend on the sizes: small ones keep a scenario's 1 GiB workspace
+  // or 16,384 features from being allocated twice at the start.
   Step made;
   made.op = Op::kCreate;
   made.module = create->module;
   made.type = create->type;
-  made.features = create->features;
-  made.workspaceBytes = create->workspaceBytes;
+  made.features = std::min<std::int64_t>(create->features, kWarmUpMaxFeatures);
+  if (create->workspaceBytes) {
+    made.workspaceBytes = std::min<std::int64_t>(*create->workspaceBytes, kWarmUpMaxWorkspaceBytes);
+  }
   made.compat = create->compat;
   made.scope = create->scope;
   add(std::move(made));
@@ -190,7 +194,7 @@ std::optional<Scenario> warmUpScenario(const Scenario& scenario) {
   run.op = Op::kForward;
   run.module = create->module;
   if (forward != nullptr) {
-    run.batch = forward->batch;
+    run.batch = std::min<std::int64_t>(forward->batch, kWarmUpMaxBatch);
     run.dtype = forward->dtype;
   }
   run.device = Device::kCpu;

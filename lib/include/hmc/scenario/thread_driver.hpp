@@ -3,6 +3,7 @@
 // fast, deterministic, and able to simulate large worlds. A `crash` fault marks the rank
 // failed in the thread world (its peers see rank_failure) and ends its steps.
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -57,8 +58,12 @@ inline constexpr const char* kRankWarmUpVariable = "HMC_RANK_WARM_UP";
 // What RankWarmUp runs for `scenario`: one rank on the CPU, the module of the first `create`
 // (type, features, workspace_bytes, compat, scope), the first `forward` of it (batch, dtype),
 // with backward, then drop and close_all; 30 s deadline. Steps inside `repeat` count; `ranks`
-// and `expect` are dropped. nullopt when no step creates a module, or when the first forward
-// of it is on CUDA (its own `device`, or the scenario's "cuda").
+// and `expect` are dropped; features, workspace_bytes and batch are capped at the limits below.
+// nullopt when no step creates a module, or when the first forward of it is on CUDA (its own
+// `device`, or the scenario's "cuda").
+inline constexpr std::int64_t kWarmUpMaxFeatures = 64;
+inline constexpr std::int64_t kWarmUpMaxWorkspaceBytes = 64 * 1024;
+inline constexpr std::int64_t kWarmUpMaxBatch = 64;
 std::optional<Scenario> warmUpScenario(const Scenario& scenario);
 
 // LibTorch resolves its symbols (lazily, across the ~290 libraries behind libtorch_cpu), its
