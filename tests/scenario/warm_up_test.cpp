@@ -1,12 +1,12 @@
 // RankWarmUp: what a rank process runs on a thread of its own while its world forms, and
 // that the steps after it draw the numbers they would have drawn without it.
 
-#include <cstdlib>
 #include <string>
 
 #include "hmc/scenario/runner.hpp"
 #include "hmc/scenario/scenario.hpp"
 #include "hmc/scenario/thread_driver.hpp"
+#include "support/scoped_variable.hpp"
 #include "support/torch_doctest.hpp"
 
 namespace {
@@ -15,18 +15,7 @@ using hmc::scenario::Device;
 using hmc::scenario::Op;
 using hmc::scenario::parseScenarioText;
 using hmc::scenario::warmUpScenario;
-
-// Sets an environment variable for one scope.
-class ScopedVariable {
- public:
-  ScopedVariable(const char* name, const char* value) : name_(name) {
-    ::setenv(name, value, 1);
-  }
-  ~ScopedVariable() { ::unsetenv(name_); }
-
- private:
-  const char* name_;
-};
+using hmc::testing::ScopedVariable;
 
 hmc::scenario::Scenario parse(const std::string& steps, const std::string& top = "") {
   return parseScenarioText(

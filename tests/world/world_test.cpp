@@ -23,6 +23,7 @@
 
 #include "hmc/collective/collective.hpp"
 #include "hmc/error.hpp"
+#include "support/scoped_variable.hpp"
 
 using namespace std::chrono_literals;
 using hmc::JoinOptions;
@@ -30,17 +31,7 @@ using hmc::lifecycle::ResourceManager;
 
 namespace {
 
-// Sets an environment variable for one scope.
-class Variable {
- public:
-  Variable(const char* name, const char* value) : name_(name) { ::setenv(name, value, 1); }
-  ~Variable() { ::unsetenv(name_); }
-  Variable(const Variable&) = delete;
-  Variable& operator=(const Variable&) = delete;
-
- private:
-  const char* name_;
-};
+using Variable = hmc::testing::ScopedVariable;
 
 std::shared_ptr<ResourceManager> currentOnAnotherThread() {
   std::shared_ptr<ResourceManager> seen;

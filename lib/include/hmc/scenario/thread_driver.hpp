@@ -68,7 +68,7 @@ std::optional<Scenario> warmUpScenario(const Scenario& scenario);
 
 // LibTorch resolves its symbols (lazily, across the ~290 libraries behind libtorch_cpu), its
 // operator handles and its code pages at the first call of each operator in a process: a rank
-// process's first cycle of reuse-churn took 18-32 ms on the 2-core machine, later ones 0.2-0.4
+// process's first cycle of reuse-churn took 18-41 ms on the 2-core machine, later ones 0.2-0.5
 // ms. RankWarmUp runs warmUpScenario on a thread world of one rank, on a thread of its own,
 // while the rank process forms its world (it waits on the store and its peers then), so the
 // first cycle of the real steps finds that done. The default CPU generator's state is put back
