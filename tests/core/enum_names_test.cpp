@@ -157,6 +157,8 @@ std::string_view contract(hmc::scenario::LeakResource value) {
   switch (value) {
     case LeakResource::kMemory:
       return "memory";
+    case LeakResource::kMapped:
+      return "mapped";
     case LeakResource::kDescriptor:
       return "descriptor";
     case LeakResource::kThread:
@@ -347,7 +349,7 @@ TEST_SUITE("enum_names") {
     checkTable<hmc::scenario::Device>("device", 3);
     checkTable<hmc::scenario::Expect>("expect value", 4);
     checkTable<hmc::scenario::FaultKind>("fault kind", 6);
-    checkTable<hmc::scenario::LeakResource>("leak resource", 3);
+    checkTable<hmc::scenario::LeakResource>("leak resource", 4);
     checkTable<hmc::scenario::LeakTrendExpect>("leak_trend value", 3);
     checkTable<hmc::scenario::TrendVerdict>("trend verdict", 3);
     checkTable<hmc::scenario::StepStatus>("step status", 5);

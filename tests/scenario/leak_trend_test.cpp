@@ -2,9 +2,12 @@
 // verdicts and their texts, the report's section and the scenario's expectation.
 
 #include <doctest/doctest.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -190,6 +193,82 @@ TEST_SUITE("leak trends") {
     CHECK((seriesOf(heapOf(50, 4096), 0, "heap_bytes").verdict == TrendVerdict::kLeak));
     // Where the heap is unknown (-1: no glibc), there is no series.
     for (const auto& series : heapOf(50, 0, -1).series) CHECK(series.metric != "heap_bytes");
+  }
+
+  TEST_CASE("resident memory in use: 4 KiB per cycle is a leak from the first fitted cycle") {
+    // Resident memory less the allocator's free bins: what a fresh process's arenas keep for
+    // later is subtracted, so it has the heap's threshold and warm-up, not resident memory's.
+    const auto usedOf = [](int cycles, std::int64_t perCycle, std::int64_t known = 0) {
+      TrendRecorder recorder;
+      for (int c = 0; c < cycles; ++c) {
+        auto ranks = cycle(1, [](int) { return 5; });
+        // Resident memory itself drifts by 6 KiB per cycle (a clean process settling).
+        ranks[0].process->residentBytes = (100 << 20) + std::int64_t{6144} * c;
+        ranks[0].process->residentUsedBytes =
+            known < 0 ? -1 : (90 << 20) + perCycle * c + (c % 4) * 512;
+        recorder.add(ranks);
+      }
+      return recorder.analyze(1);
+    };
+    const auto leaking = usedOf(200, 4096);
+    const auto& leak = seriesOf(leaking, 0, "resident_used_bytes");
+    CHECK((leak.verdict == TrendVerdict::kLeak));
+    CHECK(leak.threshold == 2 * 1024.0);
+    CHECK(leak.fitFrom == 20);
+    CHECK(leak.fit->slope == doctest::Approx(4096).epsilon(0.05));
+    CHECK(leak.text.find("resident memory in use grows 4.") != std::string::npos);
+    CHECK(leak.title == "resident memory in use");
+    // The raw resident memory's 6 KiB per cycle is under its 8 KiB.
+    CHECK((seriesOf(leaking, 0, "resident_bytes").verdict == TrendVerdict::kFlat));
+    CHECK((seriesOf(usedOf(50, 4096), 0, "resident_used_bytes").verdict == TrendVerdict::kLeak));
+    const auto clean = usedOf(200, 350);
+    CHECK((seriesOf(clean, 0, "resident_used_bytes").verdict == TrendVerdict::kFlat));
+    CHECK_FALSE(clean.leaked());
+    for (const auto& series : usedOf(50, 0, -1).series) {
+      CHECK(series.metric != "resident_used_bytes");
+    }
+    // Listed right after resident memory.
+    REQUIRE(clean.series.size() >= 2);
+    CHECK(clean.series[0].metric == "resident_bytes");
+    CHECK(clean.series[1].metric == "resident_used_bytes");
+  }
+
+  TEST_CASE("resident memory in use: mapped and allocated pages count, freed ones do not") {
+    const auto sample = [] {
+      auto s = hmc::scenario::sampleProcess();
+      REQUIRE(s);
+      return *s;
+    };
+    const auto before = sample();
+    if (before.residentUsedBytes < 0) {
+      MESSAGE("skipped: this C library does not say what its allocator holds free");
+      return;
+    }
+    CHECK(before.residentUsedBytes <= before.residentBytes);
+    constexpr std::size_t kMiB = 1 << 20;
+    // 8 MiB of pages mapped on their own, outside the allocator.
+    void* pages =
+        ::mmap(nullptr, 8 * kMiB, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    REQUIRE(pages != MAP_FAILED);
+    std::memset(pages, 1, 8 * kMiB);
+    const auto mapped = sample();
+    CHECK(mapped.residentUsedBytes - before.residentUsedBytes >= std::int64_t{7 * kMiB});
+    ::munmap(pages, 8 * kMiB);
+    // 4 MiB in blocks of 1 KiB from the allocator, then every other one freed: the freed ones
+    // stay resident in its bins (their neighbours are in use), but are no longer in use.
+    std::vector<char*> blocks(4096);
+    for (char*& block : blocks) {
+      block = static_cast<char*>(std::malloc(1024));
+      REQUIRE(block != nullptr);
+      std::memset(block, 1, 1024);
+    }
+    const auto allocated = sample();
+    CHECK(allocated.residentUsedBytes - before.residentUsedBytes >= std::int64_t{3 * kMiB});
+    for (std::size_t i = 0; i < blocks.size(); i += 2) std::free(blocks[i]);
+    const auto halved = sample();
+    CHECK(allocated.residentUsedBytes - halved.residentUsedBytes >= std::int64_t{3 * kMiB / 2});
+    CHECK(std::llabs(allocated.residentBytes - halved.residentBytes) < std::int64_t{kMiB});
+    for (std::size_t i = 1; i < blocks.size(); i += 2) std::free(blocks[i]);
   }
 
   TEST_CASE("a long run keeps at most kMaxTrendPoints per series, merging cycles pairwise") {

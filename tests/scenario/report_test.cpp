@@ -372,6 +372,7 @@ TEST_SUITE("report") {
     RankResult original = fullResult();
     original.process = hmc::scenario::ProcessSample{1 << 20, 9, 4, false};
     original.process->heapBytes = 123456;
+    original.process->residentUsedBytes = 654321;
     const json wire = toJson(original);
     CHECK(wire["format"] == std::string(kRankResultFormat));
     const RankResult back = rankResultFromJson(json::parse(wire.dump()));
@@ -381,6 +382,7 @@ TEST_SUITE("report") {
     CHECK(back.leaks.device->live.at(0).owner == "rank 1 ScratchLinear cuda:0");
     CHECK(back.timings.collectives.at("recycle").size() == 2);
     CHECK(back.process->heapBytes == 123456);
+    CHECK(back.process->residentUsedBytes == 654321);
   }
 
   TEST_CASE("a rank result with a missing or foreign field is refused, naming it") {

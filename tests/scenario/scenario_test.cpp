@@ -817,6 +817,10 @@ TEST_SUITE("scenario") {
     const auto small =
         parseSteps(R"([{"op": "fault", "kind": "leak", "resource": "memory", "bytes": 4096}])");
     CHECK(small.steps[0].leakBytes == 4096);
+    const auto mapped =
+        parseSteps(R"([{"op": "fault", "kind": "leak", "resource": "mapped", "bytes": 8192}])");
+    CHECK((mapped.steps[0].leakResource == LeakResource::kMapped));
+    CHECK(mapped.steps[0].leakBytes == 8192);
     CHECK((parseSteps(R"([{"op": "fault", "kind": "leak", "resource": "thread"}])")
                .steps[0]
                .leakResource == LeakResource::kThread));
@@ -826,7 +830,8 @@ TEST_SUITE("scenario") {
     CHECK(stepsFailure(R"([{"op": "fault", "kind": "leak", "bytes": 0}])") ==
           at("/steps/0/bytes", "expected an integer in 1..1073741824, got 0"));
     CHECK(stepsFailure(R"([{"op": "fault", "kind": "leak", "resource": "socket"}])") ==
-          at("/steps/0/resource", R"(expected one of "memory", "descriptor", "thread", got a )"
+          at("/steps/0/resource", R"(expected one of "memory", "mapped", "descriptor", "thread", )"
+                                  R"(got a )"
                                   R"(string "socket")"));
     CHECK((parseScenario(scenarioWith(json::array(), {{"leak_trend", "any"}}), kFile).leakTrend ==
            LeakTrendExpect::kAny));

@@ -32,6 +32,7 @@ struct MetricInfo {
 };
 constexpr MetricInfo kMetrics[] = {
     {"resident_bytes", "resident memory", "bytes", 32 * 1024.0, false},
+    {"resident_used_bytes", "resident memory in use", "bytes", 2 * 1024.0, false},
     {"heap_bytes", "heap in use", "bytes", 2 * 1024.0, false},
     {"open_descriptors", "open descriptors", "count", 0.02, true},
     {"threads", "threads", "count", 0.02, true},
@@ -124,6 +125,12 @@ std::optional<ProcessSample> sampleProcess(bool heap) {
   if (heap) {
     const struct mallinfo2 info = ::mallinfo2();
     sample.heapBytes = static_cast<std::int64_t>(info.uordblks + info.hblkhd);
+    // Free chunks in the bins were written before they were freed (glibc returns none of an
+    // arena's inner pages by itself), so they are resident; the main arena's top (keepcost)
+    // grows by sbrk ahead of use and may not be.
+    const auto binned =
+        static_cast<std::int64_t>(info.fordblks) - static_cast<std::int64_t>(info.keepcost);
+    sample.residentUsedBytes = std::max<std::int64_t>(0, sample.residentBytes - binned);
   }
 #else
   (void)heap;
@@ -311,6 +318,10 @@ void TrendRecorder::add(const std::vector<RankResult>& ranks) {
       push(rank, "resident_bytes", host, static_cast<double>(result.process->residentBytes));
       push(rank, "open_descriptors", host, static_cast<double>(result.process->openDescriptors));
       push(rank, "threads", host, static_cast<double>(result.process->threads));
+      if (result.process->residentUsedBytes >= 0) {
+        push(rank, "resident_used_bytes", host,
+             static_cast<double>(result.process->residentUsedBytes));
+      }
       if (result.process->heapBytes >= 0) {
         push(rank, "heap_bytes", host, static_cast<double>(result.process->heapBytes));
       }

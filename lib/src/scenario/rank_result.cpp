@@ -254,6 +254,8 @@ json toJson(const RankResult& result) {
                                             {"open_descriptors", result.process->openDescriptors},
                                             {"threads", result.process->threads},
                                             {"heap_bytes", result.process->heapBytes},
+                                            {"resident_used_bytes",
+                                             result.process->residentUsedBytes},
                                             {"shared", result.process->shared}}
                                      : json(nullptr)}};
 }
@@ -300,6 +302,7 @@ RankResult rankResultFromJson(const json& value) {
     sample.openDescriptors = process.get<std::int64_t>("open_descriptors");
     sample.threads = process.get<std::int64_t>("threads");
     sample.heapBytes = process.get<std::int64_t>("heap_bytes");
+    sample.residentUsedBytes = process.get<std::int64_t>("resident_used_bytes");
     sample.shared = process.get<bool>("shared");
     result.process = sample;
   }

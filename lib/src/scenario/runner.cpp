@@ -9,6 +9,7 @@
 #include <torch/version.h>
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -37,8 +38,9 @@ namespace hmc::scenario {
 namespace {
 
 // What `leak` faults keep, for the life of the process (the seeded leak of the leak-trend
-// check): touched memory (so that it is resident), descriptors of /dev/null, and threads that
-// wait for the process to end. Thread-safe: thread ranks share it.
+// check): touched memory (so that it is resident) from the C allocator or mapped on its own,
+// descriptors of /dev/null, and threads that wait for the process to end. Thread-safe: thread
+// ranks share it.
 class LeakPit {
  public:
   void keep(LeakResource resource, std::int64_t bytes) {
@@ -48,6 +50,18 @@ class LeakPit {
         auto block = std::make_unique<char[]>(static_cast<std::size_t>(bytes));
         std::memset(block.get(), 0x5a, static_cast<std::size_t>(bytes));
         memory_.push_back(std::move(block));
+        break;
+      }
+      case LeakResource::kMapped: {
+        // Whole pages; never unmapped.
+        const auto length = static_cast<std::size_t>(bytes);
+        void* pages =
+            ::mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (pages == MAP_FAILED) {
+          throw RuntimeError(fmt::format("fault leak: cannot map {} bytes: {}", bytes,
+                                         std::system_category().message(errno)));
+        }
+        std::memset(pages, 0x5a, length);
         break;
       }
       case LeakResource::kDescriptor: {
@@ -372,7 +386,10 @@ class RankState {
         break;
       case FaultKind::kLeak:
         detail["resource"] = toString(step.leakResource);
-        if (step.leakResource == LeakResource::kMemory) detail["bytes"] = step.leakBytes;
+        if (step.leakResource == LeakResource::kMemory ||
+            step.leakResource == LeakResource::kMapped) {
+          detail["bytes"] = step.leakBytes;
+        }
         break;
     }
     return detail;

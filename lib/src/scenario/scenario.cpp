@@ -774,7 +774,8 @@ class Parser {
         }
         if (const json* v = find(value, "bytes")) {
           const std::string at = childPath(path, "bytes");
-          if (step.leakResource != LeakResource::kMemory) {
+          if (step.leakResource != LeakResource::kMemory &&
+              step.leakResource != LeakResource::kMapped) {
             fail(at, fmt::format("bytes is for a leak of memory, not of a {}",
                                  toString(step.leakResource)));
           }

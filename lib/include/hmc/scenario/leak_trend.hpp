@@ -37,9 +37,16 @@ struct ProcessSample {
   // what the allocator caches (per-thread caches, fragmented arenas), so it can find a leak
   // of a few KiB per cycle (docs/leak-trends.md).
   std::int64_t heapBytes = -1;
+  // Resident memory less what the C allocator keeps free in its bins (glibc's mallinfo2:
+  // fordblks - keepcost; the main arena's top is left in, as it may never have been touched);
+  // -1 where unknown. Memory in use whatever its kind (malloc'd, mmap'ed, stacks, code): it
+  // finds a leak of mapped pages that the heap in use cannot see, without resident memory's
+  // drift as a fresh process's thread arenas fragment (docs/leak-trends.md).
+  std::int64_t residentUsedBytes = -1;
 };
 // Reads /proc/self (statm, stat, fd: 10-20 us); nullopt where it cannot.
-// `heap`: also the heap in use (mallinfo2, which walks every arena); false: heapBytes -1.
+// `heap`: also the heap in use and the resident memory in use (mallinfo2, which walks every
+// arena); false: both -1.
 std::optional<ProcessSample> sampleProcess(bool heap = true);
 // sampleProcess at most about 1% of the time, for the end of every cycle (`cycle`: how long the
 // cycle took): samples when the cycles since the last sample took at least 100 times what a

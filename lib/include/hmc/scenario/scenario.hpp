@@ -48,7 +48,9 @@ enum class Op {
 enum class FaultKind { kCloseError, kReleaseError, kBusy, kStall, kCrash, kLeak };
 // What a `leak` fault keeps on the rank's process each time it runs (hmc's seeded leak, for
 // testing the leak-trend check: docs/leak-trends.md).
-enum class LeakResource { kMemory, kDescriptor, kThread };
+// kMemory comes from the C allocator (the heap in use sees it); kMapped is anonymous pages of
+// its own mmap, outside the allocator (only resident memory sees it).
+enum class LeakResource { kMemory, kMapped, kDescriptor, kThread };
 // What a scenario expects of the leak-trend check over its repetitions (`leak_trend`).
 enum class LeakTrendExpect { kNone, kLeak, kAny };
 
@@ -73,6 +75,7 @@ inline constexpr EnumName<FaultKind> kFaultKindNames[] = {
 };
 inline constexpr EnumName<LeakResource> kLeakResourceNames[] = {
     {LeakResource::kMemory, "memory"},
+    {LeakResource::kMapped, "mapped"},
     {LeakResource::kDescriptor, "descriptor"},
     {LeakResource::kThread, "thread"},
 };
