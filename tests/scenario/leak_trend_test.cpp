@@ -189,13 +189,18 @@ TEST_SUITE("leak trends") {
     const auto clean = heapOf(200, 350);
     CHECK((seriesOf(clean, 0, "heap_bytes").verdict == TrendVerdict::kFlat));
     CHECK_FALSE(clean.leaked());
-    // A short run finds it too: the threshold does not depend on the length.
+    // A run of 30 cycles finds it too; a shorter one has 8 KiB, as its few samples come from a
+    // fresh process's first cycles.
     CHECK((seriesOf(heapOf(50, 4096), 0, "heap_bytes").verdict == TrendVerdict::kLeak));
+    CHECK((seriesOf(heapOf(30, 4096), 0, "heap_bytes").verdict == TrendVerdict::kLeak));
+    const auto shortRun = heapOf(29, 4096);
+    CHECK(seriesOf(shortRun, 0, "heap_bytes").threshold == 8 * 1024.0);
+    CHECK((seriesOf(shortRun, 0, "heap_bytes").verdict == TrendVerdict::kFlat));
     // Where the heap is unknown (-1: no glibc), there is no series.
     for (const auto& series : heapOf(50, 0, -1).series) CHECK(series.metric != "heap_bytes");
   }
 
-  TEST_CASE("resident memory in use: 4 KiB per cycle is a leak from the first fitted cycle") {
+  TEST_CASE("resident memory in use: 4 KiB per cycle is a leak in a run of 200 cycles") {
     // Resident memory less the allocator's free bins: what a fresh process's arenas keep for
     // later is subtracted, so it has the heap's threshold and warm-up, not resident memory's.
     const auto usedOf = [](int cycles, std::int64_t perCycle, std::int64_t known = 0) {
@@ -220,7 +225,19 @@ TEST_SUITE("leak trends") {
     CHECK(leak.title == "resident memory in use");
     // The raw resident memory's 6 KiB per cycle is under its 8 KiB.
     CHECK((seriesOf(leaking, 0, "resident_bytes").verdict == TrendVerdict::kFlat));
-    CHECK((seriesOf(usedOf(50, 4096), 0, "resident_used_bytes").verdict == TrendVerdict::kLeak));
+    // Shorter than 100 cycles: 16 KiB, as a fresh process's first cycles grow it by up to 7.4.
+    const auto shortRun = usedOf(50, 4096);
+    CHECK(seriesOf(shortRun, 0, "resident_used_bytes").threshold == 16 * 1024.0);
+    CHECK((seriesOf(shortRun, 0, "resident_used_bytes").verdict == TrendVerdict::kFlat));
+    CHECK((seriesOf(usedOf(50, 20000), 0, "resident_used_bytes").verdict == TrendVerdict::kLeak));
+    CHECK((seriesOf(usedOf(99, 4096), 0, "resident_used_bytes").verdict == TrendVerdict::kFlat));
+    // From 100 to 199 cycles: 4 KiB.
+    const auto midRun = usedOf(199, 3800);
+    const auto& mid = seriesOf(midRun, 0, "resident_used_bytes");
+    CHECK(mid.threshold == 4 * 1024.0);
+    CHECK((mid.verdict == TrendVerdict::kFlat));
+    CHECK((seriesOf(usedOf(100, 5000), 0, "resident_used_bytes").verdict == TrendVerdict::kLeak));
+    CHECK((seriesOf(usedOf(200, 3800), 0, "resident_used_bytes").verdict == TrendVerdict::kLeak));
     const auto clean = usedOf(200, 350);
     CHECK((seriesOf(clean, 0, "resident_used_bytes").verdict == TrendVerdict::kFlat));
     CHECK_FALSE(clean.leaked());

@@ -371,6 +371,15 @@ LeakTrends TrendRecorder::analyze(int warmup, double confidence) const {
       from = std::max(from, cycles_ / 2);
       series.threshold = kSettledResidentThreshold;
     }
+    // Resident memory in use: its threshold is 2 KiB once a run is long enough that its first
+    // tens of cycles, where a fresh process still grows it, weigh little in the fit.
+    if (metric == "resident_used_bytes" && cycles_ < 2 * kSettledCycles) {
+      series.threshold = cycles_ < kSettledCycles ? kShortRunResidentUsedThreshold
+                                                  : kMidRunResidentUsedThreshold;
+    }
+    if (metric == "heap_bytes" && cycles_ < kShortHeapRunCycles) {
+      series.threshold = kShortRunHeapThreshold;
+    }
     series.fitFrom = from;
     // The fit takes the points past the warm-up, x their mean cycle.
     std::vector<double> x;

@@ -132,6 +132,20 @@ inline constexpr std::size_t kMaxTrendPoints = 512;
 // metric's 32 KiB (docs/leak-trends.md).
 inline constexpr int kSettledCycles = 100;
 inline constexpr double kSettledResidentThreshold = 8 * 1024;
+// Resident memory in use: a fresh process's first tens of cycles grow it on a clean run, so
+// its threshold is the metric's 2 KiB per cycle in a run of 2 * kSettledCycles cycles or more,
+// kMidRunResidentUsedThreshold in one of kSettledCycles or more, kShortRunResidentUsedThreshold
+// in a shorter one. Measured over the bundled scenarios, the most a clean run grew it: 7.4 KiB
+// per cycle at 12 cycles, 6.0 at 20, 4.4 at 30 (rank processes), 2.1 at 50, 1.6 at 100 (rank
+// processes), 1.2 at 200 (docs/leak-trends.md).
+inline constexpr double kShortRunResidentUsedThreshold = 16 * 1024;
+inline constexpr double kMidRunResidentUsedThreshold = 4 * 1024;
+// The heap in use in a run shorter than kShortHeapRunCycles: its fit then has a handful of
+// samples from a fresh process's first cycles (measured over the bundled scenarios: up to
+// 2.8 KiB per cycle at 12 cycles, 1.5 at 20, 1.0 at 30), so a growth of this much is a leak
+// there instead of the metric's 2 KiB.
+inline constexpr int kShortHeapRunCycles = 30;
+inline constexpr double kShortRunHeapThreshold = 8 * 1024;
 // The default confidence of the trend's interval.
 inline constexpr double kTrendConfidence = 0.99;
 
