@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -41,6 +42,18 @@ std::vector<RankResult> cycle(int world, const std::function<std::int64_t(int)>&
     ranks[rank].leaks.checked = true;
   }
   return ranks;
+}
+
+// The trends of `cycles` cycles of one rank process whose sample `set` fills in for cycle c.
+LeakTrends processTrends(int cycles,
+                         const std::function<void(hmc::scenario::ProcessSample&, int)>& set) {
+  TrendRecorder recorder;
+  for (int c = 0; c < cycles; ++c) {
+    auto ranks = cycle(1, [](int) { return 5; });
+    set(*ranks[0].process, c);
+    recorder.add(ranks);
+  }
+  return recorder.analyze(1);
 }
 
 const hmc::scenario::TrendSeries& seriesOf(const LeakTrends& trends, std::optional<int> rank,
@@ -167,15 +180,12 @@ TEST_SUITE("leak trends") {
 
   TEST_CASE("heap in use: 4 KiB per cycle is a leak, a few hundred bytes are not") {
     // Resident memory moves with the allocator's caches; the heap in use (what malloc handed
-    // out and did not get back) does not: its threshold is 2 KiB from the first fitted cycle.
+    // out and did not get back) does not: its threshold is 2 KiB from the first fitted cycle
+    // in a run of 30 cycles or more.
     const auto heapOf = [](int cycles, std::int64_t perCycle, std::int64_t known = 0) {
-      TrendRecorder recorder;
-      for (int c = 0; c < cycles; ++c) {
-        auto ranks = cycle(1, [](int) { return 5; });
-        ranks[0].process->heapBytes = known < 0 ? -1 : (50 << 20) + perCycle * c + (c % 3) * 64;
-        recorder.add(ranks);
-      }
-      return recorder.analyze(1);
+      return processTrends(cycles, [&](hmc::scenario::ProcessSample& sample, int c) {
+        sample.heapBytes = known < 0 ? -1 : (50 << 20) + perCycle * c + (c % 3) * 64;
+      });
     };
     const auto leaking = heapOf(200, 4096);
     const auto& leak = seriesOf(leaking, 0, "heap_bytes");
@@ -202,18 +212,14 @@ TEST_SUITE("leak trends") {
 
   TEST_CASE("resident memory in use: 4 KiB per cycle is a leak in a run of 200 cycles") {
     // Resident memory less the allocator's free bins: what a fresh process's arenas keep for
-    // later is subtracted, so it has the heap's threshold and warm-up, not resident memory's.
+    // later is subtracted, so it keeps the heap's warm-up, not resident memory's second half,
+    // with a threshold by the run's length.
     const auto usedOf = [](int cycles, std::int64_t perCycle, std::int64_t known = 0) {
-      TrendRecorder recorder;
-      for (int c = 0; c < cycles; ++c) {
-        auto ranks = cycle(1, [](int) { return 5; });
+      return processTrends(cycles, [&](hmc::scenario::ProcessSample& sample, int c) {
         // Resident memory itself drifts by 6 KiB per cycle (a clean process settling).
-        ranks[0].process->residentBytes = (100 << 20) + std::int64_t{6144} * c;
-        ranks[0].process->residentUsedBytes =
-            known < 0 ? -1 : (90 << 20) + perCycle * c + (c % 4) * 512;
-        recorder.add(ranks);
-      }
-      return recorder.analyze(1);
+        sample.residentBytes = (100 << 20) + std::int64_t{6144} * c;
+        sample.residentUsedBytes = known < 0 ? -1 : (90 << 20) + perCycle * c + (c % 4) * 512;
+      });
     };
     const auto leaking = usedOf(200, 4096);
     const auto& leak = seriesOf(leaking, 0, "resident_used_bytes");
