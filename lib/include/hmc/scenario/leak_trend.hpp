@@ -135,7 +135,7 @@ inline constexpr double kSettledResidentThreshold = 8 * 1024;
 // Resident memory in use: a fresh process's first tens of cycles grow it on a clean run, so
 // its threshold is the metric's 2 KiB per cycle in a run of 2 * kSettledCycles cycles or more,
 // kMidRunResidentUsedThreshold in one of kSettledCycles or more, kShortRunResidentUsedThreshold
-// in a shorter one. Measured over the bundled scenarios, the most a clean run grew it: 7.4 KiB
+// in a shorter one. Measured over the bundled scenarios, the most a clean run grew it: 7.9 KiB
 // per cycle at 12 cycles, 6.0 at 20, 4.4 at 30 (rank processes), 2.1 at 50, 1.6 at 100 (rank
 // processes), 1.2 at 200 (docs/leak-trends.md).
 inline constexpr double kShortRunResidentUsedThreshold = 16 * 1024;
