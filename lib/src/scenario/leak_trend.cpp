@@ -127,7 +127,9 @@ std::optional<ProcessSample> sampleProcess(bool heap) {
     sample.heapBytes = static_cast<std::int64_t>(info.uordblks + info.hblkhd);
     // Free chunks in the bins were written before they were freed (glibc returns none of an
     // arena's inner pages by itself), so they are resident; the main arena's top (keepcost)
-    // grows by sbrk ahead of use and may not be.
+    // grows by sbrk ahead of use and may not be. fordblks also counts the other arenas' tops,
+    // whose untouched part (a new thread arena starts with about 128 KiB) is not resident:
+    // the value is then low, never high (docs/leak-trends.md).
     const auto binned =
         static_cast<std::int64_t>(info.fordblks) - static_cast<std::int64_t>(info.keepcost);
     sample.residentUsedBytes = std::max<std::int64_t>(0, sample.residentBytes - binned);

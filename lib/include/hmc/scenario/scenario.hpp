@@ -49,7 +49,8 @@ enum class FaultKind { kCloseError, kReleaseError, kBusy, kStall, kCrash, kLeak 
 // What a `leak` fault keeps on the rank's process each time it runs (hmc's seeded leak, for
 // testing the leak-trend check: docs/leak-trends.md).
 // kMemory comes from the C allocator (the heap in use sees it); kMapped is anonymous pages of
-// its own mmap, outside the allocator (only resident memory sees it).
+// its own mmap, outside the allocator (resident memory and resident memory in use see it, the
+// heap in use does not).
 enum class LeakResource { kMemory, kMapped, kDescriptor, kThread };
 // What a scenario expects of the leak-trend check over its repetitions (`leak_trend`).
 enum class LeakTrendExpect { kNone, kLeak, kAny };
