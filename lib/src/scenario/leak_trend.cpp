@@ -1,6 +1,7 @@
 #include "hmc/scenario/leak_trend.hpp"
 
 #include <dirent.h>
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <malloc.h>
@@ -72,6 +73,23 @@ std::string amount(double value, const std::string& unit) {
   return fmt::format("{:.2f} GiB", value / 1024 / 1024 / 1024);
 }
 
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || __GLIBC_MINOR__ >= 33)
+// Whether the malloc this process calls is glibc's own. An allocator linked or preloaded ahead
+// of it (a sanitizer's, jemalloc, tcmalloc) leaves glibc's arenas unused: mallinfo2 then says
+// nothing about the process's heap, and no heap series is better than a flat one.
+bool glibcMallocInUse() {
+  static const bool own = [] {
+    void* libc = ::dlopen("libc.so.6", RTLD_LAZY | RTLD_NOLOAD);
+    if (libc == nullptr) return false;
+    void* const glibc = ::dlsym(libc, "malloc");
+    void* const called = ::dlsym(RTLD_DEFAULT, "malloc");
+    ::dlclose(libc);
+    return glibc != nullptr && glibc == called;
+  }();
+  return own;
+}
+#endif
+
 std::string whoOf(const std::optional<int>& rank, const std::string& host) {
   if (!rank) return "the process of every thread rank";
   return host.empty() ? fmt::format("rank {}", *rank) : fmt::format("rank {} ({})", *rank, host);
@@ -122,7 +140,7 @@ std::optional<ProcessSample> sampleProcess(bool heap) {
   ::closedir(dir);
   sample.openDescriptors = entries - 1;  // the directory's own descriptor
 #if defined(__GLIBC__) && (__GLIBC__ > 2 || __GLIBC_MINOR__ >= 33)
-  if (heap) {
+  if (heap && glibcMallocInUse()) {
     const struct mallinfo2 info = ::mallinfo2();
     sample.heapBytes = static_cast<std::int64_t>(info.uordblks + info.hblkhd);
     // Free chunks in the bins were written before they were freed (glibc returns none of an

@@ -46,7 +46,7 @@ struct ProcessSample {
 };
 // Reads /proc/self (statm, stat, fd: 10-20 us); nullopt where it cannot.
 // `heap`: also the heap in use and the resident memory in use (mallinfo2, which walks every
-// arena); false: both -1.
+// arena), where malloc is glibc's own (not a sanitizer's, jemalloc or tcmalloc); else both -1.
 std::optional<ProcessSample> sampleProcess(bool heap = true);
 // sampleProcess at most about 1% of the time, for the end of every cycle (`cycle`: how long the
 // cycle took): samples when the cycles since the last sample took at least 100 times what a
