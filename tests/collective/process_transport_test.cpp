@@ -59,21 +59,33 @@ constexpr int kJoinWorld = 3;
 // by the join timeout, which the peers take equal to this deadline unless a case gives one.
 constexpr auto kShortDeadline = std::chrono::seconds(6);
 
-// While it lives, with `on`: the rank processes started connect to every peer over TCP
-// (HMC_TCP_LOCAL_SOCKETS=0, inherited), not over Unix-domain sockets.
-class OverTcp {
+// The tcp transport's three paths between ranks of one host, which its failure cases each
+// run: TCP (HMC_TCP_LOCAL_SOCKETS=0), Unix-domain sockets (HMC_TCP_SHARED_MEMORY=0, as ranks of
+// one host in a world across hosts), and shared memory (the default for a world on one host).
+enum class Path { kTcp, kUnixSockets, kSharedMemory };
+struct PathCase {
+  int world;
+  Path path;
+};
+constexpr PathCase kPaths[] = {{2, Path::kTcp}, {2, Path::kUnixSockets}, {4, Path::kSharedMemory}};
+
+// While it lives, the rank processes started (inheriting the environment) take `path`.
+class OnPath {
  public:
-  explicit OverTcp(bool on) : on_(on) {
-    if (on_) ::setenv(hmc::collective::kTcpLocalSocketsVariable, "0", 1);
+  explicit OnPath(Path path)
+      : variable_(path == Path::kTcp           ? hmc::collective::kTcpLocalSocketsVariable
+                  : path == Path::kUnixSockets ? hmc::collective::kTcpSharedMemoryVariable
+                                               : nullptr) {
+    if (variable_ != nullptr) ::setenv(variable_, "0", 1);
   }
-  ~OverTcp() {
-    if (on_) ::unsetenv(hmc::collective::kTcpLocalSocketsVariable);
+  ~OnPath() {
+    if (variable_ != nullptr) ::unsetenv(variable_);
   }
-  OverTcp(const OverTcp&) = delete;
-  OverTcp& operator=(const OverTcp&) = delete;
+  OnPath(const OnPath&) = delete;
+  OnPath& operator=(const OnPath&) = delete;
 
  private:
-  bool on_;
+  const char* variable_;
 };
 
 struct Run {
@@ -288,11 +300,10 @@ TEST_SUITE("process transports") {
   }
 
   TEST_CASE("tcp: a crashed peer is a rank failure at once and a timeout breaks the transport") {
-    for (int world : kWorlds) {
+    for (const auto [world, path] : kPaths) {
       CAPTURE(world);
-      // The ranks of one host use Unix-domain sockets; the first world keeps them on TCP
-      // (HMC_TCP_LOCAL_SOCKETS=0), so that both kinds of socket fail as they should.
-      const OverTcp overTcp(world == kWorlds[0]);
+      CAPTURE(static_cast<int>(path));
+      const OnPath onPath(path);  // each path fails as it should
       auto crash = runRanks("tcp", world, "crash", 10s);
       const std::string closed = "rank " + std::to_string(world - 1) +
                                  " closed its connection in 'recycle' #1: it exited or crashed";
@@ -317,9 +328,10 @@ TEST_SUITE("process transports") {
   }
 
   TEST_CASE("tcp: closedPeers names a peer whose process ended, from outside any collective") {
-    for (int world : kWorlds) {
+    for (const auto [world, path] : kPaths) {
       CAPTURE(world);
-      const OverTcp overTcp(world == kWorlds[0]);  // both kinds of socket, as above
+      CAPTURE(static_cast<int>(path));
+      const OnPath onPath(path);  // each path, as above
       auto run = runRanks("tcp", world, "closed-peers", kShortDeadline);
       CHECK(run.ranks[world - 1].exitCode == 7);
       for (int rank = 0; rank < world - 1; ++rank) {

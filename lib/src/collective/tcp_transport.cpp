@@ -26,6 +26,7 @@
 #include "hmc/collective/launch_env.hpp"
 #include "hmc/error.hpp"
 #include "hmc/log.hpp"
+#include "shared_exchange.hpp"
 #include "wait_text.hpp"
 
 namespace hmc::detail {
@@ -38,6 +39,8 @@ constexpr std::uint32_t kHelloMagic = 0x746d6368;  // "hcmt"
 constexpr std::size_t kHelloBytes = 12;            // magic, rank, world size
 constexpr std::size_t kHeaderBytes = 16;           // sequence, length
 constexpr std::size_t kChunk = 64 * 1024;
+// How long a rank waits on the shared exchange's futex before it looks for closed sockets.
+constexpr std::chrono::milliseconds kSharedCheck{10};
 
 class Socket {
  public:
@@ -193,6 +196,10 @@ struct TcpTransportState {
   std::string frame;
   std::vector<pollfd> polls;
   std::vector<TcpPeer*> polled;
+  // Every rank on this host: exchanges through shared memory (shared_exchange.hpp), the
+  // sockets only for envelopes too large for a slot and to see a peer's end.
+  SharedExchange shared;
+  std::uint64_t round = 0;  // exchanges done through `shared`
   char chunk[kChunk];
 };
 
@@ -437,6 +444,173 @@ void acceptLowerRanks(const SetUp& up, const Socket& listener, const Socket& loc
   }
 }
 
+// One byte of the shared-memory handshake on a peer's socket, with a descriptor attached
+// (SCM_RIGHTS, Unix-domain sockets only) when `passed` >= 0. False when the deadline passed.
+bool sendHandshake(int fd, char byte, int passed, Clock::time_point deadline,
+                   const std::string& what) {
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  iovec data{&byte, 1};
+  msghdr message{};
+  message.msg_iov = &data;
+  message.msg_iovlen = 1;
+  if (passed >= 0) {
+    message.msg_control = control;
+    message.msg_controllen = sizeof(control);
+    cmsghdr* header = CMSG_FIRSTHDR(&message);
+    header->cmsg_level = SOL_SOCKET;
+    header->cmsg_type = SCM_RIGHTS;
+    header->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(header), &passed, sizeof(int));
+  }
+  for (;;) {
+    const ssize_t n = ::sendmsg(fd, &message, MSG_NOSIGNAL);
+    if (n == 1) return true;
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
+      throw BackendError(fmt::format("{}: sendmsg: {}", what, osReason(errno)));
+    }
+    pollfd p{fd, POLLOUT, 0};
+    if (::poll(&p, 1, pollMillis(deadline)) == 0 && Clock::now() >= deadline) return false;
+  }
+}
+
+// Reads one byte of the handshake; a descriptor that came with it goes to `*passed` (else -1).
+bool receiveHandshake(int fd, char& byte, int* passed, Clock::time_point deadline,
+                      const std::string& what) {
+  if (passed != nullptr) *passed = -1;
+  for (;;) {
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    iovec data{&byte, 1};
+    msghdr message{};
+    message.msg_iov = &data;
+    message.msg_iovlen = 1;
+    message.msg_control = control;
+    message.msg_controllen = sizeof(control);
+    const ssize_t n = ::recvmsg(fd, &message, MSG_CMSG_CLOEXEC);
+    if (n == 1) {
+      for (cmsghdr* header = CMSG_FIRSTHDR(&message); header != nullptr;
+           header = CMSG_NXTHDR(&message, header)) {
+        if (header->cmsg_level != SOL_SOCKET || header->cmsg_type != SCM_RIGHTS) continue;
+        int got = -1;
+        std::memcpy(&got, CMSG_DATA(header), sizeof(int));
+        if (passed != nullptr && *passed < 0) {
+          *passed = got;
+        } else {
+          ::close(got);
+        }
+      }
+      return true;
+    }
+    if (n == 0) throw BackendError(fmt::format("{}: the peer closed the connection", what));
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) {
+      throw BackendError(fmt::format("{}: recvmsg: {}", what, osReason(errno)));
+    }
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, pollMillis(deadline)) == 0 && Clock::now() >= deadline) return false;
+  }
+}
+
+// Whether this rank may exchange through shared memory: every peer on this host (a Unix-domain
+// socket) and nothing turns it off; else the reason it may not.
+std::optional<std::string> sharedMemoryRefusal(const SetUp& up) {
+  const auto variable = collective::processEnvironment()(collective::kTcpSharedMemoryVariable);
+  if (!up.s.options.sharedMemory) return std::string("the sharedMemory option");
+  if (variable && *variable == "0") {
+    return fmt::format("{}=0", collective::kTcpSharedMemoryVariable);
+  }
+  for (const TcpPeer& peer : up.s.peers) {
+    if (!peer.local) return fmt::format("rank {} is not on a Unix-domain socket", peer.rank);
+  }
+  return std::nullopt;
+}
+
+// The shared-memory handshake, after every connection stands: rank 0 offers a region ('M',
+// with its descriptor) or none ('N') to every peer, each answers whether it takes it ('Y' or
+// 'N'), and rank 0 tells every peer the outcome ('Y' only when every rank took it). So either
+// every rank exchanges through shared memory or none does. It runs on the sockets before any
+// exchange, so no frame comes between its bytes.
+void agreeOnSharedMemory(const SetUp& up) {
+  if (up.world < 2) return;
+  const auto refusal = sharedMemoryRefusal(up);
+  const std::string what = fmt::format("{} (shared-memory handshake)", up.what);
+  const auto late = [&](int peer) {
+    return up.timedOut({peer}, "did not answer the shared-memory handshake");
+  };
+  bool agreed = false;
+  if (up.self == 0) {
+    SharedExchange region;
+    std::optional<std::string> reason = refusal;
+    if (!reason) {
+      try {
+        region = SharedExchange::create(up.world, what);
+      } catch (const BackendError& error) {
+        reason = error.what();
+      }
+    }
+    for (const TcpPeer& peer : up.s.peers) {
+      if (!sendHandshake(peer.socket.get(), reason ? 'N' : 'M', reason ? -1 : region.descriptor(),
+                         up.deadline, what)) {
+        throw late(peer.rank);
+      }
+    }
+    region.releaseDescriptor();
+    agreed = !reason;
+    for (const TcpPeer& peer : up.s.peers) {
+      char answer = 'N';
+      if (!receiveHandshake(peer.socket.get(), answer, nullptr, up.deadline, what)) {
+        throw late(peer.rank);
+      }
+      if (answer != 'Y' && agreed) {
+        agreed = false;
+        reason = fmt::format("rank {} declined", peer.rank);
+      }
+    }
+    for (const TcpPeer& peer : up.s.peers) {
+      if (!sendHandshake(peer.socket.get(), agreed ? 'Y' : 'N', -1, up.deadline, what)) {
+        throw late(peer.rank);
+      }
+    }
+    if (agreed) up.s.shared = std::move(region);
+    if (!agreed) {
+      hmc::logger()->info(
+          "the tcp transport exchanges on its sockets, not through shared memory: {}", *reason);
+    }
+  } else {
+    const TcpPeer& root = up.slot(0);
+    char offer = 'N';
+    int descriptor = -1;
+    if (!receiveHandshake(root.socket.get(), offer, &descriptor, up.deadline, what)) {
+      throw late(0);
+    }
+    SharedExchange region;
+    std::optional<std::string> reason = refusal;
+    if (!reason && (offer != 'M' || descriptor < 0)) reason = std::string("rank 0 offered none");
+    if (!reason) {
+      try {
+        region = SharedExchange::attach(std::exchange(descriptor, -1), up.world, what);
+      } catch (const BackendError& error) {
+        reason = error.what();
+      }
+    }
+    if (descriptor >= 0) ::close(descriptor);
+    if (reason) hmc::logger()->info("rank {} declines the shared exchange: {}", up.self, *reason);
+    char outcome = 'N';
+    if (!sendHandshake(root.socket.get(), reason ? 'N' : 'Y', -1, up.deadline, what) ||
+        !receiveHandshake(root.socket.get(), outcome, nullptr, up.deadline, what)) {
+      throw late(0);
+    }
+    agreed = outcome == 'Y' && !reason;
+    if (agreed) up.s.shared = std::move(region);
+  }
+  if (agreed) {
+    hmc::logger()->info(
+        "rank {} of the tcp transport exchanges through shared memory (every rank "
+        "on this host)",
+        up.self);
+  }
+}
+
 }  // namespace
 }  // namespace hmc::detail
 
@@ -503,6 +677,7 @@ TcpTransport::TcpTransport(const TcpTransportOptions& options,
             ? ""
             : fmt::format("ranks {} over a Unix-domain socket (this host)", formatRankList(local)));
   }
+  agreeOnSharedMemory(up);
   for (const TcpPeer& peer : s.peers) {
     s.watched->rankAndFd.emplace_back(peer.rank, peer.socket.get());
   }
@@ -539,6 +714,8 @@ std::shared_ptr<KeyValueStore> TcpTransport::keyValueStore() {
 }
 bool TcpTransport::broken() const noexcept { return state_->broken.has_value(); }
 
+bool TcpTransport::sharesMemory() const noexcept { return static_cast<bool>(state_->shared); }
+
 std::vector<int> TcpTransport::localPeers() const {
   std::vector<int> out;
   for (const TcpPeer& peer : state_->peers) {
@@ -561,10 +738,12 @@ std::vector<Bytes> TcpTransport::gather(std::uint64_t sequence, std::string_view
   out[self] = envelope;
   if (s.peers.empty()) return out;
 
-  s.frame.resize(hmc::detail::kHeaderBytes + envelope.size());
-  const std::uint64_t header[2] = {sequence, envelope.size()};
-  std::memcpy(s.frame.data(), header, hmc::detail::kHeaderBytes);
-  std::memcpy(s.frame.data() + hmc::detail::kHeaderBytes, envelope.data(), envelope.size());
+  const auto makeFrame = [&] {
+    s.frame.resize(hmc::detail::kHeaderBytes + envelope.size());
+    const std::uint64_t header[2] = {sequence, envelope.size()};
+    std::memcpy(s.frame.data(), header, hmc::detail::kHeaderBytes);
+    std::memcpy(s.frame.data() + hmc::detail::kHeaderBytes, envelope.data(), envelope.size());
+  };
 
   const auto closed = [&](const TcpPeer& peer) {
     return RankFailure(
@@ -575,17 +754,18 @@ std::vector<Bytes> TcpTransport::gather(std::uint64_t sequence, std::string_view
     return BackendError(fmt::format("'{}' #{} on rank {}: {} with rank {}: {}", stage, sequence,
                                     self, call, peer.rank, osReason(error)));
   };
+  const auto outOfStep = [&](const TcpPeer& peer, std::uint64_t theirs) {
+    return BackendError(fmt::format(
+        "'{}' #{} on rank {}: rank {} sent a frame for collective #{}: the streams are out of "
+        "step",
+        stage, sequence, self, peer.rank, theirs));
+  };
   // Takes the current frame out of `peer.in` once complete.
   const auto parse = [&](TcpPeer& peer) {
     if (peer.in.size() < hmc::detail::kHeaderBytes) return;
     std::uint64_t got[2];
     std::memcpy(got, peer.in.data(), hmc::detail::kHeaderBytes);
-    if (got[0] != sequence) {
-      throw BackendError(fmt::format(
-          "'{}' #{} on rank {}: rank {} sent a frame for collective #{}: the streams are out of "
-          "step",
-          stage, sequence, self, peer.rank, got[0]));
-    }
+    if (got[0] != sequence) throw outOfStep(peer, got[0]);
     if (peer.in.size() - hmc::detail::kHeaderBytes < got[1]) return;
     out[peer.rank].assign(peer.in, hmc::detail::kHeaderBytes, got[1]);
     peer.in.erase(0, hmc::detail::kHeaderBytes + got[1]);
@@ -621,11 +801,68 @@ std::vector<Bytes> TcpTransport::gather(std::uint64_t sequence, std::string_view
     }
   };
 
+  // Waits until every rank has published exchange `round`: one yield first (as before poll()
+  // below: where ranks outnumber cores, a peer on this core runs now), then on the futex, in
+  // slices of kSharedCheck after each of which a closed socket of a rank that has not arrived
+  // raises RankFailure, as its EOF does on the sockets.
+  const auto waitShared = [&](std::uint64_t round) {
+    if (s.shared.allArrived(round)) return;
+    sched_yield();
+    while (!s.shared.allArrived(round)) {
+      const auto now = Clock::now();
+      if (now >= deadline) {
+        throw TimeoutError(fmt::format(
+            "'{}' #{} timed out on rank {} after {}: ranks {} did not arrive", stage, sequence,
+            self, hmc::detail::formatSeconds(timeout()), formatRankList(s.shared.missing(round))));
+      }
+      if (s.shared.waitForArrival(
+              round, std::min<Clock::duration>(deadline - now, hmc::detail::kSharedCheck))) {
+        continue;
+      }
+      const std::vector<int> missing = s.shared.missing(round);
+      s.polls.clear();
+      s.polled.clear();
+      for (auto& peer : s.peers) {
+        if (!std::binary_search(missing.begin(), missing.end(), peer.rank)) continue;
+        s.polls.push_back(pollfd{peer.socket.get(), POLLRDHUP, 0});
+        s.polled.push_back(&peer);
+      }
+      if (::poll(s.polls.data(), s.polls.size(), 0) <= 0) continue;
+      for (std::size_t i = 0; i < s.polls.size(); ++i) {
+        if (s.polls[i].revents & (POLLRDHUP | POLLHUP | POLLERR)) throw closed(*s.polled[i]);
+      }
+    }
+  };
+
   try {
-    for (auto& peer : s.peers) {
-      peer.sent = 0;
-      peer.done = false;
-      parse(peer);  // a fast peer's frame may already be here
+    if (s.shared) {
+      // Through shared memory; the sockets carry only envelopes too large for a slot.
+      const std::uint64_t round = ++s.round;
+      if (s.shared.publish(self, round, sequence, envelope)) {
+        s.frame.clear();
+      } else {
+        makeFrame();
+      }
+      waitShared(round);
+      for (auto& peer : s.peers) {
+        peer.sent = 0;
+        const std::uint64_t theirs = s.shared.sequence(peer.rank, round);
+        if (theirs != sequence) throw outOfStep(peer, theirs);
+        const std::uint64_t length = s.shared.length(peer.rank, round);
+        peer.done = length != hmc::detail::SharedExchange::kOnSocket;
+        if (peer.done) {
+          out[peer.rank].assign(s.shared.bytes(peer.rank, round), length);
+        } else {
+          parse(peer);
+        }
+      }
+    } else {
+      makeFrame();
+      for (auto& peer : s.peers) {
+        peer.sent = 0;
+        peer.done = false;
+        parse(peer);  // a fast peer's frame may already be here
+      }
     }
     for (auto& peer : s.peers) transmit(peer);
     for (;;) {

@@ -105,6 +105,9 @@ inline constexpr const char* kAdvertiseAddrVariable = "HMC_ADVERTISE_ADDR";
 // "0": the tcp transport connects to every peer over TCP, those on this host too
 // (TcpTransportOptions::localSockets).
 inline constexpr const char* kTcpLocalSocketsVariable = "HMC_TCP_LOCAL_SOCKETS";
+// "0": the tcp transport exchanges on its sockets even where every rank is on this host
+// (TcpTransportOptions::sharedMemory).
+inline constexpr const char* kTcpSharedMemoryVariable = "HMC_TCP_SHARED_MEMORY";
 
 // The address this process announces to its peers and binds its listeners to: the value of
 // HMC_ADVERTISE_ADDR when set and not empty, else routeAddressToward(masterHost, masterPort)

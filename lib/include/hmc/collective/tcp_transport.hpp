@@ -17,7 +17,10 @@
 // over a Unix-domain socket instead (options.localSockets): each also listens on an abstract
 // socket of a random name, published after its port, and the rank connecting to it falls
 // back to TCP when that name is not found (another network namespace or machine).
-// localPeers() says which peers use one. It returns once all world - 1 connections stand, or
+// localPeers() says which peers use one. Where every peer does (the whole world on one host),
+// rank 0 then hands every rank a shared-memory region over those sockets, and exchanges go
+// through it (options.sharedMemory, sharesMemory()); a rank that cannot map it declines, and
+// then no rank uses it. Construction returns once all world - 1 connections stand, or
 // throws TimeoutError after the store's join timeout (StoreTransport::joinTimeout(): setting up
 // is part of forming the world) naming the ranks that did not publish or connect
 // (BackendError when a socket call fails, ValueError for bad options). Every rank must use
@@ -27,7 +30,10 @@
 // every peer and reads one frame from every peer, interleaving both under poll() bounded by
 // the collective's deadline (nonblocking sockets; partial reads and writes resume). Bytes a
 // fast peer already sent for a later exchange stay buffered for it. A frame whose sequence
-// is not the current one is a protocol error (BackendError).
+// is not the current one is a protocol error (BackendError). Through shared memory, a rank
+// writes its envelope (with the sequence) in its slot, marks itself arrived and sleeps on a
+// futex until every rank has; an envelope over 64 KiB still travels on the sockets. Every
+// 10 ms of waiting it looks for a closed socket among the ranks that have not arrived.
 //
 // Errors: a peer whose connection closes (EOF, ECONNRESET, EPIPE) raises RankFailure at once
 // ("rank 1 closed its connection in 'recycle' #3: it exited or crashed"); a deadline that
@@ -80,6 +86,12 @@ struct TcpTransportOptions {
   // HMC_TCP_LOCAL_SOCKETS=0 in the environment: TCP to every peer (a pair uses TCP when
   // either rank says so).
   bool localSockets = true;
+  // Where every rank of the world is on this host (every peer on a Unix-domain socket),
+  // exchanges go through a shared-memory region and a futex instead of the sockets: the last
+  // rank to arrive wakes the others with one call (docs/multi-process.md). False, or
+  // HMC_TCP_SHARED_MEMORY=0 in the environment: the sockets (the world uses shared memory only
+  // when every rank agrees).
+  bool sharedMemory = true;
 
   // Throws ValueError naming the first bad field.
   void validate() const;
@@ -102,6 +114,8 @@ class TcpTransport final : public Collective {
   bool broken() const noexcept;
   // The peers connected over a Unix-domain socket (the others: TCP), in rank order.
   std::vector<int> localPeers() const;
+  // Whether exchanges go through shared memory (TcpTransportOptions::sharedMemory).
+  bool sharesMemory() const noexcept;
   // Polls every peer's socket for its closed end (POLLRDHUP), without reading from it.
   ClosedPeers closedPeers() const override;
 
