@@ -244,7 +244,8 @@ CommandLine::CommandLine()
       "3 an unexpected hang, 130 interrupted. Formats: docs/scenario-format.md (hmc-scenario/1,\n"
       "hmc-report/1). Environment: HMC_LOG_LEVEL (like --log-level), TMPDIR, HMC_ADVERTISE_ADDR\n"
       "(the address a rank binds and announces), HMC_RANK_WARM_UP=0 (no LibTorch warm-up while\n"
-      "the world forms: docs/multi-process.md).");
+      "the world forms), HMC_TCP_LOCAL_SOCKETS=0 and HMC_TCP_SHARED_MEMORY=0 (the tcp transport\n"
+      "on one host: TCP, or sockets rather than shared memory): docs/multi-process.md.");
   app.set_version_flag("--version", std::string("hmc-run ") + HMC_VERSION);
 
   addRunOptions(app, run);
