@@ -534,6 +534,9 @@ void agreeOnSharedMemory(const SetUp& up) {
   if (up.world < 2) return;
   const auto refusal = sharedMemoryRefusal(up);
   const std::string what = fmt::format("{} (shared-memory handshake)", up.what);
+  const auto with = [&](int peer) {
+    return fmt::format("{} (shared-memory handshake with rank {})", up.what, peer);
+  };
   const auto late = [&](int peer) {
     return up.timedOut({peer}, "did not answer the shared-memory handshake");
   };
@@ -550,7 +553,7 @@ void agreeOnSharedMemory(const SetUp& up) {
     }
     for (const TcpPeer& peer : up.s.peers) {
       if (!sendHandshake(peer.socket.get(), reason ? 'N' : 'M', reason ? -1 : region.descriptor(),
-                         up.deadline, what)) {
+                         up.deadline, with(peer.rank))) {
         throw late(peer.rank);
       }
     }
@@ -558,7 +561,7 @@ void agreeOnSharedMemory(const SetUp& up) {
     agreed = !reason;
     for (const TcpPeer& peer : up.s.peers) {
       char answer = 'N';
-      if (!receiveHandshake(peer.socket.get(), answer, nullptr, up.deadline, what)) {
+      if (!receiveHandshake(peer.socket.get(), answer, nullptr, up.deadline, with(peer.rank))) {
         throw late(peer.rank);
       }
       if (answer != 'Y' && agreed) {
@@ -567,7 +570,7 @@ void agreeOnSharedMemory(const SetUp& up) {
       }
     }
     for (const TcpPeer& peer : up.s.peers) {
-      if (!sendHandshake(peer.socket.get(), agreed ? 'Y' : 'N', -1, up.deadline, what)) {
+      if (!sendHandshake(peer.socket.get(), agreed ? 'Y' : 'N', -1, up.deadline, with(peer.rank))) {
         throw late(peer.rank);
       }
     }
@@ -580,7 +583,7 @@ void agreeOnSharedMemory(const SetUp& up) {
     const TcpPeer& root = up.slot(0);
     char offer = 'N';
     int descriptor = -1;
-    if (!receiveHandshake(root.socket.get(), offer, &descriptor, up.deadline, what)) {
+    if (!receiveHandshake(root.socket.get(), offer, &descriptor, up.deadline, with(0))) {
       throw late(0);
     }
     SharedExchange region;
@@ -596,8 +599,8 @@ void agreeOnSharedMemory(const SetUp& up) {
     if (descriptor >= 0) ::close(descriptor);
     if (reason) hmc::logger()->info("rank {} declines the shared exchange: {}", up.self, *reason);
     char outcome = 'N';
-    if (!sendHandshake(root.socket.get(), reason ? 'N' : 'Y', -1, up.deadline, what) ||
-        !receiveHandshake(root.socket.get(), outcome, nullptr, up.deadline, what)) {
+    if (!sendHandshake(root.socket.get(), reason ? 'N' : 'Y', -1, up.deadline, with(0)) ||
+        !receiveHandshake(root.socket.get(), outcome, nullptr, up.deadline, with(0))) {
       throw late(0);
     }
     agreed = outcome == 'Y' && !reason;
