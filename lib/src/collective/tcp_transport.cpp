@@ -114,6 +114,22 @@ std::pair<std::string, int> numeric(const Address& address) {
   return {host, std::atoi(service)};
 }
 
+// After a call on a nonblocking socket moved nothing (`n` <= 0; `events` POLLIN for a read,
+// POLLOUT for a write): throws BackendError naming `what` and `call` on EOF (a read) or a
+// socket error, else waits until the socket is ready. Returns false when `deadline` passed.
+bool awaitSocket(int fd, ssize_t n, short events, Clock::time_point deadline,
+                 const std::string& what, const char* call) {
+  if (n == 0 && events == POLLIN) {
+    throw BackendError(fmt::format("{}: the peer closed the connection", what));
+  }
+  if (n < 0 && errno == EINTR) return true;
+  if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
+    throw BackendError(fmt::format("{}: {}: {}", what, call, osReason(errno)));
+  }
+  pollfd p{fd, events, 0};
+  return !(::poll(&p, 1, pollMillis(deadline)) == 0 && Clock::now() >= deadline);
+}
+
 // Writes or reads exactly `size` bytes on a nonblocking socket before `deadline`. Returns
 // false when the deadline passed; throws BackendError (naming `what`) on a socket error or EOF.
 bool writeAll(int fd, const char* data, std::size_t size, Clock::time_point deadline,
@@ -123,14 +139,9 @@ bool writeAll(int fd, const char* data, std::size_t size, Clock::time_point dead
     const ssize_t n = ::send(fd, data + done, size - done, MSG_NOSIGNAL);
     if (n > 0) {
       done += static_cast<std::size_t>(n);
-      continue;
+    } else if (!awaitSocket(fd, n, POLLOUT, deadline, what, "send")) {
+      return false;
     }
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
-      throw BackendError(fmt::format("{}: send: {}", what, osReason(errno)));
-    }
-    pollfd p{fd, POLLOUT, 0};
-    if (::poll(&p, 1, pollMillis(deadline)) == 0 && Clock::now() >= deadline) return false;
   }
   return true;
 }
@@ -142,15 +153,9 @@ bool readAll(int fd, char* data, std::size_t size, Clock::time_point deadline,
     const ssize_t n = ::recv(fd, data + done, size - done, 0);
     if (n > 0) {
       done += static_cast<std::size_t>(n);
-      continue;
+    } else if (!awaitSocket(fd, n, POLLIN, deadline, what, "recv")) {
+      return false;
     }
-    if (n == 0) throw BackendError(fmt::format("{}: the peer closed the connection", what));
-    if (errno == EINTR) continue;
-    if (errno != EAGAIN && errno != EWOULDBLOCK) {
-      throw BackendError(fmt::format("{}: recv: {}", what, osReason(errno)));
-    }
-    pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, pollMillis(deadline)) == 0 && Clock::now() >= deadline) return false;
   }
   return true;
 }
@@ -465,12 +470,7 @@ bool sendHandshake(int fd, char byte, int passed, Clock::time_point deadline,
   for (;;) {
     const ssize_t n = ::sendmsg(fd, &message, MSG_NOSIGNAL);
     if (n == 1) return true;
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
-      throw BackendError(fmt::format("{}: sendmsg: {}", what, osReason(errno)));
-    }
-    pollfd p{fd, POLLOUT, 0};
-    if (::poll(&p, 1, pollMillis(deadline)) == 0 && Clock::now() >= deadline) return false;
+    if (!awaitSocket(fd, n, POLLOUT, deadline, what, "sendmsg")) return false;
   }
 }
 
@@ -501,13 +501,7 @@ bool receiveHandshake(int fd, char& byte, int* passed, Clock::time_point deadlin
       }
       return true;
     }
-    if (n == 0) throw BackendError(fmt::format("{}: the peer closed the connection", what));
-    if (errno == EINTR) continue;
-    if (errno != EAGAIN && errno != EWOULDBLOCK) {
-      throw BackendError(fmt::format("{}: recvmsg: {}", what, osReason(errno)));
-    }
-    pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, pollMillis(deadline)) == 0 && Clock::now() >= deadline) return false;
+    if (!awaitSocket(fd, n, POLLIN, deadline, what, "recvmsg")) return false;
   }
 }
 
