@@ -58,7 +58,7 @@ SharedExchange::SharedExchange(SharedExchange&& other) noexcept
 
 SharedExchange& SharedExchange::operator=(SharedExchange&& other) noexcept {
   if (this != &other) {
-    this->~SharedExchange();
+    unmap();
     base_ = std::exchange(other.base_, nullptr);
     size_ = std::exchange(other.size_, 0);
     world_ = std::exchange(other.world_, 0);
@@ -67,7 +67,9 @@ SharedExchange& SharedExchange::operator=(SharedExchange&& other) noexcept {
   return *this;
 }
 
-SharedExchange::~SharedExchange() {
+SharedExchange::~SharedExchange() { unmap(); }
+
+void SharedExchange::unmap() noexcept {
   if (base_ != nullptr) ::munmap(base_, size_);
   base_ = nullptr;
   releaseDescriptor();

@@ -71,6 +71,7 @@ class SharedExchange {
   struct Slot;
 
  private:
+  void unmap() noexcept;  // and closes the descriptor
   Header* header() const noexcept;
   Slot* slot(int rank) const noexcept;
 
