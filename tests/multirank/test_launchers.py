@@ -307,9 +307,15 @@ def mpirun_skipped_close_names_the_missing_rank_at_2_and_4():
 def crash_scenario(world):
     if world == 2:
         return os.path.join(SOURCE_DIR, "scenarios", "crashed-rank.json")
+    # Rank 1 sleeps before it crashes, so that every other rank waits in close_all's collective
+    # when the launcher, seeing rank 1's exit, stops them (check_crash expects each to be
+    # found waiting). Without it, a rank descheduled on a loaded machine for the launcher's
+    # monitor interval (torchrun: 0.5 s here) was stopped before it reached the collective,
+    # and the diagnosis rightly said so (one CI run in many, 4 ranks under torchrun).
     return scenario(f"crashed-rank-{world}", [
         {"op": "create", "module": "a"},
         {"op": "forward", "module": "a"},
+        {"op": "sleep", "seconds": 1, "ranks": [1]},
         {"op": "fault", "kind": "crash", "ranks": [1]},
         {"op": "close_all", "expect": "hang"},
         {"op": "check", "groups": 0},
