@@ -568,8 +568,9 @@ void agreeOnSharedMemory(const SetUp& up) {
         throw late(peer.rank);
       }
     }
-    if (agreed) up.s.shared = std::move(region);
-    if (!agreed) {
+    if (agreed) {
+      up.s.shared = std::move(region);
+    } else {
       hmc::logger()->info(
           "the tcp transport exchanges on its sockets, not through shared memory: {}", *reason);
     }
@@ -800,8 +801,8 @@ std::vector<Bytes> TcpTransport::gather(std::uint64_t sequence, std::string_view
 
   // Waits until every rank has published exchange `round`: one yield first (as before poll()
   // below: where ranks outnumber cores, a peer on this core runs now), then on the futex, in
-  // slices of kSharedCheck after each of which a closed socket of a rank that has not arrived
-  // raises RankFailure, as its EOF does on the sockets.
+  // slices of kSharedCheck after each of which a closed socket (closedPeers()) of a rank that
+  // has not arrived raises RankFailure, as its EOF does on the sockets.
   const auto waitShared = [&](std::uint64_t round) {
     if (s.shared.allArrived(round)) return;
     sched_yield();
@@ -817,16 +818,10 @@ std::vector<Bytes> TcpTransport::gather(std::uint64_t sequence, std::string_view
         continue;
       }
       const std::vector<int> missing = s.shared.missing(round);
-      s.polls.clear();
-      s.polled.clear();
-      for (auto& peer : s.peers) {
-        if (!std::binary_search(missing.begin(), missing.end(), peer.rank)) continue;
-        s.polls.push_back(pollfd{peer.socket.get(), POLLRDHUP, 0});
-        s.polled.push_back(&peer);
-      }
-      if (::poll(s.polls.data(), s.polls.size(), 0) <= 0) continue;
-      for (std::size_t i = 0; i < s.polls.size(); ++i) {
-        if (s.polls[i].revents & (POLLRDHUP | POLLHUP | POLLERR)) throw closed(*s.polled[i]);
+      for (const int gone : closedPeers()()) {
+        if (std::binary_search(missing.begin(), missing.end(), gone)) {
+          throw closed(s.peers[gone < self ? gone : gone - 1]);
+        }
       }
     }
   };
