@@ -1,0 +1,510 @@
+#include "hmc/diagnostics/diagnosis.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <limits>
+#include <regex>
+#include <set>
+#include <tuple>
+
+#include "hmc/text.hpp"
+
+namespace hmc::diagnostics {
+namespace {
+
+using json = nlohmann::json;
+
+constexpr std::size_t kValueChars = 160;  // a manifest entry as a line quotes it
+
+// "rank 3" or "ranks [0, 2]".
+std::string ranksText(const std::vector<int>& ranks) {
+  if (ranks.size() == 1) return fmt::format("rank {}", ranks.front());
+  return fmt::format("ranks [{}]", fmt::join(ranks, ", "));
+}
+
+std::string quoted(const json& value) {
+  std::string text = value.dump();
+  if (text.size() > kValueChars) text = text.substr(0, kValueChars) + "...";
+  return text;
+}
+
+bool waitKind(const std::string& kind) { return kind == "timeout" || kind == "rank_failure"; }
+
+// When a rank's failure happened, in the world's order of collectives (see the header).
+std::tuple<std::uint64_t, int, int, int> orderOf(const FailureView& view) {
+  constexpr auto kLast = std::numeric_limits<std::uint64_t>::max();
+  int priority = 3;
+  if (view.kind == kManifestMismatch || view.kind == kCollectiveMismatch) priority = 0;
+  if (waitKind(view.kind)) priority = 1;
+  if (view.kind == kError) priority = 2;
+  if (view.kind == kCrash || view.kind == kStopped) return {kLast, 2, priority, view.rank};
+  if (view.kind == kLeak) return {kLast, 3, priority, view.rank};
+  if (view.sequence) return {*view.sequence, 1, priority, view.rank};
+  return {view.collectivesBefore, 0, priority, view.rank};
+}
+
+std::string describe(const FailureView& view) {
+  std::string where;
+  if (view.sequence) {
+    where = fmt::format(" in '{}' #{}", view.stage, *view.sequence);
+  } else if (!view.stage.empty()) {
+    where = fmt::format(" in '{}'", view.stage);
+  }
+  if (view.step) where += fmt::format(" (step {})", *view.step);
+  const std::string kind = view.kind == kManifestMismatch     ? "manifest mismatch"
+                           : view.kind == kCollectiveMismatch ? "collective mismatch"
+                           : view.kind == "rank_failure"      ? "lost a rank"
+                                                              : view.kind;
+  return fmt::format("{}{}: {}", kind, where, printable(view.message));
+}
+
+class Builder {
+ public:
+  Builder(const std::vector<FailureView>& views, int worldSize,
+          const std::vector<std::string>& hosts)
+      : views_(views), worldSize_(worldSize), hosts_(hosts) {
+    for (const FailureView& view : views_) byRank_[view.rank] = &view;
+    std::set<std::string> distinct;
+    for (const auto& host : hosts_)
+      if (!host.empty()) distinct.insert(host);
+    for (const FailureView& view : views_)
+      if (!view.host.empty()) distinct.insert(view.host);
+    manyHosts_ = distinct.size() > 1;
+  }
+
+  Diagnosis build() {
+    Diagnosis diagnosis;
+    if (views_.empty()) return diagnosis;
+    const FailureView& first =
+        *std::min_element(views_.begin(), views_.end(), [](const auto& a, const auto& b) {
+          return orderOf(a) < orderOf(b);
+        });
+    FirstFailure failure;
+    failure.stage = first.stage;
+    failure.sequence = first.sequence;
+    failure.step = first.step;
+    if (first.kind == kManifestMismatch) {
+      manifestMismatch(first, failure);
+    } else if (first.kind == kCollectiveMismatch) {
+      collectiveMismatch(first, failure);
+    } else if (waitKind(first.kind)) {
+      hang(first, failure);
+    } else {
+      other(first, failure);
+    }
+    for (const int rank : failure.ranks) {
+      const std::string host = hostOf(rank);
+      if (!host.empty() &&
+          std::find(failure.hosts.begin(), failure.hosts.end(), host) == failure.hosts.end()) {
+        failure.hosts.push_back(host);
+      }
+    }
+    const std::set<int> part(failure.seenBy.begin(), failure.seenBy.end());
+    const std::set<int> named(failure.ranks.begin(), failure.ranks.end());
+    for (const FailureView& view : views_) {
+      // A named rank's own record is part of the failure when it is what the others saw of it
+      // (its crash); a failure of its own later on follows, as the others' do.
+      const bool itself = named.count(view.rank) != 0 &&
+                          (view.kind == kCrash || view.kind == kStopped || view.kind == failure.kind);
+      if (part.count(view.rank) != 0 || itself) continue;
+      diagnosis.consequences.push_back(
+          {view.rank, fmt::format("rank {}{}: {} (follows from the first failure)", view.rank,
+                                  hostSuffix(view.rank), describe(view))});
+    }
+    std::sort(diagnosis.consequences.begin(), diagnosis.consequences.end(),
+              [](const auto& a, const auto& b) { return a.rank < b.rank; });
+    diagnosis.first = std::move(failure);
+    return diagnosis;
+  }
+
+ private:
+  std::string hostOf(int rank) const {
+    if (auto it = byRank_.find(rank); it != byRank_.end() && !it->second->host.empty()) {
+      return it->second->host;
+    }
+    if (rank >= 0 && rank < static_cast<int>(hosts_.size())) return hosts_[rank];
+    return "";
+  }
+  // " (host h2)" where the world spans hosts.
+  std::string hostSuffix(int rank) const {
+    const std::string host = hostOf(rank);
+    return manyHosts_ && !host.empty() ? fmt::format(" (host {})", printable(host)) : "";
+  }
+  std::string ranksWithHosts(const std::vector<int>& ranks) const {
+    if (!manyHosts_) return ranksText(ranks);
+    std::vector<std::string> parts;
+    for (const int rank : ranks) parts.push_back(fmt::format("{}{}", rank, hostSuffix(rank)));
+    return fmt::format("{} {}", ranks.size() == 1 ? "rank" : "ranks",
+                       ranks.size() == 1 ? parts.front()
+                                         : fmt::format("[{}]", fmt::join(parts, ", ")));
+  }
+  // The views of `kind` at `sequence` (any sequence when nullopt).
+  std::vector<int> ranksWith(const std::string& kind, std::optional<std::uint64_t> sequence,
+                             const std::string& stage) const {
+    std::vector<int> ranks;
+    for (const FailureView& view : views_) {
+      const bool sameKind = kind == "wait" ? waitKind(view.kind) : view.kind == kind;
+      if (sameKind && view.sequence == sequence && (stage.empty() || view.stage == stage)) {
+        ranks.push_back(view.rank);
+      }
+    }
+    std::sort(ranks.begin(), ranks.end());
+    return ranks;
+  }
+
+  void manifestMismatch(const FailureView& first, FirstFailure& failure) const {
+    failure.kind = std::string(kManifestMismatch);
+    failure.seenBy = ranksWith(first.kind, first.sequence, "");
+    const json& ranks = first.mismatch.is_object() ? first.mismatch.value("ranks", json::array())
+                                                   : json::array();
+    // The ranks grouped by what they hold; the largest group is taken as right (a tie: rank 0's).
+    std::map<std::string, std::vector<int>> groups;
+    std::map<int, const json*> held;
+    for (const json& entry : ranks) {
+      const int rank = entry.at("rank").get<int>();
+      json key = {entry.value("manifest", json()), entry.value("signature", json())};
+      groups[key.dump()].push_back(rank);
+      held[rank] = &entry;
+    }
+    const std::vector<int>* majority = nullptr;
+    for (const auto& [key, members] : groups) {
+      const bool hasZero = std::find(members.begin(), members.end(), 0) != members.end();
+      if (majority == nullptr || members.size() > majority->size() ||
+          (members.size() == majority->size() && hasZero)) {
+        majority = &members;
+      }
+    }
+    std::string where = first.sequence
+                            ? fmt::format(" in '{}' #{}", first.stage, *first.sequence)
+                            : fmt::format(" in '{}'", first.stage);
+    if (majority == nullptr || groups.size() < 2) {
+      failure.ranks = failure.seenBy;
+      failure.line = fmt::format("manifest mismatch{}: {}", where, printable(first.message));
+      return;
+    }
+    for (const auto& [key, members] : groups) {
+      if (&members == majority) continue;
+      failure.ranks.insert(failure.ranks.end(), members.begin(), members.end());
+    }
+    std::sort(failure.ranks.begin(), failure.ranks.end());
+    const int reference = majority->front();
+    const int odd = failure.ranks.front();
+    const json& expected = *held[reference];
+    const json& actual = *held[odd];
+    const json mine = expected.value("manifest", json::array());
+    const json theirs = actual.value("manifest", json::array());
+    std::string at;
+    std::size_t index = 0;
+    while (index < mine.size() && index < theirs.size() && mine[index] == theirs[index]) ++index;
+    if (index < mine.size() || index < theirs.size()) {
+      at = fmt::format("manifest entry {}: rank {} has {}, rank {} has {}", index, reference,
+                       index < mine.size() ? quoted(mine[index]) : "nothing", odd,
+                       index < theirs.size() ? quoted(theirs[index]) : "nothing");
+      failure.detail = {{"reference_rank", reference}, {"rank", odd},       {"index", index},
+                        {"reference", index < mine.size() ? mine[index] : json()},
+                        {"this_rank", index < theirs.size() ? theirs[index] : json()}};
+    } else {
+      at = fmt::format("the signature: rank {} has {}, rank {} has {}", reference,
+                       quoted(expected.value("signature", json())), odd,
+                       quoted(actual.value("signature", json())));
+      failure.detail = {{"reference_rank", reference},
+                        {"rank", odd},
+                        {"signature", true},
+                        {"reference", expected.value("signature", json())},
+                        {"this_rank", actual.value("signature", json())}};
+    }
+    const std::string who =
+        failure.ranks.size() == 1
+            ? fmt::format("{} differs from rank {} at", ranksWithHosts(failure.ranks), reference)
+            : fmt::format("{} differ from rank {}; rank {} at", ranksWithHosts(failure.ranks),
+                          reference, odd);
+    failure.line = fmt::format("manifest mismatch{}: {} {}", where, who, at);
+  }
+
+  void collectiveMismatch(const FailureView& first, FirstFailure& failure) const {
+    failure.kind = std::string(kCollectiveMismatch);
+    std::vector<StageGroup> groups = parseMismatchGroups(first.message);
+    if (groups.empty()) {  // not the library's text: each rank's own stage
+      std::map<std::string, StageGroup> byStage;
+      for (const FailureView& view : views_) {
+        if (view.kind != kCollectiveMismatch) continue;
+        StageGroup& group = byStage[view.stage];
+        group.stage = view.stage;
+        group.sequence = view.sequence.value_or(0);
+        group.ranks.push_back(view.rank);
+      }
+      for (auto& [stage, group] : byStage) groups.push_back(group);
+    }
+    for (const auto& group : groups)
+      failure.seenBy.insert(failure.seenBy.end(), group.ranks.begin(), group.ranks.end());
+    std::sort(failure.seenBy.begin(), failure.seenBy.end());
+    json detail = json::array();
+    for (const auto& group : groups) {
+      detail.push_back({{"stage", group.stage}, {"sequence", group.sequence}, {"ranks", group.ranks}});
+    }
+    failure.detail = {{"groups", detail}};
+    const std::string at = first.sequence ? fmt::format(" at #{}", *first.sequence) : "";
+    if (groups.size() < 2) {
+      failure.ranks = failure.seenBy;
+      failure.line = fmt::format("collective mismatch{}: {}", at, printable(first.message));
+      return;
+    }
+    // The ranks at the world's end while others were not: they skipped what the others ran.
+    std::vector<const StageGroup*> atEnd;
+    std::vector<const StageGroup*> elsewhere;
+    for (const auto& group : groups) {
+      (group.stage == kWorldEndStage ? atEnd : elsewhere).push_back(&group);
+    }
+    if (!atEnd.empty() && !elsewhere.empty()) {
+      for (const auto* group : atEnd)
+        failure.ranks.insert(failure.ranks.end(), group->ranks.begin(), group->ranks.end());
+      std::sort(failure.ranks.begin(), failure.ranks.end());
+      std::vector<std::string> open;
+      for (const int rank : failure.ranks) {
+        const auto it = byRank_.find(rank);
+        if (it == byRank_.end() || !it->second->openGroups.is_array()) continue;
+        const json& groupsOpen = it->second->openGroups;
+        std::vector<std::string> specs;
+        for (const json& spec : groupsOpen) specs.push_back(quoted(spec));
+        open.push_back(fmt::format("rank {}: {} group(s) open{}", rank, groupsOpen.size(),
+                                   specs.empty() ? "" : fmt::format(" ({})", fmt::join(specs, ", "))));
+      }
+      std::vector<std::string> others;
+      for (const auto* group : elsewhere) {
+        others.push_back(fmt::format("{} {} in '{}' #{}", ranksWithHosts(group->ranks),
+                                     group->ranks.size() == 1 ? "was" : "were", group->stage,
+                                     group->sequence));
+      }
+      failure.line = fmt::format(
+          "collective mismatch{}: {} reached the world's end{} while {}: {} skipped collectives "
+          "the others ran",
+          at, ranksWithHosts(failure.ranks),
+          open.empty() ? "" : fmt::format(" ({})", fmt::join(open, "; ")), fmt::join(others, ", "),
+          failure.ranks.size() == 1 ? "it" : "they");
+      return;
+    }
+    // The largest group is taken as right (a tie: rank 0's, else the lowest ranks').
+    const StageGroup* majority = &groups.front();
+    for (const auto& group : groups) {
+      const bool hasZero = std::find(group.ranks.begin(), group.ranks.end(), 0) != group.ranks.end();
+      if (group.ranks.size() > majority->ranks.size() ||
+          (group.ranks.size() == majority->ranks.size() && hasZero)) {
+        majority = &group;
+      }
+    }
+    std::vector<std::string> odd;
+    for (const auto& group : groups) {
+      if (&group == majority) continue;
+      failure.ranks.insert(failure.ranks.end(), group.ranks.begin(), group.ranks.end());
+      odd.push_back(fmt::format("{} entered '{}' #{}", ranksWithHosts(group.ranks), group.stage,
+                                group.sequence));
+    }
+    std::sort(failure.ranks.begin(), failure.ranks.end());
+    failure.line = fmt::format("collective mismatch{}: {} while {} entered '{}' #{}", at,
+                               fmt::join(odd, ", "), ranksWithHosts(majority->ranks),
+                               majority->stage, majority->sequence);
+  }
+
+  void hang(const FailureView& first, FirstFailure& failure) const {
+    failure.seenBy = ranksWith("wait", first.sequence, first.stage);
+    std::vector<int> absent;
+    for (int rank = 0; rank < worldSize_; ++rank) {
+      if (!std::binary_search(failure.seenBy.begin(), failure.seenBy.end(), rank)) {
+        absent.push_back(rank);
+      }
+    }
+    if (absent.empty()) absent = ranksNamedIn(first.message);
+    std::vector<int> crashed;
+    std::vector<std::string> how;
+    for (const int rank : absent) {
+      const auto it = byRank_.find(rank);
+      if (it != byRank_.end() && (it->second->kind == kCrash || it->second->kind == kStopped)) {
+        crashed.push_back(rank);
+        how.push_back(fmt::format("rank {}: {}", rank, printable(it->second->message)));
+      }
+    }
+    failure.ranks = absent;
+    const std::string where = first.sequence
+                                  ? fmt::format("'{}' #{}", first.stage, *first.sequence)
+                                  : fmt::format("'{}'", first.stage);
+    const std::string waiters = ranksWithHosts(failure.seenBy);
+    if (!absent.empty() && crashed.size() == absent.size()) {
+      failure.kind = std::string(kCrash);
+      failure.line =
+          fmt::format("crash: {} ended without reaching {} ({}); {} waited for {} there",
+                      ranksWithHosts(absent), where, fmt::join(how, "; "), waiters,
+                      absent.size() == 1 ? "it" : "them");
+      return;
+    }
+    failure.kind = std::string(kHang);
+    const std::string missing =
+        absent.empty() ? std::string("the ranks that did not arrive are not known")
+                       : fmt::format("{} never arrived", ranksWithHosts(absent));
+    failure.line = fmt::format("hang in {}: {} {} there; {}", where, waiters,
+                               failure.seenBy.size() == 1 ? "waits or waited" : "wait or waited",
+                               missing);
+    if (!how.empty()) failure.line += fmt::format(" ({})", fmt::join(how, "; "));
+  }
+
+  // Ranks a failure's text names: "failed on ranks [1, 2]", "ranks [1] did not arrive",
+  // "rank 3 closed its connection".
+  static std::vector<int> ranksNamedIn(const std::string& message) {
+    static const std::regex kList(R"(ranks \[([0-9, ]*)\] did not arrive|failed on ranks \[([0-9, ]*)\])");
+    static const std::regex kOne(R"(rank ([0-9]+) (closed its connection|was announced dead))");
+    std::vector<int> ranks;
+    std::smatch match;
+    if (std::regex_search(message, match, kList)) {
+      const std::string list = match[1].matched ? match[1].str() : match[2].str();
+      static const std::regex kNumber("[0-9]+");
+      for (auto it = std::sregex_iterator(list.begin(), list.end(), kNumber);
+           it != std::sregex_iterator(); ++it) {
+        ranks.push_back(std::stoi(it->str()));
+      }
+    } else if (std::regex_search(message, match, kOne)) {
+      ranks.push_back(std::stoi(match[1].str()));
+    }
+    return ranks;
+  }
+
+  void other(const FailureView& first, FirstFailure& failure) const {
+    failure.kind = first.kind == kCrash || first.kind == kStopped || first.kind == kLeak
+                       ? first.kind
+                       : std::string(kError);
+    const auto key = orderOf(first);
+    for (const FailureView& view : views_) {
+      if (view.kind == first.kind && std::get<0>(orderOf(view)) == std::get<0>(key) &&
+          std::get<1>(orderOf(view)) == std::get<1>(key) &&
+          (failure.kind != kError || view.message == first.message)) {
+        failure.seenBy.push_back(view.rank);
+      }
+    }
+    std::sort(failure.seenBy.begin(), failure.seenBy.end());
+    failure.ranks = failure.kind == kError ? ranksNamedIn(first.message) : std::vector<int>{};
+    if (failure.ranks.empty()) failure.ranks = failure.seenBy;
+    std::string where;
+    if (first.sequence) {
+      where = fmt::format(" in '{}' #{}", first.stage, *first.sequence);
+    } else if (!first.op.empty()) {
+      where = fmt::format(" in {}", first.op);
+    }
+    if (first.step) where += fmt::format(" (step {})", *first.step);
+    if (failure.kind == kError) {
+      failure.line = fmt::format("error{} on {}: {}", where, ranksWithHosts(failure.seenBy),
+                                 printable(first.message));
+    } else {
+      failure.line = fmt::format("{}: {}: {}", failure.kind, ranksWithHosts(failure.seenBy),
+                                 printable(first.message));
+    }
+  }
+
+  const std::vector<FailureView>& views_;
+  int worldSize_;
+  const std::vector<std::string>& hosts_;
+  std::map<int, const FailureView*> byRank_;
+  bool manyHosts_ = false;
+};
+
+json optional(const std::optional<std::uint64_t>& value) {
+  return value ? json(*value) : json(nullptr);
+}
+
+}  // namespace
+
+json FailureView::toJson() const {
+  json out = {{"rank", rank},   {"host", host}, {"kind", kind},      {"stage", stage},
+              {"sequence", optional(sequence)}, {"collectives_before", collectivesBefore},
+              {"op", op},       {"message", message}};
+  out["step"] = step ? json(*step) : json(nullptr);
+  if (!mismatch.is_null()) out["mismatch"] = mismatch;
+  if (!openGroups.is_null()) out["open_groups"] = openGroups;
+  return out;
+}
+
+FailureView FailureView::fromJson(const json& value) {
+  FailureView view;
+  view.rank = value.at("rank").get<int>();
+  view.host = value.value("host", "");
+  view.kind = value.at("kind").get<std::string>();
+  view.stage = value.value("stage", "");
+  if (value.contains("sequence") && !value.at("sequence").is_null()) {
+    view.sequence = value.at("sequence").get<std::uint64_t>();
+  }
+  view.collectivesBefore = value.value("collectives_before", std::uint64_t{0});
+  if (value.contains("step") && !value.at("step").is_null()) view.step = value.at("step").get<int>();
+  view.op = value.value("op", "");
+  view.message = value.value("message", "");
+  view.mismatch = value.value("mismatch", json());
+  view.openGroups = value.value("open_groups", json());
+  return view;
+}
+
+bool Diagnosis::hang() const {
+  return first && (first->kind == kHang || first->kind == kCrash);
+}
+
+std::map<int, std::string> Diagnosis::consequenceByRank() const {
+  std::map<int, std::string> out;
+  for (const auto& consequence : consequences) out[consequence.rank] = consequence.line;
+  return out;
+}
+
+json Diagnosis::toJson() const {
+  json out;
+  if (first) {
+    json failure = {{"kind", first->kind},   {"stage", first->stage},
+                    {"sequence", optional(first->sequence)},
+                    {"ranks", first->ranks}, {"hosts", first->hosts},
+                    {"seen_by", first->seenBy}, {"line", first->line},
+                    {"detail", first->detail}};
+    failure["step"] = first->step ? json(*first->step) : json(nullptr);
+    out["first_failure"] = std::move(failure);
+  } else {
+    out["first_failure"] = nullptr;
+  }
+  json consequencesJson = json::array();
+  for (const auto& consequence : consequences) {
+    consequencesJson.push_back(
+        {{"rank", consequence.rank}, {"line", consequence.line}, {"follows_from", "first_failure"}});
+  }
+  out["consequences"] = std::move(consequencesJson);
+  return out;
+}
+
+Diagnosis diagnose(const std::vector<FailureView>& views, int worldSize,
+                   const std::vector<std::string>& hosts) {
+  return Builder(views, worldSize, hosts).build();
+}
+
+std::string failureKindOf(std::string_view errorKind, bool manifestMismatch) {
+  if (manifestMismatch) return std::string(kManifestMismatch);
+  if (errorKind == "collective_mismatch" || errorKind == "timeout" ||
+      errorKind == "rank_failure") {
+    return std::string(errorKind);
+  }
+  return std::string(kError);
+}
+
+std::vector<StageGroup> parseMismatchGroups(std::string_view message) {
+  static const std::regex kGroup(R"(ranks \[([0-9, ]*)\] entered '([^']*)' #([0-9]+))");
+  static const std::regex kNumber("[0-9]+");
+  std::vector<StageGroup> groups;
+  const std::string text(message);
+  if (text.find("ranks entered different collectives") == std::string::npos) return groups;
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), kGroup);
+       it != std::sregex_iterator(); ++it) {
+    StageGroup group;
+    const std::string list = (*it)[1].str();
+    for (auto n = std::sregex_iterator(list.begin(), list.end(), kNumber);
+         n != std::sregex_iterator(); ++n) {
+      group.ranks.push_back(std::stoi(n->str()));
+    }
+    group.stage = (*it)[2].str();
+    group.sequence = std::stoull((*it)[3].str());
+    groups.push_back(std::move(group));
+  }
+  return groups;
+}
+
+}  // namespace hmc::diagnostics

@@ -1,0 +1,217 @@
+// The diagnosis model (hmc/diagnostics/diagnosis.hpp): which failure is first, which ranks it
+// names, and what follows from it. Each case has a wrong answer a looser model would give (the
+// later failure, the waiting rank, rank 0 by default): the checks name the right one.
+
+#include "hmc/diagnostics/diagnosis.hpp"
+
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+#include "hmc/error.hpp"
+#include "support/thread_ranks.hpp"
+
+namespace {
+
+namespace dx = hmc::diagnostics;
+using nlohmann::json;
+
+dx::FailureView view(int rank, std::string kind, std::string stage,
+                     std::optional<std::uint64_t> sequence, std::string message) {
+  dx::FailureView out;
+  out.rank = rank;
+  out.kind = std::move(kind);
+  out.stage = std::move(stage);
+  out.sequence = sequence;
+  out.collectivesBefore = sequence.value_or(0);
+  out.message = std::move(message);
+  return out;
+}
+
+// The manager's diagnosis document (ResourceManager::lastMismatch) for these manifests.
+json mismatchOf(const std::vector<json>& manifests) {
+  json ranks = json::array();
+  for (std::size_t rank = 0; rank < manifests.size(); ++rank) {
+    ranks.push_back({{"rank", rank}, {"manifest", manifests[rank]}});
+  }
+  return {{"stage", "close validation"}, {"ranks", ranks}};
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+}  // namespace
+
+TEST_SUITE("diagnosis") {
+  TEST_CASE("a manifest mismatch names the rank that differs, not rank 0, and what each holds") {
+    const json manifests = mismatchOf({json::array({json::array({0, "a"}), json::array({1, "b"})}),
+                                       json::array({json::array({0, "a"}), json::array({1, "b"})}),
+                                       json::array({json::array({1, "b"}), json::array({0, "a"})})});
+    std::vector<dx::FailureView> views;
+    for (int rank = 0; rank < 3; ++rank) {
+      views.push_back(view(rank, "manifest_mismatch", "close validation", 26,
+                           "multicore resource manifests differ across ranks"));
+      views.back().mismatch = manifests;
+    }
+    const dx::Diagnosis diagnosis = dx::diagnose(views, 3);
+    REQUIRE(diagnosis.first);
+    CHECK(diagnosis.first->kind == "manifest_mismatch");
+    CHECK(diagnosis.first->ranks == std::vector<int>{2});
+    CHECK(diagnosis.first->seenBy == std::vector<int>{0, 1, 2});
+    CHECK(diagnosis.first->sequence == 26u);
+    CHECK(diagnosis.first->line ==
+          "manifest mismatch in 'close validation' #26: rank 2 differs from rank 0 at manifest "
+          "entry 0: rank 0 has [0,\"a\"], rank 2 has [1,\"b\"]");
+    CHECK_FALSE(diagnosis.hang());
+    CHECK(diagnosis.consequences.empty());
+  }
+
+  TEST_CASE("when rank 0 is the odd one of three, rank 0 is named against rank 1") {
+    const json manifests =
+        mismatchOf({json::array({7}), json::array({8}), json::array({8})});
+    std::vector<dx::FailureView> views;
+    for (int rank = 0; rank < 3; ++rank) {
+      views.push_back(view(rank, "manifest_mismatch", "recycle", 4, "differ"));
+      views.back().mismatch = manifests;
+    }
+    const auto diagnosis = dx::diagnose(views, 3);
+    REQUIRE(diagnosis.first);
+    CHECK(diagnosis.first->ranks == std::vector<int>{0});
+    CHECK(contains(diagnosis.first->line, "rank 0 differs from rank 1 at manifest entry 0: rank 1 "
+                                          "has 8, rank 0 has 7"));
+  }
+
+  TEST_CASE("the earliest collective is first, whatever the kinds, and the rest follow from it") {
+    std::vector<dx::FailureView> views = {
+        view(0, "timeout", "recycle", 2, "'recycle' #2 timed out on rank 0 after 2 s: ranks [1] "
+                                          "did not arrive"),
+        view(1, "manifest_mismatch", "close validation", 5, "later"),
+    };
+    const auto diagnosis = dx::diagnose(views, 2);
+    REQUIRE(diagnosis.first);
+    CHECK(diagnosis.first->kind == "hang");
+    CHECK(diagnosis.first->ranks == std::vector<int>{1});
+    CHECK(diagnosis.first->seenBy == std::vector<int>{0});
+    CHECK(diagnosis.hang());
+    REQUIRE(diagnosis.consequences.size() == 1);
+    CHECK(diagnosis.consequences[0].rank == 1);
+    CHECK(contains(diagnosis.consequences[0].line, "(follows from the first failure)"));
+  }
+
+  TEST_CASE("a rank that reached the world's end while the others closed is named with its groups") {
+    // The library's own mismatch text, from two thread ranks in different stages.
+    const auto outcomes = hmc::testing::runThreadRanks(3, [](int rank, auto collective) {
+      collective->barrier(rank == 2 ? dx::kWorldEndStage : std::string_view("close validation"));
+    });
+    const std::string text = outcomes[0].message();
+    REQUIRE(outcomes[0].kind() == "collective_mismatch");
+    CHECK(outcomes[2].message() == text);
+    const auto groups = dx::parseMismatchGroups(text);
+    REQUIRE(groups.size() == 2);
+
+    std::vector<dx::FailureView> views;
+    for (int rank = 0; rank < 3; ++rank) {
+      views.push_back(view(rank, "collective_mismatch", rank == 2 ? "world end" : "close validation",
+                           0, text));
+    }
+    views[2].openGroups = json::array({{{"type", "scratch_linear"}, {"features", 64}}});
+    const auto first = dx::diagnose(views, 3);
+    REQUIRE(first.first);
+    CHECK(first.first->kind == "collective_mismatch");
+    CHECK(first.first->ranks == std::vector<int>{2});
+    CHECK(first.first->seenBy == std::vector<int>{0, 1, 2});
+    CHECK(contains(first.first->line, "rank 2 reached the world's end (rank 2: 1 group(s) open "
+                                      "({\"features\":64,\"type\":\"scratch_linear\"}))"));
+    CHECK(contains(first.first->line, "while ranks [0, 1] were in 'close validation' #0"));
+
+  }
+
+  TEST_CASE("two stages without the world's end: the smaller group is named") {
+    const std::string text =
+        "ranks entered different collectives at #3: ranks [0, 2, 3] entered 'close validation' "
+        "#3, ranks [1] entered 'recycle' #3; every rank must run the same collectives in the "
+        "same order";
+    std::vector<dx::FailureView> views;
+    for (int rank = 0; rank < 4; ++rank) {
+      views.push_back(view(rank, "collective_mismatch", rank == 1 ? "recycle" : "close validation",
+                           3, text));
+    }
+    const auto diagnosis = dx::diagnose(views, 4);
+    REQUIRE(diagnosis.first);
+    CHECK(diagnosis.first->ranks == std::vector<int>{1});
+    CHECK(diagnosis.first->line ==
+          "collective mismatch at #3: rank 1 entered 'recycle' #3 while ranks [0, 2, 3] entered "
+          "'close validation' #3");
+  }
+
+  TEST_CASE("a lost rank whose process ended is a crash; a silent one is a hang; hosts named") {
+    std::vector<dx::FailureView> views = {
+        view(0, "rank_failure", "recycle", 5, "rank 1 closed its connection in 'recycle' #5"),
+        view(2, "rank_failure", "recycle", 5, "rank 1 closed its connection in 'recycle' #5"),
+    };
+    views[0].host = "h1";
+    views[1].host = "h1";
+    dx::FailureView crashed = view(1, "crash", "", std::nullopt, "exited with status 17");
+    crashed.host = "h2";
+    views.push_back(crashed);
+    const auto crash = dx::diagnose(views, 3);
+    REQUIRE(crash.first);
+    CHECK(crash.first->kind == "crash");
+    CHECK(crash.first->ranks == std::vector<int>{1});
+    CHECK(crash.first->hosts == std::vector<std::string>{"h2"});
+    CHECK(crash.first->seenBy == std::vector<int>{0, 2});
+    CHECK(contains(crash.first->line, "rank 1 (host h2) ended without reaching 'recycle' #5"));
+    CHECK(crash.hang());
+
+    views.pop_back();  // rank 1 left no trace: it never came
+    const auto hang = dx::diagnose(views, 3, {"h1", "h2", "h1"});
+    REQUIRE(hang.first);
+    CHECK(hang.first->kind == "hang");
+    CHECK(hang.first->ranks == std::vector<int>{1});
+    CHECK(hang.first->hosts == std::vector<std::string>{"h2"});
+    CHECK(contains(hang.first->line, "rank 1 (host h2) never arrived"));
+  }
+
+  TEST_CASE("a local error comes before the collective its rank would have entered next") {
+    dx::FailureView local = view(1, "error", "", std::nullopt,
+                                 "multicore resources are bound to the first input device/dtype "
+                                 "cpu/float32, got cpu/float64.");
+    local.collectivesBefore = 4;
+    local.op = "forward";
+    std::vector<dx::FailureView> views = {
+        view(0, "timeout", "close validation", 4, "'close validation' #4 timed out"), local};
+    const auto diagnosis = dx::diagnose(views, 2);
+    REQUIRE(diagnosis.first);
+    CHECK(diagnosis.first->kind == "error");
+    CHECK(diagnosis.first->ranks == std::vector<int>{1});
+    CHECK(contains(diagnosis.first->line, "error in forward on rank 1: multicore resources"));
+    REQUIRE(diagnosis.consequences.size() == 1);
+    CHECK(diagnosis.consequences[0].rank == 0);
+  }
+
+  TEST_CASE("a collective call's error names the ranks where it failed, not those that saw it") {
+    std::vector<dx::FailureView> views;
+    for (int rank = 0; rank < 3; ++rank) {
+      views.push_back(view(rank, "error", "multicore resource close", 7,
+                           "multicore resource close failed on ranks [1]: RuntimeError: boom"));
+    }
+    const auto diagnosis = dx::diagnose(views, 3);
+    REQUIRE(diagnosis.first);
+    CHECK(diagnosis.first->ranks == std::vector<int>{1});
+    CHECK(diagnosis.first->seenBy == std::vector<int>{0, 1, 2});
+  }
+
+  TEST_CASE("nothing failed: no first failure; JSON round trip of a view") {
+    CHECK_FALSE(dx::diagnose({}, 4).first);
+    CHECK(dx::diagnose({}, 4).toJson()["first_failure"].is_null());
+    dx::FailureView original = view(3, "timeout", "recycle", 9, "late");
+    original.host = "h3";
+    original.step = 4;
+    original.op = "forward";
+    original.openGroups = json::array({1});
+    const dx::FailureView copy = dx::FailureView::fromJson(original.toJson());
+    CHECK(copy.toJson() == original.toJson());
+  }
+}
