@@ -19,6 +19,7 @@
 
 #include "hmc/error.hpp"
 #include "hmc/record/merge.hpp"
+#include "hmc/record/show.hpp"
 #include "hmc/scenario/scenario.hpp"
 
 namespace {
@@ -344,4 +345,183 @@ TEST_CASE("merge: a missing rank file and a foreign one are named, the rest is m
   CHECK(merged.problems[1].find("rank-2.hmcrec: missing (the world had 3 ranks)") !=
         std::string::npos);
   CHECK(merged.scenario["steps"] == json::array({{{"op", "barrier"}, {"ranks", {0}}}}));
+}
+
+namespace {
+
+// A rank of `worldSize` that makes 40 cycles (create m, forward m, drop m: rows 0-119), then
+// create a (120), two forwards of a (121, 122) and a barrier (123); at row 124 it closes a,
+// with `closeError` when set; then rows 125-130. 131 rows in all, as in the run where a
+// divergence at row 124 came after 124 identical rows.
+std::shared_ptr<hmc::record::Recorder> recordCycles(const std::string& dir, int rank,
+                                                    int worldSize) {
+  auto recorder = hmc::record::openRankRecording(dir, rank, worldSize, "cycles", 5.0, 1 << 20);
+  const json spec = R"({"type":"scratch_linear","features":4,"workspace_bytes":64})"_json;
+  for (int cycle = 0; cycle < 40; ++cycle) {
+    const auto m = recorder->create("m", spec.dump(), spec.dump(), "default");
+    recorder->bound(m, std::chrono::microseconds(2), "cpu", "float32", cycle > 0);
+    recorder->append(EventOp::kDrop, m, Outcome::kOk, std::chrono::microseconds(1));
+  }
+  const auto a = recorder->create("a", spec.dump(), spec.dump(), "default");
+  recorder->bound(a, std::chrono::microseconds(2), "cpu", "float32", false);
+  recorder->append(EventOp::kForward, a, Outcome::kOk, std::chrono::microseconds(1));
+  recorder->append(EventOp::kBarrier, -1, Outcome::kOk, std::chrono::microseconds(1));
+  return recorder;
+}
+
+void finishCycles(hmc::record::Recorder& recorder, bool closeError) {
+  const std::int32_t a = 40;  // the module made after the 40 cycles' modules
+  if (closeError) {
+    recorder.append(EventOp::kClose, a, Outcome::kError, std::chrono::microseconds(5),
+                    {{"kind", "runtime_error"},
+                     {"message", "multicore resource manifests differ across ranks"}});
+  } else {
+    recorder.append(EventOp::kClose, a, Outcome::kOk, std::chrono::microseconds(5));
+  }
+  for (int i = 0; i < 5; ++i) {
+    recorder.append(EventOp::kBarrier, -1, Outcome::kOk, std::chrono::microseconds(1));
+  }
+  recorder.append(EventOp::kCloseAll, -1, Outcome::kOk, std::chrono::microseconds(1));
+  recorder.end();
+}
+
+std::vector<hmc::record::Recording> readAllRanks(const std::string& dir) {
+  std::vector<hmc::record::Recording> out;
+  for (const auto& [rank, path] : hmc::record::recordingFiles(dir)) {
+    out.push_back(hmc::record::readRecording(path));
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("show: the rows every rank repeats fold; the first divergence names its row and rank") {
+  TempDir dir;
+  for (int rank = 0; rank < 4; ++rank) {
+    auto recorder = recordCycles(dir.path, rank, 4);
+    finishCycles(*recorder, /*closeError=*/rank == 2);
+  }
+  const auto recordings = readAllRanks(dir.path);
+  REQUIRE(recordings.size() == 4);
+  hmc::record::ShowOptions options;
+  options.directory = dir.path;
+  const json shown = hmc::record::showDocument(recordings, options);
+  CHECK(shown["format"] == "hmc-record-show/1");
+  CHECK(shown["total_rows"] == 131);
+  REQUIRE(shown["rows"].size() == 131);  // the JSON keeps every row
+  CHECK(shown["rows"][124]["cells"][2] ==
+        "close a: error (multicore resource manifests differ across ranks)");
+  // Row 124, rank 2 alone: neither the row before nor another rank.
+  CHECK(shown["divergence"] == 124);
+  const json& first = shown["first_divergence"];
+  CHECK(first["event"] == 124);
+  CHECK(first["ranks"] == json{2});
+  CHECK(first["agreeing_ranks"] == json{0, 1, 3});
+  CHECK(first["usual"] == "close a");
+  CHECK(first["summary"] ==
+        "rank 2 has 'close a: error (multicore resource manifests differ across ranks)' where "
+        "ranks 0, 1, 3 have 'close a'");
+  CHECK(shown["first_failure"].is_null());  // rank 2's failed close is the divergence itself
+  // Rows 0-120 fold (121 rows); 121-123 stay as the divergence's context.
+  REQUIRE(shown["folds"].size() == 1);
+  const json& fold = shown["folds"][0];
+  CHECK(fold["first"] == 0);
+  CHECK(fold["last"] == 124 - hmc::record::kFoldContextRows - 1);
+  CHECK(fold["last"] == 120);
+  CHECK(fold["events"] == 121);
+  CHECK(fold["calls"] == json::parse(R"([{"op":"create","count":41},{"op":"forward","count":40},
+                                         {"op":"drop","count":40}])"));
+  CHECK(fold["summary"] ==
+        "events 0-120: every rank the same (121 events: 41 create, 40 forward, 40 drop)");
+
+  // --all: every row, nothing folded; the divergence is the same.
+  options.fold = false;
+  const json all = hmc::record::showDocument(recordings, options);
+  CHECK(all["folds"].empty());
+  CHECK(all["rows"].size() == 131);
+  CHECK(all["divergence"] == 124);
+
+  // --limit: the rows and the fold stop there, the divergence is still found beyond.
+  options.fold = true;
+  options.limit = 50;
+  const json limited = hmc::record::showDocument(recordings, options);
+  CHECK(limited["rows"].size() == 50);
+  CHECK(limited["divergence"] == 124);
+  REQUIRE(limited["folds"].size() == 1);
+  CHECK(limited["folds"][0]["last"] == 49);
+}
+
+TEST_CASE("show: a rank whose file ends early differs there; a tie keeps rank 0's side") {
+  TempDir dir;
+  for (int rank = 0; rank < 4; ++rank) {
+    auto recorder = recordCycles(dir.path, rank, 4);
+    if (rank < 2) {
+      finishCycles(*recorder, false);
+    } else {
+      recorder->end();  // ranks 2 and 3 stop after row 123
+    }
+  }
+  const json shown = hmc::record::showDocument(readAllRanks(dir.path), {});
+  CHECK(shown["divergence"] == 124);
+  CHECK(shown["first_divergence"]["ranks"] == json{2, 3});
+  CHECK(shown["first_divergence"]["agreeing_ranks"] == json{0, 1});
+  CHECK(shown["first_divergence"]["summary"] ==
+        "ranks 2, 3 have no event (their recordings end after 124 events) where ranks 0, 1 have "
+        "'close a'");
+  CHECK(shown["rows"][124]["cells"][3] == "");
+  CHECK(shown["folds"][0]["last"] == 120);
+}
+
+TEST_CASE("show: a call every rank failed alike opens the table though no rank differs") {
+  TempDir dir;
+  for (int rank = 0; rank < 3; ++rank) {
+    auto recorder = recordCycles(dir.path, rank, 3);
+    finishCycles(*recorder, /*closeError=*/true);
+  }
+  const json shown = hmc::record::showDocument(readAllRanks(dir.path), {});
+  CHECK(shown["divergence"].is_null());
+  CHECK(shown["first_divergence"].is_null());
+  CHECK(shown["first_failure"]["event"] == 124);
+  CHECK(shown["first_failure"]["ranks"] == json{0, 1, 2});
+  CHECK(shown["first_failure"]["summary"] ==
+        "every rank has 'close a: error (multicore resource manifests differ across ranks)'");
+  REQUIRE(shown["folds"].size() == 1);
+  CHECK(shown["folds"][0]["last"] == 120);  // the failure is never folded away
+}
+
+TEST_CASE("show: ranks that agree throughout fold whole; short runs stay as they are") {
+  TempDir dir;
+  for (int rank = 0; rank < 2; ++rank) {
+    auto recorder = recordCycles(dir.path, rank, 2);
+    finishCycles(*recorder, false);
+  }
+  const json shown = hmc::record::showDocument(readAllRanks(dir.path), {});
+  CHECK(shown["divergence"].is_null());
+  CHECK(shown["first_failure"].is_null());
+  REQUIRE(shown["folds"].size() == 1);
+  CHECK(shown["folds"][0]["first"] == 0);
+  CHECK(shown["folds"][0]["last"] == 130);
+  // A divergence at row 3: rows 0-2 are its context, nothing folds.
+  TempDir early;
+  for (int rank = 0; rank < 2; ++rank) {
+    auto recorder = hmc::record::openRankRecording(early.path, rank, 2, "p", 1.0);
+    for (int i = 0; i < 3; ++i) {
+      recorder->append(EventOp::kBarrier, -1, Outcome::kOk, std::chrono::microseconds(1));
+    }
+    recorder->append(rank == 0 ? EventOp::kBarrier : EventOp::kCloseAll, -1, Outcome::kOk,
+                     std::chrono::microseconds(1));
+    recorder->end();
+  }
+  const json small = hmc::record::showDocument(readAllRanks(early.path), {});
+  CHECK(small["divergence"] == 3);
+  CHECK(small["first_divergence"]["ranks"] == json{1});
+  CHECK(small["first_divergence"]["summary"] == "rank 1 has 'close_all' where rank 0 has 'barrier'");
+  CHECK(small["folds"].empty());
+}
+
+TEST_CASE("show: rank lists read as ranges") {
+  CHECK(hmc::record::rankRanges({0, 1, 2, 3, 5, 7, 8, 9}) == "0-3, 5, 7-9");
+  CHECK(hmc::record::rankRanges({1, 0}) == "0, 1");
+  CHECK(hmc::record::rankRanges({4}) == "4");
+  CHECK(hmc::record::rankRanges({}).empty());
 }
