@@ -459,4 +459,85 @@ TEST_SUITE("render") {
     CHECK(samePage.find("1 of 2 rows drawn") != std::string::npos);
     CHECK_THROWS_AS(renderHtmlRecordShow(json{{"format", "hmc-report/1"}}), hmc::ValueError);
   }
+  TEST_CASE("a recording's page folds the rows every rank repeats and opens at the divergence") {
+    // 131 rows over 3 ranks: rows 0-120 the same on every rank (folded), 121-123 context, rank
+    // 1 differs at row 124.
+    json rows = json::array();
+    for (int i = 0; i < 131; ++i) {
+      const std::string text = i < 124 ? "barrier " + std::to_string(i) : std::string("close_all");
+      rows.push_back({{"event", i}, {"cells", {text, i == 124 ? "close a: hang" : text, text}}});
+    }
+    json shown = {
+        {"format", "hmc-record-show/1"},
+        {"directory", "rec"},
+        {"ranks",
+         {{{"rank", 0}, {"host", "h"}, {"pid", 1}, {"version", "0.1"}, {"events", 131},
+           {"ended", true}, {"stop", ""}},
+          {{"rank", 1}, {"host", "h"}, {"pid", 2}, {"version", "0.1"}, {"events", 131},
+           {"ended", true}, {"stop", ""}},
+          {{"rank", 2}, {"host", "h"}, {"pid", 3}, {"version", "0.1"}, {"events", 131},
+           {"ended", true}, {"stop", ""}}}},
+        {"total_rows", 131},
+        {"rows", rows},
+        {"divergence", 124},
+        {"first_divergence",
+         {{"event", 124},
+          {"ranks", {1}},
+          {"agreeing_ranks", {0, 2}},
+          {"usual", "close_all"},
+          {"summary", "rank 1 has 'close a: hang' where ranks 0, 2 have 'close_all'"}}},
+        {"first_failure", nullptr},
+        {"folds",
+         {{{"first", 0},
+           {"last", 120},
+           {"events", 121},
+           {"calls", {{{"op", "barrier"}, {"count", 121}}}},
+           {"summary", "events 0-120: every rank the same (121 events: 121 barrier)"}}}}};
+    const std::string page = renderHtmlRecordShow(shown);
+    // The top names the row and the rank before any table.
+    const auto verdict = page.find("The ranks first differ at event 124");
+    REQUIRE(verdict != std::string::npos);
+    CHECK(page.find("rank 1 has &#39;close a: hang&#39; where ranks 0, 2 have") > verdict);
+    CHECK(verdict < page.find("<table"));
+    // One fold, collapsed, holding rows 0-120 with one text each; the rest drawn in full.
+    CHECK(count(page, "<details>") == 1);
+    CHECK(page.find("<details open") == std::string::npos);
+    CHECK(page.find("<summary>events 0-120: every rank the same (121 events: 121 barrier)"
+                    "</summary>") != std::string::npos);
+    const auto foldStart = page.find("<details>");
+    const auto foldEnd = page.find("</details>");
+    const std::string folded = page.substr(foldStart, foldEnd - foldStart);
+    CHECK(count(folded, "<tr id=\"event-") == 121);
+    CHECK(folded.find("<tr id=\"event-120\">") != std::string::npos);
+    CHECK(folded.find("<tr id=\"event-121\"") == std::string::npos);
+    CHECK(count(folded, "barrier 7<") == 1);  // once, not once per rank
+    CHECK(page.find("<tr id=\"event-121\"><td class=\"num\">121</td>") > foldEnd);
+    CHECK(page.find("<tr id=\"event-124\" class=\"diverge\"") > foldEnd);
+    CHECK(count(page, "class=\"diverge\"") == 1);
+    // It opens there: a script scrolls to row 124 when the first screen does not show it.
+    CHECK(page.find("getElementById('event-124')") != std::string::npos);
+    CHECK(page.find("scrollIntoView") != std::string::npos);
+    // Every row drawn (folded ones inside the fold): no "N of M rows drawn".
+    CHECK(page.find("rows drawn") == std::string::npos);
+
+    // --all: no folds in the document, every row a full row.
+    shown["folds"] = json::array();
+    const std::string all = renderHtmlRecordShow(shown);
+    CHECK(all.find("<details>") == std::string::npos);
+    CHECK(count(all, "<tr id=\"event-") == 131);
+    CHECK(all.find("<tr id=\"event-0\"><td class=\"num\">0</td><td class=\"mono\">barrier 0"
+                   "</td><td class=\"mono\">barrier 0</td>") != std::string::npos);
+
+    // A call every rank failed alike, no divergence: named first, and the page opens there.
+    shown["divergence"] = nullptr;
+    shown["first_divergence"] = nullptr;
+    shown["first_failure"] = {{"event", 124},
+                              {"ranks", {0, 1, 2}},
+                              {"summary", "every rank has 'close a: hang'"}};
+    const std::string failed = renderHtmlRecordShow(shown);
+    CHECK(failed.find("Every rank failed the same call at event 124") != std::string::npos);
+    CHECK(failed.find("Every rank recorded the same events") == std::string::npos);
+    CHECK(failed.find("<tr id=\"event-124\" class=\"failed\"") != std::string::npos);
+    CHECK(failed.find("getElementById('event-124')") != std::string::npos);
+  }
 }  // TEST_SUITE

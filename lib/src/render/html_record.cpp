@@ -50,13 +50,30 @@ std::string renderHtmlRecordShow(const json& document) {
   out += "<h1>recording " + esc(textOf(document, "directory", "?")) + "</h1>\n";
   out += fmt::format("<p class=\"sub\">{} ranks \u00b7 {} rows</p>\n",
                      ranks ? ranks->size() : 0, integerOf(document, "total_rows").value_or(0));
+  // The first line a person reads: where the ranks went wrong.
+  const json& firstDivergence = objectOf(document.contains("first_divergence")
+                                             ? &document["first_divergence"]
+                                             : nullptr);
+  const json& firstFailure =
+      objectOf(document.contains("first_failure") ? &document["first_failure"] : nullptr);
+  const std::optional<long long> failure = integerOf(firstFailure, "event");
+  if (failure) {
+    out += fmt::format(
+        "<div class=\"callout fail\" id=\"first-failure\"><strong class=\"head\">Every rank "
+        "failed the same call at event {}</strong><a href=\"#event-{}\">row {}</a>: {}.</div>\n",
+        *failure, *failure, *failure, esc(clip(textOf(firstFailure, "summary"), 600)));
+  }
   if (divergence) {
+    const std::string summary = textOf(firstDivergence, "summary");
     out += fmt::format(
         "<div class=\"callout fail\" id=\"verdict\"><strong class=\"head\">The ranks first "
-        "differ at event {}</strong><a href=\"#event-{}\">row {}</a>: the cells in bold differ "
+        "differ at event {}</strong>{}<a href=\"#event-{}\">row {}</a>: the cells in bold differ "
         "from what most ranks recorded.</div>\n",
-        *divergence, *divergence, *divergence);
-  } else {
+        *divergence,
+        summary.empty() ? std::string()
+                        : "<span class=\"first\">" + esc(clip(summary, 600)) + ".</span><br>",
+        *divergence, *divergence);
+  } else if (!failure) {
     out +=
         "<div class=\"callout pass\" id=\"verdict\"><strong class=\"head\">Every rank recorded "
         "the same events</strong>(kind, module and outcome of each event, in order).</div>\n";
@@ -85,20 +102,80 @@ std::string renderHtmlRecordShow(const json& document) {
     out += fmt::format("<th>rank {}</th>", integerOf((*ranks)[c], "rank").value_or(-1));
   }
   out += "</tr>";
+  // Folded ranges (every rank the same call, the same outcome): one row with the range
+  // collapsed in it, a single text per event since every rank has it.
+  std::vector<std::pair<long long, long long>> folded;
+  for (const auto& fold : document.contains("folds") && document["folds"].is_array()
+                              ? document["folds"]
+                              : json::array()) {
+    const auto first = integerOf(fold, "first");
+    const auto last = integerOf(fold, "last");
+    if (first && last && *first <= *last) folded.emplace_back(*first, *last);
+  }
+  const auto foldOf = [&](long long index) -> const std::pair<long long, long long>* {
+    for (const auto& range : folded) {
+      if (range.first <= index && index <= range.second) return &range;
+    }
+    return nullptr;
+  };
+  const auto textAt = [](const json* cells, std::size_t c) {
+    return cells && c < cells->size() && (*cells)[c].is_string() ? (*cells)[c].get<std::string>()
+                                                                 : std::string();
+  };
   std::size_t drawn = 0;
-  for (const auto& row : rows ? *rows : json::array()) {
-    if (drawn >= kMaxRecordRows) break;
+  std::size_t drawnFolded = 0;
+  const json& allRows = rows ? *rows : json::array();
+  for (std::size_t r = 0; r < allRows.size(); ++r) {
+    const json& row = allRows[r];
     const long long index = integerOf(row, "event").value_or(-1);
+    if (const auto* range = foldOf(index)) {
+      const json* foldSpec = nullptr;
+      for (const auto& fold : document["folds"]) {
+        if (integerOf(fold, "first") == range->first) foldSpec = &fold;
+      }
+      out += fmt::format(
+          "<tr class=\"fold\" id=\"fold-{}\"><td colspan=\"{}\"><details><summary>{}</summary>"
+          "<table class=\"events\"><tr><th>event</th><th>every rank</th></tr>",
+          range->first, columns + 1,
+          esc(foldSpec ? textOf(*foldSpec, "summary")
+                       : fmt::format("events {}-{}: every rank the same", range->first,
+                                     range->second)));
+      std::size_t left = 0;
+      for (; r < allRows.size(); ++r) {
+        const long long at = integerOf(allRows[r], "event").value_or(-1);
+        if (at > range->second) break;
+        if (drawnFolded >= kMaxRecordRows) {
+          ++left;
+          continue;
+        }
+        out += fmt::format("<tr id=\"event-{}\"><td class=\"num\">{}</td><td class=\"mono\">{}"
+                           "</td></tr>",
+                           at, at, esc(clip(textAt(arrayOf(allRows[r], "cells"), 0), 300)));
+        ++drawnFolded;
+      }
+      --r;  // the loop's ++r moves to the first row after the range
+      out += "</table>";
+      if (left > 0) {
+        out += fmt::format(
+            "<p class=\"note\">{} more events of this range not drawn (the page's bound of {} "
+            "folded events; hmc-run record show --json has them).</p>",
+            left, kMaxRecordRows);
+      }
+      out += "</details></td></tr>";
+      continue;
+    }
+    if (drawn >= kMaxRecordRows) break;
     const json* cells = arrayOf(row, "cells");
     const bool marked = divergence && index == *divergence;
+    const bool failedRow = failure && index == *failure;
     out += fmt::format("<tr id=\"event-{}\"{}><td class=\"num\">{}{}</td>", index,
-                       marked ? " class=\"diverge\" style=\"background:#fff1e6\"" : "",
-                       marked ? "&gt; " : "", index);
+                       marked      ? " class=\"diverge\" style=\"background:#fff1e6\""
+                       : failedRow ? " class=\"failed\" style=\"background:#fff1e6\""
+                                   : "",
+                       marked || failedRow ? "&gt; " : "", index);
     const std::string usual = cells ? majorityOf(*cells) : std::string();
     for (std::size_t c = 0; c < columns; ++c) {
-      const std::string text =
-          cells && c < cells->size() && (*cells)[c].is_string() ? (*cells)[c].get<std::string>()
-                                                                 : std::string();
+      const std::string text = textAt(cells, c);
       if (text.empty()) {
         out += "<td class=\"note\">(no event)</td>";  // the rank's file ended before this row
         continue;
@@ -112,7 +189,19 @@ std::string renderHtmlRecordShow(const json& document) {
     ++drawn;
   }
   out += "</table></div>\n";
+  // Open at the first failure or divergence: scrolled to it when the page's first screen does
+  // not show it (a link to another row, #event-N, wins).
+  std::optional<long long> opening = divergence;
+  if (failure && (!opening || *failure < *opening)) opening = failure;
+  if (opening) {
+    out += fmt::format(
+        "<script>(function(){{if(location.hash)return;var r=document.getElementById('event-{}');"
+        "if(r&&r.getBoundingClientRect().bottom>window.innerHeight)"
+        "r.scrollIntoView({{block:'center'}})}})()</script>\n",
+        *opening);
+  }
   const long long total = integerOf(document, "total_rows").value_or(0);
+  drawn += drawnFolded;
   if (rows && static_cast<long long>(drawn) < total) {
     out += fmt::format(
         "<p class=\"note\">{} of {} rows drawn (hmc-run record show --limit, or the page's "
