@@ -20,6 +20,7 @@ def check_replay(hmc_run, text, recorded, merged, missing):
     assert replay.returncode == 3, replay
     sequence = waited.group(1)
     assert f"# hang: rank 0 waits in 'close validation' #{sequence} " in replay.stdout, replay
-    assert re.search(rf"'close validation' #{sequence} (timed out on rank 0: ranks \[{missing}\] "
-                     rf"did not arrive|on rank 0: rank {missing} failed)", replay.stdout), replay
+    assert re.search(rf"'close validation' #{sequence} timed out on rank 0 after [\d.]+ s: ranks "
+                     rf"\[{missing}\] did not arrive|rank {missing} was announced dead in 'close validation' "
+                     rf"#{sequence}: ", replay.stdout), replay
     return replay

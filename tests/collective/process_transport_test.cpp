@@ -250,14 +250,16 @@ TEST_SUITE("process transports") {
           } else if (transport == "tcp") {
             CHECK_MESSAGE(r.kind == "rank_failure", describe(r));
             CHECK(r.message == "rank " + std::to_string(last) +
-                                   " closed its connection in 'recycle' #1: it exited or crashed");
+                                   " closed its connection in 'recycle' #1: it ended, exited or "
+                                   "crashed");
           } else {
             // The ranks it names as not entered are those without a key after its look-up
             // (up to 2 s): the crashed one, and on a loaded machine maybe a live one still
             // on its way. The crashed rank must be among them.
             CHECK_MESSAGE(r.kind == "rank_failure", describe(r));
             const std::string head =
-                "'recycle' #1 on rank " + self + ": a peer closed its gloo connection (ranks [";
+                "a peer closed its connection in 'recycle' #1: it ended, exited or crashed; "
+                "ranks [";
             const auto at = r.message.find(head);
             REQUIRE_MESSAGE(at != std::string::npos, describe(r));
             const auto from = at + head.size();
@@ -289,7 +291,7 @@ TEST_SUITE("process transports") {
           if (transport == "tcp") {
             // Exchanges do not use the store: what the others see is rank 0's connection.
             CHECK(r.message ==
-                  "rank 0 closed its connection in 'recycle' #1: it exited or crashed");
+                  "rank 0 closed its connection in 'recycle' #1: it ended, exited or crashed");
           } else {
             CHECK(r.message.find(endpoint) != std::string::npos);
             CHECK(r.message.find("gone") != std::string::npos);
@@ -305,8 +307,9 @@ TEST_SUITE("process transports") {
       CAPTURE(static_cast<int>(path));
       const OnPath onPath(path);  // each path fails as it should
       auto crash = runRanks("tcp", world, "crash", 10s);
-      const std::string closed = "rank " + std::to_string(world - 1) +
-                                 " closed its connection in 'recycle' #1: it exited or crashed";
+      const std::string closed =
+          "rank " + std::to_string(world - 1) +
+          " closed its connection in 'recycle' #1: it ended, exited or crashed";
       for (int rank = 0; rank < world - 1; ++rank) {
         const auto& r = crash.ranks[rank];
         CAPTURE(rank);

@@ -154,7 +154,8 @@ TEST_SUITE("collective") {
     // time): a rank that waited out its own 5 s deadline would name rank 0 as not arrived.
     CHECK_THROWS_WITH_AS(
         late->exchange("recycle", ""),
-        "'recycle' #0 timed out on rank 1: it arrived after rank 0 had given up waiting",
+        "'recycle' #0 timed out on rank 1: it arrived after ranks [0] had left this collective "
+        "(rank 0 gave up waiting first)",
         hmc::TimeoutError);
   }
 
@@ -166,8 +167,9 @@ TEST_SUITE("collective") {
       survivor->exchange("recycle", "");
       FAIL("expected RankFailure");
     } catch (const hmc::RankFailure& error) {
-      CHECK(std::string(error.what()).find("rank 1 failed: exited with status 17") !=
-            std::string::npos);
+      CHECK(std::string(error.what()) ==
+            "rank 1 was announced dead in 'recycle' #0: exited with status 17; ranks [1] did not "
+            "arrive");
     }
   }
 

@@ -301,27 +301,31 @@ std::vector<Bytes> GlooTransport::gather(std::uint64_t sequence, std::string_vie
                       context(), s.endpoint(), reason));
     }
     const std::vector<int>& absent = arrivals.absent;
+    const std::string gloo = fmt::format("(gloo: {})", reason);
     if (!arrivals.deadWhy.empty()) {
-      throw RankFailure(fmt::format("{}: {}; ranks {} had not entered this collective (gloo: {})",
-                                    context(), arrivals.deadWhy, formatRankList(absent), reason));
+      // deadWhy is set only when every absent rank was announced dead; it is the first's.
+      throw RankFailure(hmc::detail::lostRankText(
+          absent.front(), hmc::detail::kAnnouncedDead, stage, sequence,
+          fmt::format("{}; {} {}", arrivals.deadWhy, hmc::detail::notArrivedText(absent), gloo)));
     }
     if (absent.empty() && !arrivals.leftBefore.empty()) {
       // This rank is the late one: the others gave up on the collective before it entered.
-      throw TimeoutError(fmt::format(
-          "'{}' #{} on rank {}: this rank arrived late, after ranks {} had left this collective "
-          "(their deadline passed or they failed) (gloo: {})",
-          stage, sequence, self, formatRankList(arrivals.leftBefore), reason));
+      throw TimeoutError(hmc::detail::arrivedLateText(
+          stage, sequence, self, arrivals.leftBefore,
+          fmt::format("their deadline passed or they failed; gloo: {}", reason)));
     }
     if (compat::isTimeout(reason) || Clock::now() >= deadline) {
-      throw TimeoutError(fmt::format(
-          "'{}' #{} timed out on rank {} after {}: ranks {} did not arrive (gloo: {})", stage,
-          sequence, self, formatSeconds(timeout()), formatRankList(absent), reason));
+      throw TimeoutError(hmc::detail::timedOutText(
+          stage, sequence, self, timeout(),
+          fmt::format("{} {}", hmc::detail::notArrivedText(absent), gloo)));
     }
     if (compat::isConnectionLost(reason)) {
-      throw RankFailure(
-          fmt::format("{}: a peer closed its gloo connection (ranks {} had not "
-                      "entered this collective): {}",
-                      context(), formatRankList(absent), reason));
+      // Which peer closed its connection gloo does not say; the ranks without a key are named.
+      const std::string named =
+          absent.empty() ? std::string() : "; " + hmc::detail::notArrivedText(absent);
+      throw RankFailure(hmc::detail::lostRankText(
+          "a peer", hmc::detail::kClosedConnection, stage, sequence,
+          fmt::format("{}{} {}", hmc::detail::kClosedConnectionWhy, named, gloo)));
     }
     throw BackendError(fmt::format("{}: gloo allgather failed: {}", context(), reason));
   }

@@ -15,6 +15,7 @@
 #include "hmc/resources/cuda_device.hpp"
 #include "hmc/resources/device_registry.hpp"
 #include "hmc/resources/nccl_runtime.hpp"
+#include "wait_text.hpp"
 
 namespace hmc::detail {
 
@@ -212,10 +213,9 @@ std::vector<Bytes> NcclTransport::gather(std::uint64_t sequence, std::string_vie
     s.aborted = true;
     s.abortReason = reason;
     s.runtime->abort(reason);
-    throw TimeoutError(
-        fmt::format("'{}' #{} timed out on rank {} after {:.3g} s in the NCCL {}: "
-                    "{}; the communicator was aborted",
-                    stage, sequence, rank(), seconds, what, ranks));
+    throw TimeoutError(hmc::detail::timedOutText(
+        stage, sequence, rank(), timeout(),
+        fmt::format("{} (in the NCCL {}; the communicator was aborted)", ranks, what)));
   };
   auto enqueue = [&](ncclResult_t started, const char* what) {
     if (started != ncclSuccess && started != ncclInProgress) {

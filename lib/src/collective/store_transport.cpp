@@ -656,9 +656,8 @@ std::vector<Bytes> StoreTransport::gather(std::uint64_t sequence, std::string_vi
   }
   const auto context = [&] { return fmt::format("'{}' #{} on rank {}", stage, sequence, self); };
   const auto timedOutError = [&](const std::vector<int>& missing) {
-    return TimeoutError(
-        fmt::format("'{}' #{} timed out on rank {} after {}: ranks {} did not arrive", stage,
-                    sequence, self, formatSeconds(timeout()), formatRankList(missing)));
+    return TimeoutError(hmc::detail::timedOutText(stage, sequence, self, timeout(),
+                                                  hmc::detail::notArrivedText(missing)));
   };
 
   bool waiting = false;
@@ -715,8 +714,9 @@ std::vector<Bytes> StoreTransport::gather(std::uint64_t sequence, std::string_vi
             if (s.client->check({dead})) {
               const std::string why =
                   compat::toBytes(compat::getExisting(*s.client, {dead}).front());
-              throw RankFailure(fmt::format("{}: {}; ranks {} did not arrive", context(), why,
-                                            formatRankList(missing)));
+              throw RankFailure(hmc::detail::lostRankText(
+                  peer, hmc::detail::kAnnouncedDead, stage, sequence,
+                  fmt::format("{}; {}", why, hmc::detail::notArrivedText(missing))));
             }
           }
         }

@@ -744,9 +744,8 @@ std::vector<Bytes> TcpTransport::gather(std::uint64_t sequence, std::string_view
   };
 
   const auto closed = [&](const TcpPeer& peer) {
-    return RankFailure(
-        fmt::format("rank {} closed its connection in '{}' #{}: it exited or crashed", peer.rank,
-                    stage, sequence));
+    return RankFailure(hmc::detail::lostRankText(peer.rank, hmc::detail::kClosedConnection, stage,
+                                                 sequence, hmc::detail::kClosedConnectionWhy));
   };
   const auto failed = [&](const TcpPeer& peer, const char* call, int error) {
     return BackendError(fmt::format("'{}' #{} on rank {}: {} with rank {}: {}", stage, sequence,
@@ -809,9 +808,9 @@ std::vector<Bytes> TcpTransport::gather(std::uint64_t sequence, std::string_view
     while (!s.shared.allArrived(round)) {
       const auto now = Clock::now();
       if (now >= deadline) {
-        throw TimeoutError(fmt::format(
-            "'{}' #{} timed out on rank {} after {}: ranks {} did not arrive", stage, sequence,
-            self, hmc::detail::formatSeconds(timeout()), formatRankList(s.shared.missing(round))));
+        throw TimeoutError(
+            hmc::detail::timedOutText(stage, sequence, self, timeout(),
+                                      hmc::detail::notArrivedText(s.shared.missing(round))));
       }
       if (s.shared.waitForArrival(
               round, std::min<Clock::duration>(deadline - now, hmc::detail::kSharedCheck))) {
@@ -888,15 +887,11 @@ std::vector<Bytes> TcpTransport::gather(std::uint64_t sequence, std::string_view
           if (!peer.done) missing.push_back(peer.rank);
           if (peer.sent < s.frame.size()) unsent.push_back(peer.rank);
         }
-        throw TimeoutError(
+        throw TimeoutError(hmc::detail::timedOutText(
+            stage, sequence, self, timeout(),
             missing.empty()
-                ? fmt::format("'{}' #{} timed out on rank {} after {}: ranks {} did not take "
-                              "this rank's envelope",
-                              stage, sequence, self, hmc::detail::formatSeconds(timeout()),
-                              formatRankList(unsent))
-                : fmt::format("'{}' #{} timed out on rank {} after {}: ranks {} did not arrive",
-                              stage, sequence, self, hmc::detail::formatSeconds(timeout()),
-                              formatRankList(missing)));
+                ? fmt::format("ranks {} did not take this rank's envelope", formatRankList(unsent))
+                : hmc::detail::notArrivedText(missing)));
       }
       for (std::size_t i = 0; i < s.polls.size(); ++i) {
         const short revents = s.polls[i].revents;

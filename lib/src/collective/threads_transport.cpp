@@ -6,6 +6,7 @@
 
 #include "envelope.hpp"
 #include "hmc/error.hpp"
+#include "wait_text.hpp"
 
 namespace hmc::collective {
 namespace {
@@ -19,12 +20,12 @@ class ThreadCollective final : public Collective {
  protected:
   SharedPayloads gatherAgreed(std::uint64_t sequence, std::string_view stage, const Bytes& payload,
                               Clock::time_point deadline) override {
-    return world_->gatherAgreed(rank(), sequence, stage, payload, deadline).payloads;
+    return world_->gatherAgreed(rank(), sequence, stage, payload, deadline, timeout()).payloads;
   }
   Bytes gatherReduced(std::uint64_t sequence, std::string_view stage, const Bytes& payload,
                       Clock::time_point deadline, const Reducer& reduce) override {
-    ThreadWorld::Gathered gathered = world_->gatherAgreed(rank(), sequence, stage, payload,
-                                                          deadline, reduce ? &reduce : nullptr);
+    ThreadWorld::Gathered gathered = world_->gatherAgreed(
+        rank(), sequence, stage, payload, deadline, timeout(), reduce ? &reduce : nullptr);
     if (gathered.reduced) return *gathered.reduced;
     // The completing rank passed no reduction (a rank called exchangeShared instead).
     return reduce ? reduce(*gathered.payloads) : Bytes();
@@ -33,7 +34,7 @@ class ThreadCollective final : public Collective {
   // envelopes gathered as payloads of the same stage.
   std::vector<Bytes> gather(std::uint64_t sequence, std::string_view stage, const Bytes& envelope,
                             Clock::time_point deadline) override {
-    return *world_->gatherAgreed(rank(), sequence, stage, envelope, deadline).payloads;
+    return *world_->gatherAgreed(rank(), sequence, stage, envelope, deadline, timeout()).payloads;
   }
 
  private:
@@ -66,7 +67,9 @@ void ThreadWorld::markFailed(int rank, const std::string& reason) {
 
 ThreadWorld::Gathered ThreadWorld::gatherAgreed(int rank, std::uint64_t sequence,
                                                 std::string_view stage, const Bytes& payload,
-                                                Clock::time_point deadline, const Reducer* reduce) {
+                                                Clock::time_point deadline,
+                                                std::chrono::milliseconds timeout,
+                                                const Reducer* reduce) {
   std::unique_lock<std::mutex> lock(mutex_);
   Slot& slot = slots_[sequence];
   if (slot.present.empty()) {
@@ -129,21 +132,21 @@ ThreadWorld::Gathered ThreadWorld::gatherAgreed(int rank, std::uint64_t sequence
       const std::string why = *failed_[*dead];
       slot.abandonedBy = rank;
       leave();
-      throw RankFailure(fmt::format("'{}' #{} on rank {}: rank {} failed: {}", stage, sequence,
-                                    rank, *dead, why));
+      throw RankFailure(hmc::detail::lostRankText(
+          *dead, hmc::detail::kAnnouncedDead, stage, sequence,
+          fmt::format("{}; {}", why, hmc::detail::notArrivedText(missing()))));
     }
     if (slot.abandonedBy) {
       const int by = *slot.abandonedBy;
       const std::vector<int> absent = missing();
       leave();
+      const std::string gaveUp = fmt::format("rank {} gave up waiting first", by);
       if (absent.empty()) {
-        throw TimeoutError(fmt::format(
-            "'{}' #{} timed out on rank {}: it arrived after rank {} had given up waiting", stage,
-            sequence, rank, by));
+        throw TimeoutError(hmc::detail::arrivedLateText(stage, sequence, rank, {by}, gaveUp));
       }
-      throw TimeoutError(fmt::format(
-          "'{}' #{} timed out on rank {}: ranks {} did not arrive (rank {} gave up waiting first)",
-          stage, sequence, rank, formatRankList(absent), by));
+      throw TimeoutError(hmc::detail::timedOutText(
+          stage, sequence, rank, timeout,
+          fmt::format("{} ({})", hmc::detail::notArrivedText(absent), gaveUp)));
     }
     if (changed_.wait_until(lock, deadline) == std::cv_status::timeout &&
         slot.arrived < worldSize_) {
@@ -151,8 +154,8 @@ ThreadWorld::Gathered ThreadWorld::gatherAgreed(int rank, std::uint64_t sequence
       slot.abandonedBy = rank;
       leave();
       changed_.notify_all();
-      throw TimeoutError(fmt::format("'{}' #{} timed out on rank {}: ranks {} did not arrive",
-                                     stage, sequence, rank, formatRankList(absent)));
+      throw TimeoutError(hmc::detail::timedOutText(stage, sequence, rank, timeout,
+                                                   hmc::detail::notArrivedText(absent)));
     }
   }
   // Every rank sees the same stages, so every rank raises the same mismatch.

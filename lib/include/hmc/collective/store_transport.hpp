@@ -34,9 +34,10 @@
 //
 // Errors: a deadline that passes raises TimeoutError naming the ranks whose keys are missing
 // ("'recycle' #6 timed out on rank 0 after 10 s: ranks [1] did not arrive"). A missing rank
-// announced dead raises RankFailure at once with the launcher's words ("'close validation' #1
-// on rank 0: rank 1 exited with status 17 (fault crash)"); without a launcher that announces
-// deaths (torchrun, srun, mpirun) a crashed rank is seen only at the deadline, as a timeout.
+// announced dead raises RankFailure at once with the launcher's words ("rank 1 was announced
+// dead in 'close validation' #1: rank 1 exited with status 17 (fault crash); ranks [1] did not
+// arrive"); without a launcher that announces deaths (torchrun, srun, mpirun) a crashed rank
+// is seen only at the deadline, as a timeout.
 // The store server gone (its host rank died) raises RankFailure naming host:port.
 //
 // Destruction: the hosting rank's store server dies with it, so its destructor waits (up to

@@ -36,7 +36,7 @@
 // 10 ms of waiting it looks for a closed socket among the ranks that have not arrived.
 //
 // Errors: a peer whose connection closes (EOF, ECONNRESET, EPIPE) raises RankFailure at once
-// ("rank 1 closed its connection in 'recycle' #3: it exited or crashed"); a deadline that
+// ("rank 1 closed its connection in 'recycle' #3: it ended, exited or crashed"); a deadline that
 // passes raises TimeoutError naming the ranks whose frame did not come ("'recycle' #6 timed
 // out on rank 0 after 10 s: ranks [1] did not arrive"). After either, or any socket error,
 // a stream may hold a partial frame: the transport is broken and every later exchange

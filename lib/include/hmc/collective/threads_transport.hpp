@@ -40,13 +40,14 @@ class ThreadWorld : public std::enable_shared_from_this<ThreadWorld> {
   // immutable vector: O(ranks) work per collective, not O(ranks^2).
   // With `reduce` (may be null), the completing rank also runs it once over the payloads and
   // every rank gets its result in `reduced` (an exception becomes RuntimeError everywhere).
+  // `timeout` is the calling collective's, for the text of a timeout.
   struct Gathered {
     SharedPayloads payloads;
     std::shared_ptr<const Bytes> reduced;  // null without `reduce`
   };
   Gathered gatherAgreed(int rank, std::uint64_t sequence, std::string_view stage,
                         const Bytes& payload, Clock::time_point deadline,
-                        const Reducer* reduce = nullptr);
+                        std::chrono::milliseconds timeout, const Reducer* reduce = nullptr);
 
  private:
   explicit ThreadWorld(int worldSize);
