@@ -1,8 +1,6 @@
 #include "cli.hpp"
 
 #include <fmt/format.h>
-#include <spdlog/sinks/stdout_color_sinks.h>
-#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -11,6 +9,7 @@
 #include "hmc/collective/store_wire.hpp"
 #include "hmc/config.hpp"
 #include "hmc/error.hpp"
+#include "hmc/log.hpp"
 #include "hmc/scenario/scenario.hpp"
 #include "hmc/text.hpp"
 #include "hmc/world/signals.hpp"
@@ -169,13 +168,7 @@ void addRunOptions(CLI::App& app, RunOptions& options) {
 
 }  // namespace
 
-void setUpLogging(const std::string& level) {
-  auto logger = spdlog::get("hmc");
-  if (!logger) logger = spdlog::stderr_color_mt("hmc");
-  logger->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [hmc] [%^%l%$] %v");
-  logger->set_level(spdlog::level::from_str(level));
-  spdlog::set_default_logger(logger);
-}
+void setUpLogging(const std::string& level) { hmc::setUpLogging(level); }
 
 void usageError(const std::string& message) { fmt::print(stderr, "hmc-run: {}\n", message); }
 

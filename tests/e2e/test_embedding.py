@@ -5,7 +5,9 @@ program that joins its world with hmc::joinWorld (hmc/world/world.hpp).
     test_embedding.py EXAMPLE HMC_RUN SOURCE_DIR
 
 Cases (torchrun and mpirun, as users start them, on 127.0.0.1):
-  - a clean run at 2 and 4 ranks: every rank ends cleanly, rank 0's report says so, exit 0;
+  - a clean run at 2 and 4 ranks: every rank ends cleanly, rank 0's report says so, exit 0,
+    and no `[info]` line is printed (the library logs at warn, as hmc-run does by default);
+  - HMC_LOG_LEVEL=info: every rank's transport set-up lines are back, on stderr;
   - one rank skips its module's close (--skip-close): rank 0 waits in 'close validation' until
     the deadline; its report comes within the deadline + 2 s of its close, names the rank that
     never came, the stage and the host; `hmc-run status`, attached while rank 0 waits, names
@@ -132,6 +134,22 @@ def check_clean(launcher, world):
         assert re.search(rf"^  rank {rank} \({re.escape(HOST)}:\d+\): ended cleanly$", text,
                          re.M), run
     assert f"# OK: every rank of {world} ended cleanly (exit 0)" in text, run
+    # The library logs at warn, as hmc-run does by default: no rank's transport set-up lines.
+    assert not re.search(r"\[info\]", text), run
+
+
+def check_log_level():
+    """HMC_LOG_LEVEL=info brings back every rank's transport set-up lines, on stderr through
+    the `hmc` logger; the run still ends cleanly."""
+    command = torchrun(2, ["--steps", "2"])
+    done = subprocess.run(command, env=environment({"HMC_NAME": "logged", "HMC_LOG_LEVEL": "info"}),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, f"exit {done.returncode}:\n{done.stdout}{done.stderr}"
+    for rank in (0, 1):
+        assert re.search(rf"\[hmc\] \[info\] rank {rank} of the tcp transport listens on ",
+                         done.stderr, re.M), done.stderr
+    assert "[info]" not in done.stdout, done.stdout
+    assert "# OK: every rank of 2 ended cleanly (exit 0)" in done.stdout + done.stderr, done
 
 
 def check_skipped_close(launcher, world, attach_status):
@@ -327,6 +345,7 @@ CASES = [
     ("torchrun_4_clean", lambda: check_clean("torchrun", 4)),
     ("mpirun_2_clean", lambda: check_clean("mpirun", 2)),
     ("mpirun_4_clean", lambda: check_clean("mpirun", 4)),
+    ("torchrun_2_log_level_info", check_log_level),
     ("torchrun_2_skipped_close_with_status", lambda: check_skipped_close("torchrun", 2, True)),
     ("mpirun_2_skipped_close", lambda: check_skipped_close("mpirun", 2, False)),
     ("torchrun_2_sigterm", check_sigterm),
