@@ -6,44 +6,22 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <set>
 #include <system_error>
 
 #include "exit_codes.hpp"
 #include "hmc/error.hpp"
 #include "hmc/record/merge.hpp"
+#include "hmc/record/show.hpp"
 #include "hmc/render/html.hpp"
 #include "hmc/scenario/output_file.hpp"
 #include "hmc/scenario/scenario.hpp"
+#include "hmc/text.hpp"
 
 namespace {
 
 using hmc::app::kExitUsage;
 
-using hmc::record::Event;
-using hmc::record::EventOp;
-using hmc::record::Outcome;
 using hmc::record::Recording;
-
-// One event as a short line: "forward lin (bound, reused) 0.2 ms", "close a: hang".
-std::string describe(const Recording& recording, const Event& event) {
-  std::string text(hmc::record::toString(event.op));
-  if (event.module >= 0 && static_cast<std::size_t>(event.module) < recording.moduleNames.size()) {
-    text += " " + recording.moduleNames[static_cast<std::size_t>(event.module)];
-  }
-  const auto& d = event.detail;
-  if (event.op == EventOp::kForward && d.is_object() && d.contains("reused")) {
-    text += d["reused"].get<bool>() ? " (bound: reused)" : " (bound: created)";
-  }
-  if (event.op == EventOp::kFault) text += " " + d.value("fault", std::string());
-  if (event.outcome != Outcome::kOk) {
-    text += fmt::format(": {}", hmc::record::toString(event.outcome));
-    if (d.is_object() && d.contains("message")) {
-      text += " (" + d["message"].get<std::string>() + ")";
-    }
-  }
-  return text;
-}
 
 std::string fit(const std::string& text, int width) {
   const auto w = static_cast<std::size_t>(std::max(8, width));
@@ -51,50 +29,33 @@ std::string fit(const std::string& text, int width) {
   return text.substr(0, w - 3) + "...";
 }
 
-// The hmc-record-show/1 document: each rank's header and events as short lines, side by side,
-// and the first row where they differ (kind, module name or outcome).
-nlohmann::json showDocument(const RecordOptions& options,
-                            const std::vector<Recording>& recordings) {
-  nlohmann::json ranks = nlohmann::json::array();
-  for (const auto& r : recordings) {
-    ranks.push_back({{"rank", r.header.rank},
-                     {"host", r.header.host},
-                     {"pid", r.header.pid},
-                     {"version", r.header.version},
-                     {"events", r.events.size()},
-                     {"ended", r.ended},
-                     {"stop", r.ended ? std::string() : r.stop}});
+// The line a person reads first: where the ranks went wrong (the first divergence, or a call
+// every rank failed before it), or that they never did.
+void printVerdict(const nlohmann::json& document) {
+  const auto& divergence = document["first_divergence"];
+  const auto& failure = document["first_failure"];
+  const std::string failed =
+      failure.is_object()
+          ? fmt::format("# every rank failed the same call at event {}: {}",
+                        failure["event"].get<std::size_t>(),
+                        hmc::printable(failure["summary"].get<std::string>()))
+          : std::string();
+  if (!failed.empty()) fmt::print("{}\n", failed);
+  if (divergence.is_object()) {
+    fmt::print("# the ranks first differ at event {}: {}\n", divergence["event"].get<std::size_t>(),
+               hmc::printable(divergence["summary"].get<std::string>()));
+  } else if (failed.empty()) {
+    fmt::print("# every rank recorded the same {} events\n",
+               document["total_rows"].get<std::size_t>());
   }
-  std::size_t total = 0;
-  for (const auto& r : recordings) total = std::max(total, r.events.size());
-  const std::size_t shown =
-      options.limit ? std::min(total, static_cast<std::size_t>(*options.limit)) : total;
-  std::optional<std::size_t> divergence;
-  nlohmann::json rows = nlohmann::json::array();
-  for (std::size_t row = 0; row < total; ++row) {
-    nlohmann::json cells = nlohmann::json::array();
-    std::set<std::string> seen;
-    for (const auto& r : recordings) {
-      cells.push_back(row < r.events.size() ? describe(r, r.events[row]) : std::string());
-      seen.insert(row < r.events.size() ? cells.back().get<std::string>() : "(none)");
-    }
-    if (seen.size() > 1 && !divergence) divergence = row;
-    if (row < shown) rows.push_back({{"event", row}, {"cells", std::move(cells)}});
-    if (row >= shown && divergence) break;
-  }
-  return {{"format", "hmc-record-show/1"},
-          {"directory", options.directory},
-          {"ranks", std::move(ranks)},
-          {"total_rows", total},
-          {"rows", std::move(rows)},
-          {"divergence", divergence ? nlohmann::json(*divergence) : nlohmann::json()}};
 }
 
 void printShow(const RecordOptions& options, const nlohmann::json& document) {
+  printVerdict(document);
   for (const auto& r : document["ranks"]) {
     const std::string stop = r["stop"].get<std::string>();
     fmt::print("# rank {}: {} pid {}, hmc {}, {} events{}\n", r["rank"].get<int>(),
-               r["host"].get<std::string>(), r["pid"].get<long long>(),
+               hmc::printable(r["host"].get<std::string>()), r["pid"].get<long long>(),
                r["version"].get<std::string>(), r["events"].get<std::size_t>(),
                stop.empty() ? "" : "; " + stop);
   }
@@ -102,15 +63,33 @@ void printShow(const RecordOptions& options, const nlohmann::json& document) {
   for (const auto& r : document["ranks"]) {
     head += fit(fmt::format("rank {}", r["rank"].get<int>()), options.width) + " ";
   }
+  while (!head.empty() && head.back() == ' ') head.pop_back();
   fmt::print("{}\n", head);
   const auto& divergence = document["divergence"];
+  const auto& folds = document["folds"];
+  std::size_t fold = 0;
   for (const auto& row : document["rows"]) {
     const auto index = row["event"].get<std::size_t>();
+    // A folded range: its one line in place of its first row, nothing for the rest.
+    while (fold < folds.size() && folds[fold]["last"].get<std::size_t>() < index) ++fold;
+    if (fold < folds.size() && folds[fold]["first"].get<std::size_t>() <= index) {
+      if (folds[fold]["first"].get<std::size_t>() == index) {
+        fmt::print("# {}\n", folds[fold]["summary"].get<std::string>());
+      }
+      continue;
+    }
     const bool marked = divergence.is_number() && divergence.get<std::size_t>() == index;
     std::string line = fmt::format("{}{:>5} ", marked ? ">" : " ", index);
-    for (const auto& cell : row["cells"]) line += fit(cell.get<std::string>(), options.width) + " ";
+    for (const auto& cell : row["cells"]) {
+      line += fit(hmc::printable(cell.get<std::string>()), options.width) + " ";
+    }
     while (!line.empty() && line.back() == ' ') line.pop_back();
     fmt::print("{}\n", line);
+  }
+  const std::size_t drawn = document["rows"].size();
+  if (drawn < document["total_rows"].get<std::size_t>()) {
+    fmt::print("# {} of {} rows shown (--limit)\n", drawn,
+               document["total_rows"].get<std::size_t>());
   }
   if (divergence.is_number()) {
     fmt::print("# the ranks first differ at event {} (marked >)\n", divergence.get<std::size_t>());
@@ -149,7 +128,11 @@ int runShow(const RecordOptions& options) {
     }
   }
   if (recordings.empty()) return kExitUsage;
-  const nlohmann::json document = showDocument(options, recordings);
+  hmc::record::ShowOptions show;
+  show.directory = options.directory;
+  if (options.limit) show.limit = static_cast<std::size_t>(std::max(0, *options.limit));
+  show.fold = !options.all;
+  const nlohmann::json document = hmc::record::showDocument(recordings, show);
   if (options.htmlPath) {
     hmc::scenario::writeOutputFile(*options.htmlPath, hmc::render::renderHtmlRecordShow(document));
     // The page on standard output leaves nothing else there.
@@ -219,16 +202,29 @@ CLI::App* addRecordCommand(CLI::App& app, RecordOptions& options) {
                    "reproduces, for CI)")
       ->check(CLI::IsMember({"program", "observed"}));
   CLI::App* show = record->add_subcommand(
-      "show", "Print the ranks' recorded events side by side, the first divergence marked");
+      "show",
+      "Print the ranks' recorded events side by side: the first divergence named first, the "
+      "events every rank repeats before it folded into one line");
+  show->footer(
+      "The first line names the first divergence: the event (rows are numbered from 0), what "
+      "the differing ranks recorded and what the others did. The events before it on which "
+      "every rank made the same call with the same successful outcome fold into one line "
+      "(\"# events 0-120: every rank the same (121 events: 40 create, ...)\"); the 3 events "
+      "before the divergence and everything from it on are shown in full, the divergence "
+      "marked >. --all folds nothing.");
   show->add_option("directory", options.directory, "The recording folder")->required();
   show->add_option("--width", options.width, "Characters per rank column")
       ->check(CLI::Range(12, 200));
-  show->add_option("--limit", options.limit, "At most this many rows");
+  show->add_option("--limit", options.limit, "At most this many rows")->check(CLI::NonNegativeNumber);
+  show->add_flag("--all", options.all,
+                 "Show every row: fold nothing (the table, the page and the JSON's folds)");
   show->add_flag("--json", options.json,
-                 "Print hmc-record-show/1 JSON instead of the table (hmc-run render draws it)");
+                 "Print hmc-record-show/1 JSON instead of the table: every row, the first "
+                 "divergence and the folded ranges (hmc-run render draws it)");
   show->add_option("--html", options.htmlPath,
-                   "Also write one self-contained HTML page of the events side by side, the first "
-                   "divergence marked; - for standard output (instead of the table)");
+                   "Also write one self-contained HTML page of the events side by side, the "
+                   "agreeing rows folded, opening at the first divergence; - for standard output "
+                   "(instead of the table)");
   return record;
 }
 

@@ -3,7 +3,8 @@
 // run (HMC_RECORD=DIR in a program, `hmc-run --record DIR`; lib's hmc/record/) made into a
 // scenario that replays the run on thread ranks, or printed side by side for a human (a table,
 // hmc-record-show/1 JSON with --json, an HTML page with --html that `hmc-run render` draws
-// from the JSON too).
+// from the JSON too). `show` names the first divergence on its first line and folds the rows
+// every rank repeats before it (hmc/record/show.hpp; --all folds nothing).
 //
 // Exit codes: 0 done (merge: what could not be merged is listed on stderr, and the scenario
 // holds the rest); 2 nothing readable, a bad option, or an output that cannot be written.
@@ -18,6 +19,7 @@ struct RecordOptions {
   std::string expect = "program";  // merge: --expect program|observed
   int width = 44;                  // show: the width of a rank's column
   std::optional<int> limit;        // show: at most this many rows
+  bool all = false;                // show: fold nothing (--all)
   bool json = false;               // show: hmc-record-show/1 JSON instead of the table
   std::optional<std::string> htmlPath;  // show: also write the page (- : stdout)
 };

@@ -16,7 +16,8 @@ Cases:
     said; `hmc-run shrink` makes it at most 2 ranks; the same with --expect observed passes
     (exit 0): the CI test of that failure;
   - `record show` marks the first divergence (table, --json, and --html, which `render` draws
-    from the JSON too); `record merge` of a folder with a torn, a foreign and a missing rank
+    from the JSON too); the rows every rank repeats fold into one line, the first line names
+    the first divergence's row and ranks, --all folds nothing; `record merge` of a folder with a torn, a foreign and a missing rank
     file names each with the reason and merges the rest;
   - a rank process killed with SIGKILL mid-run: the merge keeps its events up to its last call
     and the others', and the replay ends as the run did (fail, exit 1) naming it.
@@ -316,12 +317,92 @@ def check_killed_rank():
                      out), out
 
 
+def check_show_folds():
+    """`record show` of a run whose ranks agree for 124 rows and differ at row 124 (rank 2 alone
+    stalls): the first line names row 124 and rank 2; rows 0-120 fold into one line, 121-123
+    are its context; --all folds nothing; --json keeps every row; the page folds the same rows
+    and opens at row 124."""
+    scenario = os.path.join(WORK, "fold.json")
+    cycle = [{"op": "create", "module": "m"}, {"op": "forward", "module": "m"},
+             {"op": "drop", "module": "m"}]
+    with open(scenario, "w") as f:
+        json.dump({"format": "hmc-scenario/1", "name": "fold", "world_size": 3, "device": "cpu",
+                   "timeout_s": 10,
+                   "steps": [{"op": "repeat", "count": 40, "steps": cycle},  # rows 0-119
+                             {"op": "create", "module": "a"},  # 120
+                             {"op": "forward", "module": "a"},  # 121
+                             {"op": "forward", "module": "a"},  # 122
+                             {"op": "barrier"},  # 123
+                             {"op": "fault", "kind": "stall", "seconds": 0.01,
+                              "ranks": [2]},  # 124: rank 2 alone
+                             {"op": "forward", "module": "a"},
+                             {"op": "close_all"}]}, f)
+    folder = os.path.join(WORK, "fold")
+    code, out = run([scenario, "--record", folder, "-q"])
+    assert code == 0, out
+
+    def show(*args):
+        proc = subprocess.run([HMC_RUN, "record", "show", folder, *args], capture_output=True,
+                              text=True, timeout=60)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return proc.stdout
+
+    table = show()
+    lines = table.splitlines()
+    # The first line says where it went wrong: row 124, rank 2 against ranks 0 and 1.
+    assert lines[0].startswith("# the ranks first differ at event 124: rank 2 has 'fault stall' "
+                               "where ranks 0, 1 have 'forward a"), table
+    fold = [i for i, line in enumerate(lines) if line.startswith("# events ")]
+    assert len(fold) == 1 and lines[fold[0]] == \
+        "# events 0-120: every rank the same (121 events: 41 create, 40 forward, 40 drop)", table
+    rows = [int(m.group(2)) for m in (re.match(r"^([ >])\s*(\d+) ", line) for line in lines)
+            if m]
+    marked = [line for line in lines if line.startswith(">")]
+    assert rows[:4] == [121, 122, 123, 124] and rows == list(range(121, 121 + len(rows))), table
+    assert len(marked) == 1 and re.match(r">\s+124 ", marked[0]), table
+    assert fold[0] < lines.index(marked[0]), table
+    assert lines[-1] == "# the ranks first differ at event 124 (marked >)", table
+    # --all: every row, nothing folded.
+    every = show("--all")
+    rows_all = [int(m.group(1)) for m in (re.match(r"^[ >]\s*(\d+) ", line)
+                                          for line in every.splitlines()) if m]
+    assert rows_all == list(range(0, rows[-1] + 1)), every
+    assert "# events 0-" not in every and every.splitlines()[0] == lines[0], every
+    # --json: every row, the divergence with its ranks, the fold's range.
+    shown = json.loads(show("--json"))
+    assert len(shown["rows"]) == shown["total_rows"] == rows[-1] + 1, shown["total_rows"]
+    assert shown["divergence"] == 124 and shown["first_divergence"]["ranks"] == [2] and \
+        shown["first_divergence"]["agreeing_ranks"] == [0, 1], shown["first_divergence"]
+    assert [(f["first"], f["last"], f["events"]) for f in shown["folds"]] == [(0, 120, 121)], \
+        shown["folds"]
+    assert json.loads(show("--json", "--all"))["folds"] == []
+    # The page: the same rows folded in one collapsed <details>, the top naming row 124 and
+    # rank 2, a script that scrolls there; render of the JSON draws the same page.
+    page = folder + "-show.html"
+    show("--html", page)
+    html = open(page).read()
+    assert html.count("<details>") == 1, html[:3000]
+    folded = html[html.index("<details>"):html.index("</details>")]
+    assert folded.count('<tr id="event-') == 121 and '<tr id="event-120">' in folded, folded[:2000]
+    assert "The ranks first differ at event 124" in html and \
+        "rank 2 has &#39;fault stall&#39; where ranks 0, 1 have" in html, html[:3000]
+    assert '<tr id="event-124" class="diverge"' in html, html[:3000]
+    assert "getElementById('event-124')" in html, html[-3000:]
+    saved = folder + "-show.json"
+    with open(saved, "w") as f:
+        json.dump(shown, f)
+    later = folder + "-later.html"
+    code, out = run(["render", saved, "--html", later])
+    assert code == 0 and open(later).read() == html, out
+
+
 CASES = [
     ("round_trip_threads", check_threads),
     ("round_trip_tcp_processes", check_tcp_processes),
     ("embedding_skipped_close_under_torchrun", check_embedding_skipped_close),
     ("bad_files", check_bad_files),
     ("killed_rank", check_killed_rank),
+    ("show_folds", check_show_folds),
 ]
 
 

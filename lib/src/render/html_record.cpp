@@ -190,14 +190,15 @@ std::string renderHtmlRecordShow(const json& document) {
   }
   out += "</table></div>\n";
   // Open at the first failure or divergence: scrolled to it when the page's first screen does
-  // not show it (a link to another row, #event-N, wins).
+  // not show it, its row at three quarters of the window so that the rows before it show (a
+  // link to another row, #event-N, wins).
   std::optional<long long> opening = divergence;
   if (failure && (!opening || *failure < *opening)) opening = failure;
   if (opening) {
     out += fmt::format(
         "<script>(function(){{if(location.hash)return;var r=document.getElementById('event-{}');"
-        "if(r&&r.getBoundingClientRect().bottom>window.innerHeight)"
-        "r.scrollIntoView({{block:'center'}})}})()</script>\n",
+        "if(!r)return;var b=r.getBoundingClientRect().bottom;"
+        "if(b>window.innerHeight)window.scrollBy(0,b-window.innerHeight*0.75)}})()</script>\n",
         *opening);
   }
   const long long total = integerOf(document, "total_rows").value_or(0);
