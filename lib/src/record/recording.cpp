@@ -499,188 +499,236 @@ std::uint64_t Recorder::events() const noexcept {
   return events_;
 }
 
-Recording readRecording(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    throw ValueError(fmt::format("{}: cannot open it: {}", path, systemError(errno)));
+namespace {
+
+// A recording's frames, one at a time, never the whole file: a live or killed rank's file has
+// the size of its cap (256 MiB by default, zeros after the last frame); reading it whole took
+// about 7 s a file.
+class FrameReader {
+ public:
+  // Opens `path` and reads past its magic. Throws ValueError naming the file.
+  explicit FrameReader(const std::string& path) : in_(path, std::ios::binary) {
+    if (!in_) {
+      throw ValueError(fmt::format("{}: cannot open it: {}", path, systemError(errno)));
+    }
+    std::error_code sizeError;
+    size_ = std::filesystem::file_size(path, sizeError);
+    if (sizeError) {
+      throw ValueError(fmt::format("{}: cannot read its size: {}", path, sizeError.message()));
+    }
+    unsigned char magic[sizeof(kMagic)] = {};
+    in_.read(reinterpret_cast<char*>(magic), sizeof(magic));
+    if (in_.gcount() != static_cast<std::streamsize>(sizeof(kMagic)) ||
+        std::memcmp(magic, kMagic, sizeof(kMagic)) != 0) {
+      throw ValueError(fmt::format(
+          "{}: byte 0: not an hmc recording (it does not begin with \"HMCREC01\"); pass the "
+          "folder HMC_RECORD or --record wrote",
+          path));
+    }
   }
-  // Frame by frame, never the whole file: a live or killed rank's file has the size of its cap
-  // (256 MiB by default, zeros after the last frame); reading it whole took about 7 s a file.
-  std::error_code sizeError;
-  const std::uintmax_t size = std::filesystem::file_size(path, sizeError);
-  if (sizeError) {
-    throw ValueError(fmt::format("{}: cannot read its size: {}", path, sizeError.message()));
-  }
-  unsigned char magic[sizeof(kMagic)] = {};
-  in.read(reinterpret_cast<char*>(magic), sizeof(magic));
-  if (in.gcount() != static_cast<std::streamsize>(sizeof(kMagic)) ||
-      std::memcmp(magic, kMagic, sizeof(kMagic)) != 0) {
-    throw ValueError(fmt::format(
-        "{}: byte 0: not an hmc recording (it does not begin with \"HMCREC01\"); pass the "
-        "folder HMC_RECORD or --record wrote",
-        path));
-  }
-  Recording out;
-  out.path = path;
-  std::uintmax_t at = sizeof(kMagic);
-  std::string buffer;  // the current frame's payload
-  // One frame at `at`: its payload (valid until the next call), or why there is none.
-  const auto frame = [&](std::string_view& payload) -> std::string {
-    if (at + kFrameHead > size) {
-      return at == size ? "" : fmt::format("a frame cut short at byte {}", at);
+
+  // Where the next frame begins.
+  std::uintmax_t at() const noexcept { return at_; }
+
+  // The frame at at(): "ok" with its payload (valid until the next call), "" at the end of the
+  // frames, or why there is none.
+  std::string next(std::string_view& payload) {
+    if (at_ + kFrameHead > size_) {
+      return at_ == size_ ? "" : fmt::format("a frame cut short at byte {}", at_);
     }
     unsigned char head[kFrameHead];
-    in.read(reinterpret_cast<char*>(head), kFrameHead);
-    if (in.gcount() != static_cast<std::streamsize>(kFrameHead)) {
-      return fmt::format("a frame cut short at byte {}", at);
+    in_.read(reinterpret_cast<char*>(head), kFrameHead);
+    if (in_.gcount() != static_cast<std::streamsize>(kFrameHead)) {
+      return fmt::format("a frame cut short at byte {}", at_);
     }
     const std::uint32_t length = getU32(head);
     if (length == 0) return "";
-    if (at + kFrameHead + length > size) {
-      return fmt::format("a torn frame at byte {} ({} bytes announced, {} there)", at, length,
-                         size - at - kFrameHead);
+    if (at_ + kFrameHead + length > size_) {
+      return fmt::format("a torn frame at byte {} ({} bytes announced, {} there)", at_, length,
+                         size_ - at_ - kFrameHead);
     }
-    buffer.resize(length);
-    in.read(buffer.data(), length);
-    if (in.gcount() != static_cast<std::streamsize>(length)) {
-      return fmt::format("a torn frame at byte {} ({} bytes announced, {} there)", at, length,
-                         in.gcount());
+    buffer_.resize(length);
+    in_.read(buffer_.data(), length);
+    if (in_.gcount() != static_cast<std::streamsize>(length)) {
+      return fmt::format("a torn frame at byte {} ({} bytes announced, {} there)", at_, length,
+                         in_.gcount());
     }
-    if (detail::crc32(reinterpret_cast<const unsigned char*>(buffer.data()), length) !=
+    if (detail::crc32(reinterpret_cast<const unsigned char*>(buffer_.data()), length) !=
         getU32(head + 4)) {
-      return fmt::format("a frame with a bad checksum at byte {}", at);
+      return fmt::format("a frame with a bad checksum at byte {}", at_);
     }
-    payload = std::string_view(buffer.data(), length);
-    at += kFrameHead + length;
+    payload = std::string_view(buffer_.data(), length);
+    at_ += kFrameHead + length;
     return "ok";
-  };
+  }
+
+ private:
+  std::ifstream in_;
+  std::uintmax_t size_ = 0;
+  std::uintmax_t at_ = sizeof(kMagic);
+  std::string buffer_;  // the current frame's payload
+};
+
+// The first frame: the header. Throws ValueError naming the file and the byte.
+RecordingHeader readHeader(FrameReader& reader, const std::string& path) {
   std::string_view payload;
-  const std::string headState = frame(payload);
-  if (headState != "ok") {
+  const std::string state = reader.next(payload);
+  if (state != "ok") {
     throw ValueError(fmt::format("{}: byte {}: no readable header ({})", path, sizeof(kMagic),
-                                 headState.empty() ? "the file ends there" : headState));
+                                 state.empty() ? "the file ends there" : state));
   }
   try {
-    out.header = RecordingHeader::fromJson(nlohmann::json::parse(payload));
+    return RecordingHeader::fromJson(nlohmann::json::parse(payload));
   } catch (const std::exception& error) {
     throw ValueError(fmt::format("{}: byte {}: the header cannot be read: {}", path,
                                  sizeof(kMagic) + kFrameHead, error.what()));
   }
+}
+
+// What creations and type frames said so far, for the modules created after them.
+struct Specifications {
   std::vector<nlohmann::json> specs;     // by spec id: {"spec","compat","scope"}
   std::vector<std::string> specTypes;    // by spec id: the type its modules were last given
   std::vector<std::size_t> moduleSpecs;  // by module: its spec id
-  for (;;) {
-    const std::size_t frameAt = at;
-    const std::string state = frame(payload);
-    if (state != "ok") {
-      if (!out.ended && !out.capped) {
-        out.stop = state.empty()
-                       ? fmt::format(
-                             "the file ends after {} events without its end record: the "
-                             "rank was killed, or is still running",
-                             out.events.size())
-                       : fmt::format("{} after {} events: the rank was killed while writing it",
-                                     state, out.events.size());
-      }
-      break;
+};
+
+// An event's detail from the bytes after its fixed part, in its frame's encoding. Throws.
+nlohmann::json decodeDetail(unsigned char encoding, std::string_view extra) {
+  if (encoding == 2) {  // a binding: u8 reused, device, 0, dtype
+    if (extra.empty()) throw ValueError("an empty binding");
+    const std::string_view rest = extra.substr(1);
+    const std::size_t zero = rest.find('\0');
+    if (zero == std::string_view::npos) throw ValueError("a binding without its dtype");
+    return {{"device", std::string(rest.substr(0, zero))},
+            {"dtype", std::string(rest.substr(zero + 1))},
+            {"reused", extra[0] != 0}};
+  }
+  if (encoding == 1) {  // a creation: u32 spec id, u16 name bytes, name, definition
+    if (extra.size() < 6) throw ValueError("a creation cut short");
+    const auto* b = reinterpret_cast<const unsigned char*>(extra.data());
+    const std::size_t nameBytes = b[4] | (static_cast<std::size_t>(b[5]) << 8);
+    if (extra.size() < 6 + nameBytes) throw ValueError("a creation's name cut short");
+    nlohmann::json detail = {{"s", getU32(b)}};
+    if (nameBytes > 0) detail["n"] = std::string(extra.substr(6, nameBytes));
+    if (extra.size() > 6 + nameBytes) {
+      detail.update(nlohmann::json::parse(extra.substr(6 + nameBytes)));
     }
-    if (payload.size() < kEventFixed) {
-      out.stop = fmt::format("a frame of {} bytes at byte {}, too short for an event",
-                             payload.size(), frameAt);
-      break;
-    }
-    const auto* p = reinterpret_cast<const unsigned char*>(payload.data());
-    Event event;
-    event.op = static_cast<EventOp>(p[0]);
-    event.outcome = static_cast<Outcome>(p[1]);
-    event.module = static_cast<std::int32_t>(getU32(p + 4));
-    event.duration = std::chrono::nanoseconds(static_cast<std::int64_t>(getU64(p + 8)));
-    event.start = std::chrono::nanoseconds(static_cast<std::int64_t>(getU64(p + 16)));
-    const std::string_view extra = payload.substr(kEventFixed);
-    if (p[0] < 1 || p[0] > static_cast<unsigned char>(EventOp::kType) || p[1] > 2) {
-      out.stop = fmt::format("an event of unknown kind {} at byte {} (a newer hmc wrote it?)",
-                             static_cast<int>(p[0]), frameAt);
-      break;
-    }
-    if (event.op == EventOp::kType) {
+    return detail;
+  }
+  if (encoding == 0) {
+    return extra.empty() ? nlohmann::json() : nlohmann::json::parse(extra);
+  }
+  throw ValueError(fmt::format("unknown encoding {} (a newer hmc wrote it?)", encoding));
+}
+
+// A creation's detail made whole (its specification, its name) and its module entered in
+// `out` with the type last written for its specification (the writer leaves a module's type
+// frame out only then). Throws ValueError when the ids are out of order or unknown.
+void enterCreation(Event& event, Recording& out, Specifications& known) {
+  const auto id = event.detail.at("s").get<std::size_t>();
+  if (event.detail.contains("spec")) {
+    if (id != known.specs.size()) throw ValueError("specification ids out of order");
+    known.specs.push_back({{"spec", event.detail["spec"]},
+                           {"compat", event.detail["compat"]},
+                           {"scope", event.detail["scope"]}});
+  }
+  if (id >= known.specs.size()) throw ValueError(fmt::format("unknown specification {}", id));
+  const std::string name = event.detail.value("n", fmt::format("m{}", out.moduleNames.size()));
+  event.detail = known.specs[id];
+  event.detail["name"] = name;
+  if (event.module != static_cast<std::int32_t>(out.moduleNames.size())) {
+    throw ValueError(fmt::format("module {} created out of order", event.module));
+  }
+  out.moduleNames.push_back(name);
+  known.specTypes.resize(known.specs.size());
+  out.moduleTypes.push_back(known.specTypes[id]);
+  known.moduleSpecs.push_back(id);
+}
+
+// One event frame (at byte `frameAt`) into `out`: an event appended, a module's type noted,
+// or the end or cap marked. False when reading stops there (out.stop says why, except at an
+// end record).
+bool readEvent(std::string_view payload, std::size_t frameAt, Recording& out,
+               Specifications& known) {
+  if (payload.size() < kEventFixed) {
+    out.stop = fmt::format("a frame of {} bytes at byte {}, too short for an event", payload.size(),
+                           frameAt);
+    return false;
+  }
+  const auto* p = reinterpret_cast<const unsigned char*>(payload.data());
+  if (p[0] < 1 || p[0] > static_cast<unsigned char>(EventOp::kType) || p[1] > 2) {
+    out.stop = fmt::format("an event of unknown kind {} at byte {} (a newer hmc wrote it?)",
+                           static_cast<int>(p[0]), frameAt);
+    return false;
+  }
+  Event event;
+  event.op = static_cast<EventOp>(p[0]);
+  event.outcome = static_cast<Outcome>(p[1]);
+  event.module = static_cast<std::int32_t>(getU32(p + 4));
+  event.duration = std::chrono::nanoseconds(static_cast<std::int64_t>(getU64(p + 8)));
+  event.start = std::chrono::nanoseconds(static_cast<std::int64_t>(getU64(p + 16)));
+  const std::string_view extra = payload.substr(kEventFixed);
+  switch (event.op) {
+    case EventOp::kType:
       if (event.module >= 0 && static_cast<std::size_t>(event.module) < out.moduleTypes.size()) {
         const auto module = static_cast<std::size_t>(event.module);
         out.moduleTypes[module] = std::string(extra);
-        specTypes[moduleSpecs[module]] = std::string(extra);
+        known.specTypes[known.moduleSpecs[module]] = std::string(extra);
       }
-      continue;
-    }
-    if (event.op == EventOp::kEnd) {
+      return true;
+    case EventOp::kEnd:
       out.ended = true;
-      break;
-    }
-    if (event.op == EventOp::kCapped) {
+      return false;
+    case EventOp::kCapped:
       out.capped = true;
       // A reason: it stopped before its cap (the disk was full).
       out.stop = extra.empty()
                      ? fmt::format("it reached its cap of {} bytes after {} events",
                                    out.header.capBytes, out.events.size())
                      : fmt::format("it stopped after {} events: {}", out.events.size(), extra);
+      return false;
+    default:
+      break;
+  }
+  try {
+    event.detail = decodeDetail(p[2], extra);
+    if (event.op == EventOp::kCreate) enterCreation(event, out, known);
+  } catch (const std::exception& error) {
+    out.stop = fmt::format("an event at byte {} cannot be read: {}", frameAt, error.what());
+    return false;
+  }
+  if (event.module >= static_cast<std::int32_t>(out.moduleNames.size())) {
+    out.stop =
+        fmt::format("an event at byte {} names module {}, never created", frameAt, event.module);
+    return false;
+  }
+  out.events.push_back(std::move(event));
+  return true;
+}
+
+}  // namespace
+
+Recording readRecording(const std::string& path) {
+  FrameReader reader(path);
+  Recording out;
+  out.path = path;
+  out.header = readHeader(reader, path);
+  Specifications known;
+  for (;;) {
+    const std::size_t frameAt = reader.at();
+    std::string_view payload;
+    const std::string state = reader.next(payload);
+    if (state != "ok") {
+      out.stop = state.empty()
+                     ? fmt::format(
+                           "the file ends after {} events without its end record: the rank was "
+                           "killed, or is still running",
+                           out.events.size())
+                     : fmt::format("{} after {} events: the rank was killed while writing it",
+                                   state, out.events.size());
       break;
     }
-    try {
-      const unsigned char encoding = p[2];
-      if (encoding == 2) {  // a binding: u8 reused, device, 0, dtype
-        if (extra.empty()) throw ValueError("an empty binding");
-        const std::string_view rest = extra.substr(1);
-        const std::size_t zero = rest.find('\0');
-        if (zero == std::string_view::npos) throw ValueError("a binding without its dtype");
-        event.detail = {{"device", std::string(rest.substr(0, zero))},
-                        {"dtype", std::string(rest.substr(zero + 1))},
-                        {"reused", extra[0] != 0}};
-      } else if (encoding == 1) {  // a creation: u32 spec id, u16 name bytes, name, definition
-        if (extra.size() < 6) throw ValueError("a creation cut short");
-        const auto* b = reinterpret_cast<const unsigned char*>(extra.data());
-        const std::size_t nameBytes = b[4] | (static_cast<std::size_t>(b[5]) << 8);
-        if (extra.size() < 6 + nameBytes) throw ValueError("a creation's name cut short");
-        event.detail = {{"s", getU32(b)}};
-        if (nameBytes > 0) event.detail["n"] = std::string(extra.substr(6, nameBytes));
-        if (extra.size() > 6 + nameBytes) {
-          event.detail.update(nlohmann::json::parse(extra.substr(6 + nameBytes)));
-        }
-      } else if (encoding == 0) {
-        if (!extra.empty()) event.detail = nlohmann::json::parse(extra);
-      } else {
-        throw ValueError(fmt::format("unknown encoding {} (a newer hmc wrote it?)", encoding));
-      }
-      if (event.op == EventOp::kCreate) {
-        const auto id = event.detail.at("s").get<std::size_t>();
-        if (event.detail.contains("spec")) {
-          if (id != specs.size()) throw ValueError("specification ids out of order");
-          specs.push_back({{"spec", event.detail["spec"]},
-                           {"compat", event.detail["compat"]},
-                           {"scope", event.detail["scope"]}});
-        }
-        if (id >= specs.size()) throw ValueError(fmt::format("unknown specification {}", id));
-        const std::string name =
-            event.detail.value("n", fmt::format("m{}", out.moduleNames.size()));
-        event.detail = specs[id];
-        event.detail["name"] = name;
-        if (event.module != static_cast<std::int32_t>(out.moduleNames.size())) {
-          throw ValueError(fmt::format("module {} created out of order", event.module));
-        }
-        out.moduleNames.push_back(name);
-        // A module without a type frame has the type last written for its specification before
-        // its creation (the writer leaves the frame out only then).
-        specTypes.resize(specs.size());
-        out.moduleTypes.push_back(specTypes[id]);
-        moduleSpecs.push_back(id);
-      }
-    } catch (const std::exception& error) {
-      out.stop = fmt::format("an event at byte {} cannot be read: {}", frameAt, error.what());
-      break;
-    }
-    if (event.module >= static_cast<std::int32_t>(out.moduleNames.size())) {
-      out.stop =
-          fmt::format("an event at byte {} names module {}, never created", frameAt, event.module);
-      break;
-    }
-    out.events.push_back(std::move(event));
+    if (!readEvent(payload, frameAt, out, known)) break;
   }
   return out;
 }
