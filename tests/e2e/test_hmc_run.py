@@ -490,6 +490,26 @@ def _limited(limit, soft, hard=None):
     return apply
 
 
+def _copies_for_another_user(work, scenario):
+    """hmc-run, the runner next to it (hmc-run-torch: a scenario run execs it) and `scenario`
+    copied into `work` for another user to run (hmc-run links no library of the build tree).
+    Returns (hmc-run, scenario) there, or None with the reason printed."""
+    runner = os.path.join(os.path.dirname(HMC_RUN), "hmc-run-torch")
+    if not os.access(runner, os.X_OK):
+        print(f"      (skipped: no runner hmc-run-torch next to {HMC_RUN} to copy for user "
+              f"nobody, who may not reach the build folder)")
+        return None
+    folder = os.path.join(work, "bin")
+    os.mkdir(folder)
+    os.chmod(folder, 0o755)
+    for binary in (HMC_RUN, runner):
+        shutil.copy(binary, folder)
+        os.chmod(os.path.join(folder, os.path.basename(binary)), 0o755)
+    copy = shutil.copy(scenario, work)
+    os.chmod(copy, 0o644)
+    return os.path.join(folder, os.path.basename(HMC_RUN)), copy
+
+
 def _sanitizer_runtime():
     """The sanitizer runtime hmc-run links (scripts/test --sanitize), or None."""
     proc = subprocess.run(["ldd", HMC_RUN], capture_output=True, text=True)
@@ -572,6 +592,7 @@ def test_task_limit_of_an_unprivileged_user():
     import resource
     root = os.geteuid() == 0
     work = tempfile.mkdtemp(prefix="hmc-e2e-nproc-")
+    hmc_run, quickstart = HMC_RUN, os.path.join(SCENARIOS, "quickstart.json")
     try:
         if root:
             try:
@@ -580,6 +601,12 @@ def test_task_limit_of_an_unprivileged_user():
                 print("      (skipped: running as root and there is no user 'nobody' to run as)")
                 return
             os.chown(work, nobody.pw_uid, nobody.pw_gid)
+            # A clone under a folder only root can enter (mktemp -d) keeps its build folder
+            # and scenarios out of nobody's reach: it runs copies in its own folder.
+            copied = _copies_for_another_user(work, quickstart)
+            if copied is None:
+                return
+            hmc_run, quickstart = copied
 
         def as_user(limit):
             def apply():
@@ -592,15 +619,18 @@ def test_task_limit_of_an_unprivileged_user():
 
         def limited(args, limit, extra_env=None, timeout=180):
             env = dict(os.environ, TMPDIR=work, **(extra_env or {}))
-            return subprocess.run([HMC_RUN, *args], capture_output=True, text=True, cwd=work,
+            return subprocess.run([hmc_run, *args], capture_output=True, text=True, cwd=work,
                                   timeout=timeout, preexec_fn=as_user(limit), env=env)
 
-        probe = limited(["--version"], 1000)
-        if probe.returncode != 0:
-            print(f"      (skipped: hmc-run does not start as {'nobody' if root else 'this user'}"
-                  f" (is its build folder readable by others?): {output(probe)})")
+        user = "nobody" if root else "this user"
+        try:
+            probe = limited(["--version"], 1000)
+        except OSError as error:  # the exec or the chdir into `work`, refused in the child
+            print(f"      (skipped: {hmc_run} does not start as {user} in {work}: {error})")
             return
-        quickstart = os.path.join(SCENARIOS, "quickstart.json")
+        if probe.returncode != 0:
+            print(f"      (skipped: {hmc_run} does not start as {user}: {output(probe)})")
+            return
         args = [quickstart, "--device", "cpu", "--transport", "tcp", "--world-size", "8"]
         # Enough tasks for hmc-run itself, not for 8 rank processes (~20 tasks each).
         limit = 40
