@@ -51,6 +51,21 @@ def step_failure(report):
     return report.get("outcome"), first, where
 
 
+def first_error_text(report):
+    """' (first: step I on ranks R, kind: message)' from hmc-report/1's steps, or ''."""
+    _, index, where = step_failure(report)
+    if index is None:
+        return ""
+    for rank in report.get("ranks", []):
+        for step in rank.get("steps") or []:
+            if step["index"] == index and not step.get("expected", True):
+                error = step.get("error") or {}
+                return (f" (first: step {index} {step['op']} on ranks {sorted(where)}: "
+                        f"{step['status']} {error.get('kind', '')}: "
+                        f"{(error.get('message') or '')[:100]})")
+    return ""
+
+
 def crashed_ranks(report):
     return {r["rank"] for r in report.get("ranks", []) if r.get("crashed")}
 
@@ -197,24 +212,31 @@ def agree_first_failure(results, x, y):
         results.ok("agree_first_failure")
 
 
-def expected_program_outcome(a_outcome, meta):
-    """What the program on hmc::joinWorld must say, given hmc-run's outcome for the plan.
-    The one difference by design: a `fault crash` is a crash the scenario asked for (a pass
-    when no rank waited for it), while the program's rank is really gone: a lost rank, which
-    the world's end (a collective of its own) sees as a hang (exit 3)."""
+def expected_program_outcome(a_doc, meta):
+    """What the program on hmc::joinWorld must say, given hmc-run's report of the plan. Two
+    differences by design: a `fault crash` is a crash the scenario asked for (a pass when no
+    rank waited for it), while the program's rank is really gone: a lost rank, which the
+    world's end (a collective of its own) sees as a hang (exit 3); and a leak (what the
+    automatic shutdown could not close, e.g. a backward left pending) does not change an
+    hmc-run outcome (the contract), while the world's end fails on it (exit 1)."""
+    outcome = a_doc.get("outcome")
     if meta["divergence"] == "crash":
         return "hang"
-    return a_outcome
+    if outcome == "pass" and (a_doc.get("leaks") or {}).get("leaked"):
+        return "fail"
+    return outcome
 
 
 def agree_program(results, a, b, meta):
     if a.document is None or b.document is None:
         return
-    want = expected_program_outcome(a.document.get("outcome"), meta)
+    want = expected_program_outcome(a.document, meta)
     got = b.document.get("outcome")
     if got != want:
+        leaked = " (leaked)" if (a.document.get("leaks") or {}).get("leaked") else ""
         results.wrong("agree_outcome", f"{b.name} says {got}; {a.name} says "
-                      f"{a.document.get('outcome')}, so {want} was expected")
+                      f"{a.document.get('outcome')}{leaked}{first_error_text(a.document)}, so "
+                      f"{want} was expected")
     else:
         results.ok("agree_outcome")
     agree_first_failure(results, a, b)
