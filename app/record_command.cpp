@@ -215,7 +215,8 @@ CLI::App* addRecordCommand(CLI::App& app, RecordOptions& options) {
   show->add_option("directory", options.directory, "The recording folder")->required();
   show->add_option("--width", options.width, "Characters per rank column")
       ->check(CLI::Range(12, 200));
-  show->add_option("--limit", options.limit, "At most this many rows")->check(CLI::NonNegativeNumber);
+  show->add_option("--limit", options.limit, "At most this many rows")
+      ->check(CLI::NonNegativeNumber);
   show->add_flag("--all", options.all,
                  "Show every row: fold nothing (the table, the page and the JSON's folds)");
   show->add_flag("--json", options.json,

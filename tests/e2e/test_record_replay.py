@@ -17,8 +17,8 @@ Cases:
     (exit 0): the CI test of that failure;
   - `record show` marks the first divergence (table, --json, and --html, which `render` draws
     from the JSON too); the rows every rank repeats fold into one line, the first line names
-    the first divergence's row and ranks, --all folds nothing; `record merge` of a folder with a torn, a foreign and a missing rank
-    file names each with the reason and merges the rest;
+    the first divergence's row and ranks, --all folds nothing; `record merge` of a folder with
+    a torn, a foreign and a missing rank file names each with the reason and merges the rest;
   - a rank process killed with SIGKILL mid-run: the merge keeps its events up to its last call
     and the others', and the replay ends as the run did (fail, exit 1) naming it.
 

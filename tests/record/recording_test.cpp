@@ -515,7 +515,8 @@ TEST_CASE("show: ranks that agree throughout fold whole; short runs stay as they
   const json small = hmc::record::showDocument(readAllRanks(early.path), {});
   CHECK(small["divergence"] == 3);
   CHECK(small["first_divergence"]["ranks"] == json{1});
-  CHECK(small["first_divergence"]["summary"] == "rank 1 has 'close_all' where rank 0 has 'barrier'");
+  CHECK(small["first_divergence"]["summary"] ==
+        "rank 1 has 'close_all' where rank 0 has 'barrier'");
   CHECK(small["folds"].empty());
 }
 

@@ -92,9 +92,9 @@ json divergenceOf(std::size_t row, const std::vector<Recording>& recordings,
   std::string summary = fmt::format("{}", fmt::join(parts, ", "));
   if (more > 0) summary += fmt::format(", {} more ranks have other events", more);
   const Group& reference = groups[usual];
-  summary += fmt::format(" where {} {} {}", ranksWord(reference.ranks),
-                         reference.ranks.size() == 1 ? "has" : "have",
-                         groupText(reference, recordings));
+  summary +=
+      fmt::format(" where {} {} {}", ranksWord(reference.ranks),
+                  reference.ranks.size() == 1 ? "has" : "have", groupText(reference, recordings));
   return {{"event", row},
           {"ranks", differing},
           {"agreeing_ranks", reference.ranks},
@@ -152,8 +152,7 @@ std::string describeEvent(const Recording& recording, const Event& event) {
   return text;
 }
 
-nlohmann::json showDocument(const std::vector<Recording>& recordings,
-                            const ShowOptions& options) {
+nlohmann::json showDocument(const std::vector<Recording>& recordings, const ShowOptions& options) {
   using nlohmann::json;
   json ranks = json::array();
   for (const auto& r : recordings) {
@@ -199,10 +198,10 @@ nlohmann::json showDocument(const std::vector<Recording>& recordings,
     }
     // Every rank failed the same call before any divergence: the failure comes first.
     if (same && failed && !divergence && firstFailure.is_null()) {
-      firstFailure = {{"event", row},
-                      {"ranks", failedRanks},
-                      {"summary", fmt::format("every rank has {}",
-                                              show_detail::quoted(*cells.front()))}};
+      firstFailure = {
+          {"event", row},
+          {"ranks", failedRanks},
+          {"summary", fmt::format("every rank has {}", show_detail::quoted(*cells.front()))}};
     }
     if (!opening) {
       if (same && !failed) {
