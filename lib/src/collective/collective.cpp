@@ -146,6 +146,7 @@ std::vector<Bytes> Collective::exchange(std::string_view stage, const Bytes& pay
 
 SharedPayloads Collective::exchangeShared(std::string_view stage, const Bytes& payload) {
   const std::uint64_t sequence = sequence_++;
+  if (lastStage_ != stage) lastStage_.assign(stage);  // no allocation once it has grown
   ObserverScope scope(observer_, sequence, stage, payload.size());
   try {
     return gatherAgreed(sequence, stage, payload, Clock::now() + timeout_);
@@ -158,6 +159,7 @@ SharedPayloads Collective::exchangeShared(std::string_view stage, const Bytes& p
 Bytes Collective::exchangeReduced(std::string_view stage, const Bytes& payload,
                                   const Reducer& reduce) {
   const std::uint64_t sequence = sequence_++;
+  if (lastStage_ != stage) lastStage_.assign(stage);  // no allocation once it has grown
   ObserverScope scope(observer_, sequence, stage, payload.size());
   try {
     return gatherReduced(sequence, stage, payload, Clock::now() + timeout_, reduce);

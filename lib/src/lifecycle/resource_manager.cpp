@@ -370,12 +370,52 @@ void ResourceManager::recycle(ResourceGroup& target, const Binding& binding,
 }
 
 void ResourceManager::closeGroups(std::optional<std::vector<GroupPtr>> requested) {
-  // Every group: the program's close_all (a module's close() names its group).
-  if (!requested && recorder_) {
-    record::recordCall(recorder_.get(), record::EventOp::kCloseAll, -1,
-                       [&] { closeSelected(std::nullopt); });
-  } else {
-    closeSelected(std::move(requested));
+  // Every group: the program's close_all (a module's close() names its group, and notes its
+  // own failure).
+  if (requested) return closeSelected(std::move(requested));
+  const std::uint64_t before = collective_->sequence();
+  try {
+    if (recorder_) {
+      record::recordCall(recorder_.get(), record::EventOp::kCloseAll, -1,
+                         [&] { closeSelected(std::nullopt); });
+    } else {
+      closeSelected(std::nullopt);
+    }
+  } catch (const std::exception& error) {
+    noteFailure("close_all", error, before);
+    throw;
+  }
+}
+
+void ResourceManager::noteFailure(std::string_view op, const std::exception& error,
+                                  std::uint64_t sequenceAtCall) noexcept {
+  ++failureCount_;
+  if (firstFailure_) return;
+  try {
+    NotedFailure failure;
+    failure.op = std::string(op);
+    failure.errorKind = std::string(toString(kindOf(error)));
+    failure.message = error.what();
+    failure.message = failure.message.substr(0, failure.message.find('\n'));
+    failure.collectivesBefore = sequenceAtCall;
+    const std::uint64_t now = collective_->sequence();
+    if (now > sequenceAtCall) {
+      const std::string& stage = collective_->lastStage();
+      const bool diagnosed = lastMismatch_ && (stage == kCloseDiagnosisStage ||
+                                               stage == kRecycleDiagnosisStage);
+      if (diagnosed && now >= sequenceAtCall + 2) {
+        // The digests' collective found it; the diagnosis exchange after it said where.
+        failure.stage = lastMismatch_->value("stage", std::string(stage));
+        failure.sequence = now - 2;
+        failure.mismatch = *lastMismatch_;
+      } else {
+        failure.stage = stage;
+        failure.sequence = now - 1;
+      }
+    }
+    firstFailure_ = std::move(failure);
+  } catch (...) {
+    // Out of memory while noting: the failure itself still reaches the caller.
   }
 }
 

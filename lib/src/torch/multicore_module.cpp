@@ -61,9 +61,16 @@ void MulticoreModule::shareImpl(const std::vector<MulticoreModule*>& members,
       names.push_back(member->recordIndex_);
     }
   }
-  record::recordCall(recorder, record::EventOp::kShare,
-                     recorder ? members.front()->recordIndex_ : -1,
-                     [&] { shareChecked(members, className, isInstance); }, {{"modules", names}});
+  lifecycle::ResourceManager* manager = members.empty() ? nullptr : members.front()->manager_.get();
+  const std::uint64_t before = manager ? manager->collective().sequence() : 0;
+  try {
+    record::recordCall(recorder, record::EventOp::kShare,
+                       recorder ? members.front()->recordIndex_ : -1,
+                       [&] { shareChecked(members, className, isInstance); }, {{"modules", names}});
+  } catch (const std::exception& error) {
+    if (manager != nullptr) manager->noteFailure("share", error, before);
+    throw;
+  }
 }
 
 void MulticoreModule::shareChecked(const std::vector<MulticoreModule*>& members,
@@ -135,6 +142,16 @@ void MulticoreModule::moveToResourceGroup(const GroupPtr& target) {
 
 std::shared_ptr<lifecycle::Resource> MulticoreModule::getExecutionResources(
     const torch::Tensor& tensor) {
+  const std::uint64_t before = manager_->collective().sequence();
+  try {
+    return recordedBind(tensor);
+  } catch (const std::exception& error) {
+    manager_->noteFailure("forward", error, before);
+    throw;
+  }
+}
+
+std::shared_ptr<lifecycle::Resource> MulticoreModule::recordedBind(const torch::Tensor& tensor) {
   record::Recorder* recorder = this->recorder();
   if (recorder == nullptr) return bindOrReuse(tensor);
   const auto start = std::chrono::steady_clock::now();
@@ -207,7 +224,13 @@ lifecycle::Binding MulticoreModule::executionBinding(const torch::Tensor& tensor
 }
 
 void MulticoreModule::close() {
-  record::recordCall(recorder(), record::EventOp::kClose, recordIndex_, [&] { closeOnce(); });
+  const std::uint64_t before = manager_->collective().sequence();
+  try {
+    record::recordCall(recorder(), record::EventOp::kClose, recordIndex_, [&] { closeOnce(); });
+  } catch (const std::exception& error) {
+    manager_->noteFailure("close", error, before);
+    throw;
+  }
 }
 
 void MulticoreModule::closeOnce() {

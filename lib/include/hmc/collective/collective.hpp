@@ -74,6 +74,9 @@ class Collective {
   void setTimeout(std::chrono::milliseconds timeout);
   // Collectives entered so far; the next one gets this number.
   std::uint64_t sequence() const noexcept { return sequence_; }
+  // The stage of the last collective entered ("" before the first): where a failure that a
+  // collective raised happened, for the diagnosis (hmc/diagnostics/diagnosis.hpp).
+  const std::string& lastStage() const noexcept { return lastStage_; }
   // The transport's name ("threads", "store", "gloo", "local").
   virtual std::string_view transportName() const noexcept = 0;
 
@@ -134,6 +137,7 @@ class Collective {
   int worldSize_;
   std::chrono::milliseconds timeout_;
   std::uint64_t sequence_ = 0;
+  std::string lastStage_;
   CollectiveObserver* observer_ = nullptr;
 };
 

@@ -136,6 +136,26 @@ class ResourceManager {
   const std::optional<nlohmann::json>& lastMismatch() const noexcept { return lastMismatch_; }
   void clearLastMismatch() noexcept { lastMismatch_.reset(); }
 
+  // The first failure of this rank's lifecycle calls, caught by the program or not: what the
+  // world's end reports first (hmc/world/world.hpp, hmc/diagnostics/diagnosis.hpp). `op` is the
+  // call ("forward", "close", "share", "close_all"), `sequenceAtCall` the collective's
+  // sequence() when the call began: a call that entered no collective failed locally.
+  struct NotedFailure {
+    std::string op;
+    std::string errorKind;  // the report's error kind ("runtime_error", "timeout", ...)
+    std::string message;    // its first line
+    std::string stage;      // the collective where it failed; "" for a local failure
+    std::optional<std::uint64_t> sequence;
+    std::uint64_t collectivesBefore = 0;
+    std::optional<nlohmann::json> mismatch;  // lastMismatch(), for a manifest mismatch
+  };
+  // Called by the modules' calls and the manager's own close_all when they throw; keeps the
+  // first and counts the rest. Never throws.
+  void noteFailure(std::string_view op, const std::exception& error,
+                   std::uint64_t sequenceAtCall) noexcept;
+  const std::optional<NotedFailure>& firstFailure() const noexcept { return firstFailure_; }
+  std::uint64_t failureCount() const noexcept { return failureCount_; }
+
   // Local. Every rank must use the same agreement (the payloads differ). Default kDigest.
   void setAgreement(Agreement agreement) noexcept { agreement_ = agreement; }
   Agreement agreement() const noexcept { return agreement_; }
@@ -169,6 +189,8 @@ class ResourceManager {
   bool runtimeReleased_ = false;
   bool automaticCleanup_ = false;
   std::optional<nlohmann::json> lastMismatch_;
+  std::optional<NotedFailure> firstFailure_;
+  std::uint64_t failureCount_ = 0;
   Agreement agreement_ = Agreement::kDigest;
 };
 

@@ -94,6 +94,8 @@ class MulticoreModule : public torch::nn::Module {
   static lifecycle::Binding executionBinding(const torch::Tensor& tensor);
 
  private:
+  // getExecutionResources without noting its failure: the recording's event, then the bind.
+  std::shared_ptr<lifecycle::Resource> recordedBind(const torch::Tensor& tensor);
   static void shareImpl(const std::vector<MulticoreModule*>& members, std::string_view className,
                         const std::function<bool(const MulticoreModule&)>& isInstance);
   static void shareChecked(const std::vector<MulticoreModule*>& members,
