@@ -122,8 +122,8 @@ TEST_SUITE("diagnosis") {
     CHECK(first.first->kind == "collective_mismatch");
     CHECK(first.first->ranks == std::vector<int>{2});
     CHECK(first.first->seenBy == std::vector<int>{0, 1, 2});
-    CHECK(contains(first.first->line, "rank 2 reached the world's end (rank 2: 1 group(s) open "
-                                      "({\"features\":64,\"type\":\"scratch_linear\"}))"));
+    CHECK(contains(first.first->line, "rank 2 reached the world's end with 1 group open "
+                                      "({\"features\":64,\"type\":\"scratch_linear\"})"));
     CHECK(contains(first.first->line, "while ranks [0, 1] were in 'close validation' #0"));
 
   }

@@ -25,7 +25,8 @@ std::string ranksText(const std::vector<int>& ranks) {
 }
 
 std::string quoted(const json& value) {
-  std::string text = value.dump();
+  // A specification kept as JSON text reads as the JSON it holds.
+  std::string text = value.is_string() ? value.get<std::string>() : value.dump();
   if (text.size() > kValueChars) text = text.substr(0, kValueChars) + "...";
   return text;
 }
@@ -39,13 +40,17 @@ std::tuple<std::uint64_t, int, int, int> orderOf(const FailureView& view) {
   if (view.kind == kManifestMismatch || view.kind == kCollectiveMismatch) priority = 0;
   if (waitKind(view.kind)) priority = 1;
   if (view.kind == kError) priority = 2;
-  if (view.kind == kCrash || view.kind == kStopped) return {kLast, 2, priority, view.rank};
+  if (view.kind == kCrash || view.kind == kStopped || view.kind == kMissing) {
+    return {kLast, 2, priority, view.rank};
+  }
   if (view.kind == kLeak) return {kLast, 3, priority, view.rank};
   if (view.sequence) return {*view.sequence, 1, priority, view.rank};
   return {view.collectivesBefore, 0, priority, view.rank};
 }
 
-std::string describe(const FailureView& view) {
+}  // namespace
+
+std::string describeFailure(const FailureView& view) {
   std::string where;
   if (view.sequence) {
     where = fmt::format(" in '{}' #{}", view.stage, *view.sequence);
@@ -60,11 +65,13 @@ std::string describe(const FailureView& view) {
   return fmt::format("{}{}: {}", kind, where, printable(view.message));
 }
 
+namespace {
+
 class Builder {
  public:
   Builder(const std::vector<FailureView>& views, int worldSize,
-          const std::vector<std::string>& hosts)
-      : views_(views), worldSize_(worldSize), hosts_(hosts) {
+          const std::vector<std::string>& hosts, const std::map<int, std::string>& whereabouts)
+      : views_(views), worldSize_(worldSize), hosts_(hosts), whereabouts_(whereabouts) {
     for (const FailureView& view : views_) byRank_[view.rank] = &view;
     std::set<std::string> distinct;
     for (const auto& host : hosts_)
@@ -107,11 +114,12 @@ class Builder {
       // A named rank's own record is part of the failure when it is what the others saw of it
       // (its crash); a failure of its own later on follows, as the others' do.
       const bool itself = named.count(view.rank) != 0 &&
-                          (view.kind == kCrash || view.kind == kStopped || view.kind == failure.kind);
+                          (view.kind == kCrash || view.kind == kStopped || view.kind == kMissing ||
+                           view.kind == failure.kind);
       if (part.count(view.rank) != 0 || itself) continue;
       diagnosis.consequences.push_back(
           {view.rank, fmt::format("rank {}{}: {} (follows from the first failure)", view.rank,
-                                  hostSuffix(view.rank), describe(view))});
+                                  hostSuffix(view.rank), describeFailure(view))});
     }
     std::sort(diagnosis.consequences.begin(), diagnosis.consequences.end(),
               [](const auto& a, const auto& b) { return a.rank < b.rank; });
@@ -268,8 +276,16 @@ class Builder {
         const json& groupsOpen = it->second->openGroups;
         std::vector<std::string> specs;
         for (const json& spec : groupsOpen) specs.push_back(quoted(spec));
-        open.push_back(fmt::format("rank {}: {} group(s) open{}", rank, groupsOpen.size(),
+        open.push_back(fmt::format("{}{} group{} open{}",
+                                   failure.ranks.size() == 1 ? "" : fmt::format("rank {}: ", rank),
+                                   groupsOpen.size(), groupsOpen.size() == 1 ? "" : "s",
                                    specs.empty() ? "" : fmt::format(" ({})", fmt::join(specs, ", "))));
+      }
+      std::string holding;
+      if (failure.ranks.size() == 1 && !open.empty()) {
+        holding = " with " + open.front();
+      } else if (!open.empty()) {
+        holding = fmt::format(" ({})", fmt::join(open, "; "));
       }
       std::vector<std::string> others;
       for (const auto* group : elsewhere) {
@@ -280,8 +296,7 @@ class Builder {
       failure.line = fmt::format(
           "collective mismatch{}: {} reached the world's end{} while {}: {} skipped collectives "
           "the others ran",
-          at, ranksWithHosts(failure.ranks),
-          open.empty() ? "" : fmt::format(" ({})", fmt::join(open, "; ")), fmt::join(others, ", "),
+          at, ranksWithHosts(failure.ranks), holding, fmt::join(others, ", "),
           failure.ranks.size() == 1 ? "it" : "they");
       return;
     }
@@ -308,7 +323,17 @@ class Builder {
   }
 
   void hang(const FailureView& first, FirstFailure& failure) const {
-    failure.seenBy = ranksWith("wait", first.sequence, first.stage);
+    // At the world's end each rank counts its own collectives: any rank waiting there waits
+    // for the same thing.
+    failure.seenBy = ranksWith("wait", first.stage == kWorldEndStage ? std::nullopt : first.sequence,
+                               first.stage);
+    if (first.stage == kWorldEndStage) {
+      failure.seenBy.clear();
+      for (const FailureView& view : views_) {
+        if (waitKind(view.kind) && view.stage == kWorldEndStage) failure.seenBy.push_back(view.rank);
+      }
+      std::sort(failure.seenBy.begin(), failure.seenBy.end());
+    }
     std::vector<int> absent;
     for (int rank = 0; rank < worldSize_; ++rank) {
       if (!std::binary_search(failure.seenBy.begin(), failure.seenBy.end(), rank)) {
@@ -320,8 +345,17 @@ class Builder {
     std::vector<std::string> how;
     for (const int rank : absent) {
       const auto it = byRank_.find(rank);
-      if (it != byRank_.end() && (it->second->kind == kCrash || it->second->kind == kStopped)) {
-        crashed.push_back(rank);
+      if (it == byRank_.end()) {
+        if (auto where = whereabouts_.find(rank); where != whereabouts_.end()) {
+          how.push_back(fmt::format("rank {}: {}", rank, where->second));
+        }
+        continue;
+      }
+      const std::string& kind = it->second->kind;
+      if (kind == kCrash || kind == kStopped || kind == kMissing) {
+        // A stop (a signal, a launcher's teardown) may have come after the hang, as the
+        // launcher ended the job: not a crash.
+        if (kind == kCrash) crashed.push_back(rank);
         how.push_back(fmt::format("rank {}: {}", rank, printable(it->second->message)));
       }
     }
@@ -342,9 +376,7 @@ class Builder {
     const std::string missing =
         absent.empty() ? std::string("the ranks that did not arrive are not known")
                        : fmt::format("{} never arrived", ranksWithHosts(absent));
-    failure.line = fmt::format("hang in {}: {} {} there; {}", where, waiters,
-                               failure.seenBy.size() == 1 ? "waits or waited" : "wait or waited",
-                               missing);
+    failure.line = fmt::format("hang in {}: {} waited there; {}", where, waiters, missing);
     if (!how.empty()) failure.line += fmt::format(" ({})", fmt::join(how, "; "));
   }
 
@@ -369,7 +401,8 @@ class Builder {
   }
 
   void other(const FailureView& first, FirstFailure& failure) const {
-    failure.kind = first.kind == kCrash || first.kind == kStopped || first.kind == kLeak
+    failure.kind = first.kind == kMissing ? std::string(kHang)
+                   : first.kind == kCrash || first.kind == kStopped || first.kind == kLeak
                        ? first.kind
                        : std::string(kError);
     const auto key = orderOf(first);
@@ -393,6 +426,9 @@ class Builder {
     if (failure.kind == kError) {
       failure.line = fmt::format("error{} on {}: {}", where, ranksWithHosts(failure.seenBy),
                                  printable(first.message));
+    } else if (first.kind == kMissing) {
+      failure.line = fmt::format("hang: {} did not reach the world's end: {}",
+                                 ranksWithHosts(failure.seenBy), printable(first.message));
     } else {
       failure.line = fmt::format("{}: {}: {}", failure.kind, ranksWithHosts(failure.seenBy),
                                  printable(first.message));
@@ -402,6 +438,7 @@ class Builder {
   const std::vector<FailureView>& views_;
   int worldSize_;
   const std::vector<std::string>& hosts_;
+  const std::map<int, std::string>& whereabouts_;
   std::map<int, const FailureView*> byRank_;
   bool manyHosts_ = false;
 };
@@ -473,8 +510,9 @@ json Diagnosis::toJson() const {
 }
 
 Diagnosis diagnose(const std::vector<FailureView>& views, int worldSize,
-                   const std::vector<std::string>& hosts) {
-  return Builder(views, worldSize, hosts).build();
+                   const std::vector<std::string>& hosts,
+                   const std::map<int, std::string>& whereabouts) {
+  return Builder(views, worldSize, hosts, whereabouts).build();
 }
 
 std::string failureKindOf(std::string_view errorKind, bool manifestMismatch) {

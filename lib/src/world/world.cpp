@@ -23,12 +23,14 @@
 #include "hmc/collective/launch_env.hpp"
 #include "hmc/collective/store_transport.hpp"
 #include "hmc/collective/transport_factory.hpp"
+#include "hmc/diagnostics/diagnosis.hpp"
 #include "hmc/diagnostics/flight_recorder.hpp"
 #include "hmc/diagnostics/hang_diagnosis.hpp"
 #include "hmc/diagnostics/job_status.hpp"
 #include "hmc/diagnostics/watchdog.hpp"
 #include "hmc/error.hpp"
 #include "hmc/host.hpp"
+#include "hmc/log.hpp"
 #include "hmc/scenario/output_file.hpp"
 #include "hmc/text.hpp"
 #include "hmc/world/evidence_folder.hpp"
@@ -59,6 +61,8 @@ constexpr std::chrono::milliseconds kAfterWarning{2000};
 // Each store request of the end.
 constexpr std::chrono::milliseconds kStoreRequest{2000};
 inline constexpr const char* kEndFormat = "hmc-world-end/1";
+// The open groups a rank's failure at the world's end quotes.
+constexpr std::size_t kOpenGroupsShown = 8;
 
 std::optional<std::string> variable(const char* name) {
   const char* value = std::getenv(name);
@@ -135,8 +139,14 @@ struct RankEnd {
   std::optional<std::size_t> groupsLeft;
   std::size_t boundGroupsLeft = 0;
   std::string leakReason;
+  // This rank's first failure, caught by the program or not (hmc/diagnostics/diagnosis.hpp).
+  std::optional<diagnostics::FailureView> failure;
+  // It reached the world's end after this many collectives, with these groups open (their
+  // specifications); unset when it did not come (a hang before, a signal).
+  std::optional<std::uint64_t> atEndSequence;
+  json openGroups;
 
-  bool clean() const { return status == "ok" && groupsLeft && *groupsLeft == 0; }
+  bool clean() const { return status == "ok" && groupsLeft && *groupsLeft == 0 && !failure; }
 
   json toJson() const {
     json out = {{"rank", rank},   {"host", host},   {"pid", pid},          {"status", status},
@@ -146,6 +156,10 @@ struct RankEnd {
           {"checked", true}, {"groups_left", *groupsLeft}, {"bound_groups_left", boundGroupsLeft}};
     } else {
       out["leaks"] = {{"checked", false}, {"reason", leakReason}};
+    }
+    out["failure"] = failure ? failure->toJson() : json(nullptr);
+    if (atEndSequence) {
+      out["at_end"] = {{"collectives", *atEndSequence}, {"open_groups", openGroups}};
     }
     return out;
   }
@@ -165,14 +179,43 @@ struct RankEnd {
     } else {
       end.leakReason = leaks.at("reason").get<std::string>();
     }
+    if (value.contains("at_end")) {
+      end.atEndSequence = value.at("at_end").at("collectives").get<std::uint64_t>();
+      end.openGroups = value.at("at_end").at("open_groups");
+    }
+    if (value.contains("failure") && !value.at("failure").is_null()) {
+      end.failure = diagnostics::FailureView::fromJson(value.at("failure"));
+    }
     return end;
   }
 
-  std::string describe() const {
+  // `first`: the world's first failure; this rank's part in it is said in a few words (the
+  // report's first line has it whole).
+  std::string describe(const std::optional<diagnostics::FirstFailure>& first = {}) const {
     std::string what = status == "ok"        ? std::string("ended cleanly")
                        : status == "stopped" ? printable(error)
                                              : fmt::format("{} in '{}' #{}: {}", status, stage,
                                                            sequence, printable(error));
+    std::string failed;
+    if (failure) {
+      const bool part = first && std::find(first->seenBy.begin(), first->seenBy.end(), rank) !=
+                                     first->seenBy.end();
+      failed = part ? fmt::format("saw the first failure ({} in '{}' #{})",
+                                  failure->kind == diagnostics::kCollectiveMismatch
+                                      ? "collective mismatch"
+                                      : failure->kind,
+                                  failure->stage, failure->sequence.value_or(0))
+                    : diagnostics::describeFailure(*failure);
+    }
+    if (status == "ok" && !failure && !groupsLeft && atEndSequence) {
+      what = fmt::format("reached the world's end after {} collectives, with {} group(s) open",
+                         *atEndSequence, openGroups.size());
+    }
+    if (failure && status == "ok") {
+      what = fmt::format("{}, then ended: closed what was left", failed);
+    } else if (failure && (failure->stage != stage || failure->sequence != sequence)) {
+      what += fmt::format("; its first failure: {}", failed);
+    }
     if (!groupsLeft) return fmt::format("{}; leaks: {}", what, leakReason);
     if (*groupsLeft == 0) return what;
     return fmt::format("{}; leaked: {} group(s) left open ({} bound)", what, *groupsLeft,
@@ -294,6 +337,13 @@ struct World::Impl {
   }
 
   RankEnd closeOwn();
+  // The world's end, a collective of its own (diagnostics::kWorldEndStage): see closeOwn.
+  // False when the ranks did not all meet there (`own` then says why).
+  bool meetAtEnd(RankEnd& own, std::optional<diagnostics::FailureView>& failure);
+  // This rank's first failure as the manager noted it (the program's calls, caught or not).
+  std::optional<diagnostics::FailureView> programFailure() const;
+  // The specifications of this rank's open groups (at most kOpenGroupsShown).
+  json openGroups() const;
   // What this rank was doing when `signal` came (0: Open MPI's warning of its teardown).
   RankEnd stoppedEnd(int signal) const;
   void publish(const RankEnd& own, collective::KeyValueStore& store);
@@ -322,14 +372,118 @@ struct World::Impl {
   void print(const WorldEnd& end, const std::vector<std::string>& lines,
              const std::optional<diagnostics::JobStatus>& status) const;
   void write(const WorldEnd& end, const nlohmann::json& ranks,
-             const std::optional<diagnostics::JobStatus>& status) const;
+             const std::optional<diagnostics::JobStatus>& status,
+             const diagnostics::Diagnosis& diagnosis) const;
 };
+
+std::optional<diagnostics::FailureView> World::Impl::programFailure() const {
+  const auto& noted = manager->firstFailure();
+  if (!noted) return std::nullopt;
+  diagnostics::FailureView view;
+  view.rank = placement.rank;
+  view.host = hostName();
+  view.kind = diagnostics::failureKindOf(noted->errorKind, noted->mismatch.has_value());
+  view.stage = noted->stage;
+  view.sequence = noted->sequence;
+  view.collectivesBefore = noted->collectivesBefore;
+  view.op = noted->op;
+  view.message = noted->message;
+  if (noted->mismatch) view.mismatch = *noted->mismatch;
+  return view;
+}
+
+json World::Impl::openGroups() const {
+  json specs = json::array();
+  for (const auto& group : manager->groups()) {
+    if (specs.size() == kOpenGroupsShown) break;
+    specs.push_back(group->specification);
+  }
+  return specs;
+}
+
+// Every rank meets at the world's end before the collective close of what is left, out of
+// band (keys in the control store, as hmc-run's ranks agree on their shutdown): the close runs
+// only once every rank is there and none hung. So a rank that reaches the end while the others
+// still run a collective of the program (it skipped a close they run) does not enter that
+// collective with its own close: it waits here, the others' collective names it as the rank
+// that never arrived, and its end says that it was at the world's end, with which groups open.
+// The wait is bounded: the deadline of a collective the others may be in, and a second; a
+// rank that stops waiting says so in the store, so that no rank closes without it.
+bool World::Impl::meetAtEnd(RankEnd& own, std::optional<diagnostics::FailureView>& failure) {
+  collective::KeyValueStore& store = *kv;
+  const int size = placement.worldSize;
+  const std::uint64_t sequence = transport.collective->sequence();
+  const auto began = Clock::now();
+  const auto deadline = began + options.timeout + kWaitAfterHang;
+  world::SilentRanks silent(options.timeout);
+  const auto giveUp = [&](const std::string& why) {
+    try {
+      store.set(world::keys::kWorldEndUnclean, std::to_string(placement.rank));
+    } catch (const std::exception&) {
+    }
+    own.leakReason = "not checked: " + why;
+    return false;
+  };
+  try {
+    store.set(world::keys::worldAtEnd(placement.rank), std::to_string(sequence));
+    store.add(world::keys::kWorldEndCount, 1);
+    for (int round = 0;; ++round) {
+      if (store.check({world::keys::kWorldEndUnclean})) {
+        return giveUp(fmt::format("rank {} did not end its collectives cleanly: the world's "
+                                  "collective close was skipped",
+                                  store.get(world::keys::kWorldEndUnclean, kStoreRequest)));
+      }
+      if (store.add(world::keys::kWorldEndCount, 0) >= size) return true;
+      std::vector<int> absent;
+      if (round % 20 == 19 || Clock::now() >= deadline) {
+        for (int rank = 0; rank < size; ++rank) {
+          if (!store.check({world::keys::worldAtEnd(rank)})) absent.push_back(rank);
+        }
+        for (const int rank : absent) {
+          if (world::rankGone(store, nullptr, rank, placement.rank, &silent)) {
+            return giveUp(fmt::format("rank {} is gone: the world's collective close was "
+                                      "skipped",
+                                      rank));
+          }
+        }
+      }
+      if (Clock::now() >= deadline) {
+        const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(
+            Clock::now() - began);
+        diagnostics::FailureView view;
+        view.rank = placement.rank;
+        view.host = hostName();
+        view.kind = "timeout";
+        view.stage = std::string(diagnostics::kWorldEndStage);
+        view.sequence = sequence;
+        view.collectivesBefore = sequence;
+        view.op = "world end";
+        view.message = fmt::format(
+            "'{}' timed out on rank {} after {:g} s: ranks {} did not arrive",
+            diagnostics::kWorldEndStage, placement.rank,
+            std::chrono::duration<double>(waited).count(), collective::formatRankList(absent));
+        view.openGroups = openGroups();
+        failure = std::move(view);
+        own.status = "hang";
+        own.stage = std::string(diagnostics::kWorldEndStage);
+        own.sequence = sequence;
+        own.error = failure->message;
+        return giveUp("the ranks did not all reach the world's end");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(round < 100 ? 2 : 10));
+    }
+  } catch (const std::exception& error) {
+    return giveUp(fmt::format("the store at {} failed at the world's end: {}", storeAddress,
+                              error.what()));
+  }
+}
 
 RankEnd World::Impl::closeOwn() {
   RankEnd own;
   own.rank = placement.rank;
   own.host = hostName();
   own.pid = processId();
+  own.failure = programFailure();
   if (const auto hang = firstHang(*recorder)) {
     // A collective of this world hung already: nobody would come to a close.
     own.status = "hang";
@@ -339,8 +493,29 @@ RankEnd World::Impl::closeOwn() {
                             hang->stage, hang->sequence, hang->status);
     own.leakReason =
         fmt::format("not checked: the world hung in '{}' #{}", hang->stage, hang->sequence);
+    try {  // the ranks waiting at the world's end need not wait for this one
+      kv->set(world::keys::kWorldEndUnclean, std::to_string(placement.rank));
+    } catch (const std::exception&) {
+    }
+    if (!own.failure) {
+      diagnostics::FailureView view;
+      view.rank = placement.rank;
+      view.host = own.host;
+      view.kind = hang->status;  // timeout or rank_failure
+      view.stage = hang->stage;
+      view.sequence = hang->sequence;
+      view.collectivesBefore = hang->sequence;
+      view.message = own.error;
+      own.failure = std::move(view);
+    }
     return own;
   }
+  own.atEndSequence = transport.collective->sequence();
+  own.openGroups = openGroups();
+  std::optional<diagnostics::FailureView> atEnd;
+  const bool met = meetAtEnd(own, atEnd);
+  if (!own.failure) own.failure = atEnd;
+  if (!met) return own;
   try {
     manager->closeGroups();
   } catch (const Error& error) {
@@ -352,6 +527,7 @@ RankEnd World::Impl::closeOwn() {
       own.stage = last->stage;
       own.sequence = last->sequence;
     }
+    if (!own.failure) own.failure = programFailure();  // the close_all, noted by the manager
     if (hang) {
       own.leakReason =
           fmt::format("not checked: the close hung in '{}' #{}", own.stage, own.sequence);
@@ -600,6 +776,82 @@ json missingRank(int rank, const std::optional<diagnostics::JobStatus>& status,
 
 }  // namespace
 
+namespace {
+
+// A rank's end as the diagnosis sees it: its first failure, else how its end failed, a leak, or
+// nothing.
+std::optional<diagnostics::FailureView> failureOf(const RankEnd& end) {
+  if (end.failure) {
+    diagnostics::FailureView view = *end.failure;
+    view.rank = end.rank;
+    if (view.host.empty()) view.host = end.host;
+    return view;
+  }
+  diagnostics::FailureView view;
+  view.rank = end.rank;
+  view.host = end.host;
+  view.message = end.error;
+  if (end.status == "stopped") {
+    view.kind = std::string(diagnostics::kStopped);
+  } else if (end.status == "hang" || end.status == "error") {
+    view.kind = end.status == "hang" ? "timeout" : std::string(diagnostics::kError);
+    view.stage = end.stage;
+    view.sequence = end.sequence;
+    view.collectivesBefore = end.sequence;
+  } else if (end.groupsLeft && *end.groupsLeft > 0) {
+    view.kind = std::string(diagnostics::kLeak);
+    view.message = fmt::format("{} group(s) left open ({} bound) after the world's close",
+                               *end.groupsLeft, end.boundGroupsLeft);
+  } else {
+    return std::nullopt;
+  }
+  return view;
+}
+
+// A rank that left no end: crashed (its process or connection ended), waiting in a collective
+// (its heartbeat says so), or not known (missing).
+diagnostics::FailureView missingView(int rank, const json& entry,
+                                     const std::optional<diagnostics::JobStatus>& status,
+                                     bool ended) {
+  diagnostics::FailureView view;
+  view.rank = rank;
+  view.message = entry.at("error").get<std::string>();
+  const std::string where = entry.at("where").get<std::string>();
+  if (where != "host unknown") view.host = where.substr(0, where.rfind(':'));
+  view.kind = std::string(ended ? diagnostics::kCrash : diagnostics::kMissing);
+  if (ended || !status || rank >= static_cast<int>(status->ranks.size())) return view;
+  const auto& beat = status->ranks[rank].heartbeat;
+  if (beat && beat->current && diagnostics::isWaitStatus(beat->current->status) &&
+      !status->ranks[rank].dead) {
+    view.kind = "timeout";
+    view.stage = beat->current->stage;
+    view.sequence = beat->current->sequence;
+    view.collectivesBefore = beat->current->sequence;
+  }
+  return view;
+}
+
+// "rank 3", "ranks [1, 2]", "no rank named".
+std::string namedRanks(const std::vector<int>& ranks) {
+  if (ranks.empty()) return "no rank named";
+  if (ranks.size() == 1) return fmt::format("rank {}", ranks.front());
+  return fmt::format("ranks {}", collective::formatRankList(ranks));
+}
+
+// "manifest mismatch in 'close validation' #26": the verdict line's words for a first failure.
+std::string verdictWords(const diagnostics::FirstFailure& first) {
+  std::string words = first.kind;
+  std::replace(words.begin(), words.end(), '_', ' ');
+  if (first.kind == diagnostics::kCollectiveMismatch && first.sequence) {
+    return fmt::format("{} at #{}", words, *first.sequence);
+  }
+  if (first.sequence) return fmt::format("{} in '{}' #{}", words, first.stage, *first.sequence);
+  if (!first.stage.empty()) return fmt::format("{} in '{}'", words, first.stage);
+  return words;
+}
+
+}  // namespace
+
 WorldEnd World::Impl::report(const RankEnd& own, collective::KeyValueStore& store, int signal,
                              bool atWarning) {
   const int size = placement.worldSize;
@@ -624,46 +876,84 @@ WorldEnd World::Impl::report(const RankEnd& own, collective::KeyValueStore& stor
       spdlog::warn("hmc world: reading the job's status from {}: {}", storeAddress, error.what());
     }
   }
-  bool anyHang = false;
-  bool anyError = false;
-  std::vector<std::string> lines;
+  std::vector<diagnostics::FailureView> views;
+  std::vector<std::string> hosts(size);
   json ranks = json::array();
   for (int rank = 0; rank < size; ++rank) {
     if (auto it = ends.find(rank); it != ends.end()) {
       const RankEnd& found = it->second;
-      anyHang = anyHang || found.status == "hang" || found.status == "stopped";
-      anyError = anyError || !found.clean();
-      lines.push_back(fmt::format("  rank {} ({}:{}): {}", rank, printable(found.host), found.pid,
-                                  found.describe()));
+      hosts[rank] = found.host;
       ranks.push_back(found.toJson());
+      if (auto view = failureOf(found)) views.push_back(std::move(*view));
     } else {
-      anyHang = true;
       const bool connectionClosed = std::find(closed.begin(), closed.end(), rank) != closed.end();
       const auto endedPid = folder.ended(rank) ? folder.pidOf(rank) : std::nullopt;
       ranks.push_back(missingRank(rank, status, std::min(wait, waited), connectionClosed, endedPid,
                                   placement.rank));
-      lines.push_back(fmt::format("  rank {} ({}): {}", rank,
-                                  ranks.back()["where"].get<std::string>(),
-                                  ranks.back()["error"].get<std::string>()));
+      views.push_back(missingView(rank, ranks.back(), status, connectionClosed || endedPid));
+      hosts[rank] = views.back().host;
     }
   }
+  std::map<int, std::string> whereabouts;
+  for (const auto& [rank, found] : ends) {
+    if (!found.atEndSequence || found.failure) continue;
+    std::vector<std::string> specs;
+    for (const json& spec : found.openGroups) {
+      specs.push_back(spec.is_string() ? spec.get<std::string>() : spec.dump());
+    }
+    whereabouts[rank] = fmt::format(
+        "it had reached the world's end after {} collectives, with {} group(s) open{}",
+        *found.atEndSequence, found.openGroups.size(),
+        specs.empty() ? std::string() : fmt::format(" ({})", fmt::join(specs, ", ")));
+  }
+  const diagnostics::Diagnosis diagnosis =
+      diagnostics::diagnose(views, size, hosts, whereabouts);
+  const std::map<int, std::string> following = diagnosis.consequenceByRank();
+  std::vector<std::string> lines;
+  for (const json& rank : ranks) {
+    const int number = rank.at("rank").get<int>();
+    std::string line;
+    if (auto it = ends.find(number); it != ends.end()) {
+      line = fmt::format("  rank {} ({}:{}): {}", number, printable(it->second.host),
+                         it->second.pid, it->second.describe(diagnosis.first));
+    } else {
+      line = fmt::format("  rank {} ({}): {}", number, rank.at("where").get<std::string>(),
+                         rank.at("error").get<std::string>());
+    }
+    if (diagnosis.first) {
+      const auto& named = diagnosis.first->ranks;
+      if (std::find(named.begin(), named.end(), number) != named.end()) {
+        line += " [the first failure]";
+      } else if (following.count(number) != 0) {
+        line += " [follows from the first failure]";
+      }
+    }
+    lines.push_back(std::move(line));
+  }
   WorldEnd end;
-  end.hung = anyHang;
-  end.clean = !anyHang && !anyError;
-  end.exitCode = signal != 0 ? 128 + signal : anyHang ? 3 : (anyError ? 1 : 0);
-  end.summary = atWarning ? std::string(
-                                "STOPPED: mpirun began tearing the job down (its SIGCONT, 1 s "
-                                "before SIGTERM); what every rank did until then is above")
-                : signal != 0 ? fmt::format(
-                                    "STOPPED: rank {} was stopped by signal {} ({}); what every "
-                                    "rank did until then is above",
-                                    placement.rank, signal, strsignal(signal))
-                : end.clean ? fmt::format("OK: every rank of {} ended cleanly", size)
-                : anyHang   ? "HUNG: some rank did not reach the end or hung in a collective"
-                            : "FAILED: some rank's close failed or left resources behind";
+  end.hung = diagnosis.hang();
+  end.clean = !diagnosis.first;
+  end.exitCode = signal != 0 ? 128 + signal : !diagnosis.first ? 0 : (end.hung ? 3 : 1);
+  if (diagnosis.first) end.firstFailure = diagnosis.first->line;
+  end.summary =
+      atWarning ? std::string(
+                      "STOPPED: mpirun began tearing the job down (its SIGCONT, 1 s before "
+                      "SIGTERM); what every rank did until then is above")
+      : signal != 0
+          ? fmt::format("STOPPED: rank {} was stopped by signal {} ({}); what every rank did "
+                        "until then is above",
+                        placement.rank, signal, strsignal(signal))
+      : end.clean ? fmt::format("OK: every rank of {} ended cleanly", size)
+                  : fmt::format("{}: {}, {}{}", end.hung ? "HUNG" : "FAILED",
+                                verdictWords(*diagnosis.first),
+                                namedRanks(diagnosis.first->ranks),
+                                diagnosis.consequences.empty()
+                                    ? std::string()
+                                    : fmt::format("; {} rank(s) failed after it, following from it",
+                                                  diagnosis.consequences.size()));
   print(end, lines, status);
   if (options.reportPath) {
-    write(end, ranks, status);
+    write(end, ranks, status, diagnosis);
   }
   folder.remove();  // the ends are reported; a rank that writes one now finds no folder
   return end;
@@ -676,6 +966,7 @@ void World::Impl::print(const WorldEnd& end, const std::vector<std::string>& lin
              options.name, placement.worldSize, placement.launcher,
              collective::toString(options.transport),
              std::chrono::duration<double>(options.timeout).count(), storeAddress);
+  if (!end.firstFailure.empty()) fmt::print(stderr, "# first failure: {}\n", end.firstFailure);
   if (placement.rank != 0) {
     fmt::print(stderr,
                "# hmc: rank 0's process ({}) has ended without reporting; rank {}, the lowest "
@@ -694,7 +985,8 @@ void World::Impl::print(const WorldEnd& end, const std::vector<std::string>& lin
 }
 
 void World::Impl::write(const WorldEnd& end, const json& ranks,
-                        const std::optional<diagnostics::JobStatus>& status) const {
+                        const std::optional<diagnostics::JobStatus>& status,
+                        const diagnostics::Diagnosis& diagnosis) const {
   json document = {{"format", kEndFormat},
                    {"name", options.name},
                    {"world_size", placement.worldSize},
@@ -704,7 +996,9 @@ void World::Impl::write(const WorldEnd& end, const json& ranks,
                    {"store", storeAddress},
                    {"outcome", end.clean ? "pass" : (end.hung ? "hang" : "fail")},
                    {"exit_code", end.exitCode},
-                   {"ranks", ranks}};
+                   {"verdict", end.summary}};
+  document.update(diagnosis.toJson());  // first_failure, consequences: read first
+  document["ranks"] = ranks;
   if (status) document["status"] = status->toJson();
   try {
     scenario::writeOutputFile(*options.reportPath, document.dump(2) + "\n");
@@ -781,6 +1075,7 @@ WorldEnd World::close() {
 }
 
 World joinWorld(JoinOptions options) {
+  setUpDefaultLogging();  // hmc/log.hpp: `warn` unless HMC_LOG_LEVEL, as under hmc-run
   auto impl = std::make_unique<World::Impl>();
   impl->options = JoinOptions::withEnvironment(std::move(options));
   JoinOptions& resolved = impl->options;

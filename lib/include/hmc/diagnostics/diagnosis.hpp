@@ -35,7 +35,8 @@ struct FailureView {
   // "manifest_mismatch" (the manager's manifests or signatures differ), "collective_mismatch"
   // (ranks entered different collectives), "timeout", "rank_failure" (a peer was lost), "error"
   // (any other error), and, known from outside: "crash" (its process ended without an end),
-  // "stopped" (a signal ended it), "leak" (it ended with groups left open).
+  // "stopped" (a signal ended it), "missing" (it left no end and is not known to have ended:
+  // what its heartbeat says), "leak" (it ended with groups left open).
   std::string kind;
   std::string stage;                      // the collective's stage; "" for a local call
   std::optional<std::uint64_t> sequence;  // the collective's number; nullopt for a local call
@@ -58,6 +59,7 @@ inline constexpr std::string_view kCrash = "crash";
 inline constexpr std::string_view kError = "error";
 inline constexpr std::string_view kStopped = "stopped";
 inline constexpr std::string_view kLeak = "leak";
+inline constexpr std::string_view kMissing = "missing";  // a view's kind, never a first failure's
 // The stage of the world's end (hmc::World::close): a collective of its own, so that a rank
 // that reaches the end while the others run a collective of the program is named.
 inline constexpr std::string_view kWorldEndStage = "world end";
@@ -93,9 +95,15 @@ struct Diagnosis {
 };
 
 // The diagnosis of a world of `worldSize` ranks from every rank's first failure (ranks that saw
-// none have no view). `hosts`: each rank's host where known (index = rank).
+// none have no view). `hosts`: each rank's host where known (index = rank). `whereabouts`:
+// where a rank without a failure of its own was, for the ranks a hang names as never arriving
+// ("it was at the world's end, with 1 group open (...)", "finished its steps").
 Diagnosis diagnose(const std::vector<FailureView>& views, int worldSize,
-                   const std::vector<std::string>& hosts = {});
+                   const std::vector<std::string>& hosts = {},
+                   const std::map<int, std::string>& whereabouts = {});
+
+// "manifest mismatch in 'close validation' #26 (step 4): <message>": one rank's failure.
+std::string describeFailure(const FailureView& view);
 
 // The view of a collective error a rank raised: kind from the error kind's name
 // ("collective_mismatch", "timeout", "rank_failure", anything else "error"), or

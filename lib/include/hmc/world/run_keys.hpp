@@ -8,6 +8,9 @@
 //   vote/<rep>/<rank>    "1" or "0": whether the rank ended repetition <rep> cleanly (the
 //                        end-of-run agreement); a rank drops its vote of <rep> - 1 after voting
 //   results-read         set by the reporting rank once it read every result: the store may go
+//   world/at-end/<rank>  a program's rank reached its world's end (world.hpp): the meeting
+//   world/at-end-count   before the collective close; world/at-end-unclean: a rank that will
+//   world/at-end-unclean not close (hung, or stopped waiting), so that no rank closes alone
 //   world/end/<rank>     a program's rank at its world's end (hmc/world/world.hpp): how its close
 //                        went and what it left; rank 0 reads them all for the report
 //   evidence/folder      "<host>\n<path>" of rank 0's evidence folder, or "none" when it has
@@ -31,6 +34,11 @@ inline std::string worldEnd(int rank) { return "world/end/" + std::to_string(ran
 inline std::string worldEndAtWarning(int rank) {
   return "world/end-at-warning/" + std::to_string(rank);
 }
+// hmc::World: rank <rank> reached its world's end (the collectives it had entered then), how
+// many ranks did, and the first rank that will not close (it hung, or stopped waiting).
+inline std::string worldAtEnd(int rank) { return "world/at-end/" + std::to_string(rank); }
+inline constexpr const char* kWorldEndCount = "world/at-end-count";
+inline constexpr const char* kWorldEndUnclean = "world/at-end-unclean";
 inline constexpr const char* kResultsRead = "results-read";
 inline constexpr const char* kEvidenceFolder = "evidence/folder";
 inline constexpr const char* kStartCount = "start/count";

@@ -102,6 +102,11 @@ struct WorldEnd {
   bool hung = false;
   // The report's verdict line ("OK: ...", "HUNG: ...", "FAILED: ...").
   std::string summary;
+  // The first failure of the world, as rank 0's report leads with it ("" when none, and on the
+  // other ranks): hmc/diagnostics/diagnosis.hpp. A collective error that the program caught
+  // counts: the world then ends FAILED (exit 1), or HUNG (exit 3) when the first failure is a
+  // hang or a crash.
+  std::string firstFailure;
   // hmc-run's exit codes: 0 clean, 1 an error or a leak, 3 a hang.
   int exitCode = 0;
 };
