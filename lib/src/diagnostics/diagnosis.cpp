@@ -187,6 +187,7 @@ class Builder {
     std::string where = first.sequence
                             ? fmt::format(" in '{}' #{}", first.stage, *first.sequence)
                             : fmt::format(" in '{}'", first.stage);
+    where += stepText(first);
     if (majority == nullptr || groups.size() < 2) {
       failure.ranks = failure.seenBy;
       failure.line = fmt::format("manifest mismatch{}: {}", where, printable(first.message));
@@ -253,7 +254,8 @@ class Builder {
       detail.push_back({{"stage", group.stage}, {"sequence", group.sequence}, {"ranks", group.ranks}});
     }
     failure.detail = {{"groups", detail}};
-    const std::string at = first.sequence ? fmt::format(" at #{}", *first.sequence) : "";
+    const std::string at =
+        (first.sequence ? fmt::format(" at #{}", *first.sequence) : "") + stepText(first);
     if (groups.size() < 2) {
       failure.ranks = failure.seenBy;
       failure.line = fmt::format("collective mismatch{}: {}", at, printable(first.message));
@@ -360,9 +362,10 @@ class Builder {
       }
     }
     failure.ranks = absent;
-    const std::string where = first.sequence
-                                  ? fmt::format("'{}' #{}", first.stage, *first.sequence)
-                                  : fmt::format("'{}'", first.stage);
+    const std::string where = (first.sequence
+                                   ? fmt::format("'{}' #{}", first.stage, *first.sequence)
+                                   : fmt::format("'{}'", first.stage)) +
+                              stepText(first);
     const std::string waiters = ranksWithHosts(failure.seenBy);
     if (!absent.empty() && crashed.size() == absent.size()) {
       failure.kind = std::string(kCrash);
@@ -378,6 +381,11 @@ class Builder {
                        : fmt::format("{} never arrived", ranksWithHosts(absent));
     failure.line = fmt::format("hang in {}: {} waited there; {}", where, waiters, missing);
     if (!how.empty()) failure.line += fmt::format(" ({})", fmt::join(how, "; "));
+  }
+
+  // " (step 4)" for hmc-run's steps.
+  static std::string stepText(const FailureView& view) {
+    return view.step ? fmt::format(" (step {})", *view.step) : std::string();
   }
 
   // Ranks a failure's text names: "failed on ranks [1, 2]", "ranks [1] did not arrive",
@@ -402,7 +410,8 @@ class Builder {
 
   void other(const FailureView& first, FirstFailure& failure) const {
     failure.kind = first.kind == kMissing ? std::string(kHang)
-                   : first.kind == kCrash || first.kind == kStopped || first.kind == kLeak
+                   : first.kind == kCrash || first.kind == kStopped || first.kind == kLeak ||
+                           first.kind == "unmet"
                        ? first.kind
                        : std::string(kError);
     const auto key = orderOf(first);

@@ -392,31 +392,36 @@ void ResourceManager::noteFailure(std::string_view op, const std::exception& err
   ++failureCount_;
   if (firstFailure_) return;
   try {
-    NotedFailure failure;
-    failure.op = std::string(op);
-    failure.errorKind = std::string(toString(kindOf(error)));
-    failure.message = error.what();
-    failure.message = failure.message.substr(0, failure.message.find('\n'));
-    failure.collectivesBefore = sequenceAtCall;
-    const std::uint64_t now = collective_->sequence();
-    if (now > sequenceAtCall) {
-      const std::string& stage = collective_->lastStage();
-      const bool diagnosed = lastMismatch_ && (stage == kCloseDiagnosisStage ||
-                                               stage == kRecycleDiagnosisStage);
-      if (diagnosed && now >= sequenceAtCall + 2) {
-        // The digests' collective found it; the diagnosis exchange after it said where.
-        failure.stage = lastMismatch_->value("stage", std::string(stage));
-        failure.sequence = now - 2;
-        failure.mismatch = *lastMismatch_;
-      } else {
-        failure.stage = stage;
-        failure.sequence = now - 1;
-      }
-    }
-    firstFailure_ = std::move(failure);
+    firstFailure_ = describeFailure(op, error, sequenceAtCall);
   } catch (...) {
     // Out of memory while noting: the failure itself still reaches the caller.
   }
+}
+
+ResourceManager::NotedFailure ResourceManager::describeFailure(
+    std::string_view op, const std::exception& error, std::uint64_t sequenceAtCall) const {
+  NotedFailure failure;
+  failure.op = std::string(op);
+  failure.errorKind = std::string(toString(kindOf(error)));
+  failure.message = error.what();
+  failure.message = failure.message.substr(0, failure.message.find('\n'));
+  failure.collectivesBefore = sequenceAtCall;
+  const std::uint64_t now = collective_->sequence();
+  if (now > sequenceAtCall) {
+    const std::string& stage = collective_->lastStage();
+    const bool diagnosed =
+        lastMismatch_ && (stage == kCloseDiagnosisStage || stage == kRecycleDiagnosisStage);
+    if (diagnosed && now >= sequenceAtCall + 2) {
+      // The digests' collective found it; the diagnosis exchange after it said where.
+      failure.stage = lastMismatch_->value("stage", std::string(stage));
+      failure.sequence = now - 2;
+      failure.mismatch = *lastMismatch_;
+    } else {
+      failure.stage = stage;
+      failure.sequence = now - 1;
+    }
+  }
+  return failure;
 }
 
 void ResourceManager::closeSelected(std::optional<std::vector<GroupPtr>> requested) {

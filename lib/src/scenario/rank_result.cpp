@@ -74,8 +74,13 @@ json toJson(const StepResult& step) {
               {"error", nullptr},
               {"bind", nullptr},
               {"mismatch", step.mismatch ? *step.mismatch : json(nullptr)}};
-  if (step.error)
-    out["error"] = {{"kind", toString(step.error->kind)}, {"message", step.error->message}};
+  if (step.error) {
+    out["error"] = {{"kind", toString(step.error->kind)},
+                    {"message", step.error->message},
+                    {"stage", step.error->stage},
+                    {"sequence", step.error->sequence ? json(*step.error->sequence) : json()},
+                    {"collectives_before", step.error->collectivesBefore}};
+  }
   if (step.bind) {
     out["bind"] = {{"binding_id", step.bind->bindingId},
                    {"reused", step.bind->reused},
@@ -98,6 +103,12 @@ StepResult stepFromJson(const Reader& in) {
     const Reader error = in.child("error");
     step.error = StepError{parseEnum<ErrorKind>(error.get<std::string>("kind")),
                            error.get<std::string>("message")};
+    const json& raw = in.at("error");
+    step.error->stage = raw.value("stage", "");
+    if (raw.contains("sequence") && raw.at("sequence").is_number_unsigned()) {
+      step.error->sequence = raw.at("sequence").get<std::uint64_t>();
+    }
+    step.error->collectivesBefore = raw.value("collectives_before", std::uint64_t{0});
   }
   if (!in.at("bind").is_null()) {
     const Reader bind = in.child("bind");

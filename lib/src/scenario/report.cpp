@@ -7,6 +7,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <memory>
 
 #include "hmc/config.hpp"
@@ -162,7 +163,15 @@ Outcome computeOutcome(const Scenario& scenario, const std::vector<RankResult>& 
       std::any_of(scenario.steps.begin(), scenario.steps.end(), [](const Step& s) {
         return s.op == Op::kFault && s.faultKind == FaultKind::kCrash && !s.crashPlanned;
       });
-  if (anyCrash && (!anyFaultStep || unplannedCrash)) return Outcome::kFail;
+  // A rank that crashed other than at its fault step fails the run whatever the scenario
+  // planned: killed by a signal (a fault crash exits), or lost while the world formed (a SIGKILL
+  // of one store rank during the join read '# OK' with every rank crashed).
+  const bool crashedOtherwise = std::any_of(ranks.begin(), ranks.end(), [](const RankResult& r) {
+    return r.crashed && r.crashReason &&
+           (r.crashReason->find("killed by signal") != std::string::npos ||
+            r.crashReason->rfind("could not join its world", 0) == 0);
+  });
+  if (anyCrash && (!anyFaultStep || unplannedCrash || crashedOtherwise)) return Outcome::kFail;
   bool allExpected = true;
   bool unexpectedHang = false;
   for (const auto& rank : ranks) {
@@ -173,6 +182,80 @@ Outcome computeOutcome(const Scenario& scenario, const std::vector<RankResult>& 
   }
   if (allExpected) return Outcome::kPass;
   return unexpectedHang ? Outcome::kHang : Outcome::kFail;
+}
+
+namespace {
+
+// Rank `rank`'s first failure in a run that did not pass, if it had one of its own.
+std::optional<diagnostics::FailureView> rankFailure(const Scenario& scenario,
+                                                    const RankResult& rank) {
+  diagnostics::FailureView view;
+  view.rank = rank.rank;
+  view.host = rank.host;
+  for (const auto& step : rank.steps) {
+    if (step.expected) continue;
+    view.step = step.index;
+    view.op = std::string(toString(step.op));
+    if (step.error) {
+      view.kind = diagnostics::failureKindOf(toString(step.error->kind), step.mismatch.has_value());
+      view.stage = step.error->stage;
+      view.sequence = step.error->sequence;
+      view.collectivesBefore = step.error->collectivesBefore;
+      view.message = step.error->message;
+      if (step.mismatch) view.mismatch = *step.mismatch;
+    } else {
+      // An expected error or hang that did not happen.
+      const Step& definition = scenario.steps[step.index];
+      view.kind = "unmet";
+      view.message = fmt::format("step {} ({}) was expected to end with {}{}, but its status is {}",
+                                 step.index, toString(step.op), toString(definition.expect),
+                                 definition.expectError
+                                     ? fmt::format(" containing '{}'", *definition.expectError)
+                                     : std::string(),
+                                 toString(step.status));
+      view.collectivesBefore = std::numeric_limits<std::uint64_t>::max() / 2;
+    }
+    return view;
+  }
+  if (rank.crashed) {
+    view.kind = std::string(diagnostics::kCrash);
+    view.message = rank.crashReason.value_or("exited");
+    return view;
+  }
+  if (rank.hung) {  // left waiting, with no step of its own that says so (a missing rank)
+    for (auto it = rank.flight.rbegin(); it != rank.flight.rend(); ++it) {
+      if (!diagnostics::isWaitStatus(it->status)) continue;
+      view.kind = "timeout";
+      view.stage = it->stage;
+      view.sequence = it->sequence;
+      view.collectivesBefore = it->sequence;
+      view.message = fmt::format("waited in '{}' #{} (its last heartbeat)", it->stage, it->sequence);
+      return view;
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+diagnostics::Diagnosis diagnoseRun(const Scenario& scenario, const std::vector<RankResult>& ranks,
+                                   Outcome outcome) {
+  if (outcome == Outcome::kPass || outcome == Outcome::kInvalid) return {};
+  std::vector<diagnostics::FailureView> views;
+  std::vector<std::string> hosts;
+  std::map<int, std::string> whereabouts;
+  for (const auto& rank : ranks) {
+    hosts.push_back(rank.host);
+    // A crash the scenario planned does not fail it by itself; where the run failed anyway,
+    // the crash is what the others met.
+    if (auto view = rankFailure(scenario, rank)) {
+      views.push_back(std::move(*view));
+    } else if (!rank.crashed && !rank.hung) {
+      const bool finished = !rank.steps.empty() && rank.steps.back().status != StepStatus::kNotRun;
+      whereabouts[rank.rank] = finished ? "it finished its steps" : "it stopped early";
+    }
+  }
+  return diagnostics::diagnose(views, static_cast<int>(ranks.size()), hosts, whereabouts);
 }
 
 std::string diagnoseHang(const std::vector<RankResult>& ranks) {
@@ -461,6 +544,7 @@ ScenarioReport ReportBuilder::build(RunInfo info) && {
     }
     report.hang = std::move(section);
   }
+  report.diagnosis = diagnoseRun(scenario, report.ranks, report.outcome);
   return report;
 }
 
@@ -515,6 +599,7 @@ json toJson(const ScenarioReport& report) {
                           {"diagnosis", mismatch.diagnosis}});
   }
   out["mismatches"] = std::move(mismatches);
+  out.update(report.diagnosis.toJson());  // first_failure, consequences
   out["leaks"] = {{"leaked", report.leaked}, {"ranks", std::move(leakRanks)}};
   json timings = {{"fresh_bind", toJson(report.timings.freshBind)},
                   {"reused_bind", toJson(report.timings.reusedBind)},

@@ -153,6 +153,10 @@ class ConsoleReporter final : public Reporter {
                  printable(report.name), report.worldSize, report.info.transport,
                  report.info.device, report.timeoutS);
       if (!report.description.empty()) fmt::print(out_, "# {}\n", printable(report.description));
+      // The first thing that went wrong, before the table: the line a person reads first.
+      if (const auto& first = report.diagnosis.first) {
+        fmt::print(out_, "# first failure: {}\n", printable(first->line));
+      }
       if (const auto where = whereLine(report.ranks); !where.empty()) {
         fmt::print(out_, "{}\n", where);
       }
@@ -293,6 +297,9 @@ class ConsoleReporter final : public Reporter {
                  first.index ? fmt::format("manifest entry {}", first.index->dump())
                              : std::string("the signature"),
                  first.rank0.dump(), first.rank, first.thisRank.dump());
+    }
+    for (const auto& consequence : report.diagnosis.consequences) {
+      fmt::print(out_, "# then {}\n", printable(consequence.line));
     }
     if (report.hang) fmt::print(out_, "# hang: {}\n", printable(report.hang->diagnosis));
     const Timings& timings = report.timings;

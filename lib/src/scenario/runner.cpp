@@ -646,6 +646,7 @@ StepResult runStep(const Scenario& scenario, int index, RankState& state, RankRe
     recorder.setStep(index);
     const auto start = Clock::now();
     entry.startS = std::chrono::duration<double>(start - env.epoch).count();
+    const std::uint64_t before = env.collective->sequence();
     try {
       state.run(step, &entry);
       entry.status = StepStatus::kOk;
@@ -655,6 +656,10 @@ StepResult runStep(const Scenario& scenario, int index, RankState& state, RankRe
       entry.status = StepStatus::kOk;  // it did what it was asked to
     } catch (const std::exception& error) {
       recordError(entry, error);
+      const auto where = state.manager().describeFailure(toString(step.op), error, before);
+      entry.error->stage = where.stage;
+      entry.error->sequence = where.sequence;
+      entry.error->collectivesBefore = before;
       if (entry.status == StepStatus::kHang) result.hung = true;
     }
     if (const auto& mismatch = state.manager().lastMismatch()) {

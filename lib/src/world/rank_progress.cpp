@@ -41,6 +41,9 @@ RankProgress::Snapshot RankProgress::snapshot(const scenario::Scenario& scenario
         fmt::format("{} while waiting in '{}' #{}: the launcher or the user ended the run "
                     "(did another rank exit?)",
                     by, last->stage, last->sequence)};
+    waiting.error->stage = last->stage;
+    waiting.error->sequence = last->sequence;
+    waiting.error->collectivesBefore = last->sequence;
     waiting.expected = scenario::expectationMet(definition, waiting);
     partial.steps.push_back(std::move(waiting));
     partial.hung = true;

@@ -153,6 +153,10 @@ class ResourceManager {
   // first and counts the rest. Never throws.
   void noteFailure(std::string_view op, const std::exception& error,
                    std::uint64_t sequenceAtCall) noexcept;
+  // What noteFailure would note for `error` (the scenario runner's steps), right after the
+  // call that raised it.
+  NotedFailure describeFailure(std::string_view op, const std::exception& error,
+                               std::uint64_t sequenceAtCall) const;
   const std::optional<NotedFailure>& firstFailure() const noexcept { return firstFailure_; }
   std::uint64_t failureCount() const noexcept { return failureCount_; }
 

@@ -45,6 +45,11 @@ struct BindInfo {
 struct StepError {
   ErrorKind kind = ErrorKind::kRuntimeError;
   std::string message;
+  // Where it happened (ResourceManager::describeFailure): the collective's stage and sequence,
+  // none for a local error; and the collectives the rank had entered before the step.
+  std::string stage{};
+  std::optional<std::uint64_t> sequence{};
+  std::uint64_t collectivesBefore = 0;
 };
 
 struct StepResult {

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "hmc/diagnostics/diagnosis.hpp"
 #include "hmc/diagnostics/flight_recorder.hpp"
 #include "hmc/enum_names.hpp"
 #include "hmc/error.hpp"
@@ -92,7 +93,13 @@ struct RankFlight {
 };
 
 struct HangReport {
-  // "rank 0 waits in 'close validation' #3 (step 4); rank 1 never arrived: last completed
+  // The first failure of a run's ranks and what followed, from each rank's first step that did
+// not do as expected (its stage and sequence: StepError), its crash, or the collective it was
+// left waiting in. Empty for an outcome of pass.
+diagnostics::Diagnosis diagnoseRun(const Scenario& scenario, const std::vector<RankResult>& ranks,
+                                   Outcome outcome);
+
+// "rank 0 waits in 'close validation' #3 (step 4); rank 1 never arrived: last completed
   // 'recycle' #2 (step 1), finished its steps"
   std::string diagnosis;
   std::vector<RankFlight> ranks;
@@ -147,6 +154,10 @@ struct ScenarioReport {
   bool leaked = false;
   Timings timings;  // over every measured repetition
   std::optional<HangReport> hang;
+  // The first failure of the shown repetition and what followed (hmc/diagnostics/diagnosis.hpp):
+  // what the console, the page and the JSON (first_failure, consequences) lead with. Empty
+  // when the outcome is pass.
+  diagnostics::Diagnosis diagnosis;
   std::optional<InvalidScenario> invalid;  // set iff outcome is kInvalid
   Samples samples;
   bool interrupted = false;  // Ctrl-C or SIGTERM stopped the run
