@@ -1056,7 +1056,10 @@ WorldEnd World::close() {
   WorldEnd end;
   {
     std::lock_guard<std::mutex> guard(impl_->reportMutex);
-    if (impl_->reported) {
+    // A report made at Open MPI's warning whose SIGTERM came: that report is this end's, even
+    // when this thread takes the lock before the signal's thread marks it reported (a second,
+    // different report came out that way).
+    if (impl_->reported || (impl_->reportedAtWarning && world::pendingSignal() != 0)) {
       // The signal's thread handed on this rank's end and ends the process.
       end.hung = true;
       end.summary = fmt::format("rank {}: stopped by a signal", own.rank);
