@@ -176,6 +176,61 @@ TEST_SUITE("report") {
     CHECK((computeOutcome(unplanned, {ok(0), crashed}) == Outcome::kPass));
   }
 
+  TEST_CASE("the run's first failure: the earliest collective, the rank named, what followed") {
+    const Scenario plain = twoSteps();
+    // Rank 0 waited in 'recycle' #3 for rank 1, whose own failure came later (#5): a
+    // consequence. The collectives' sequence orders the ranks' failures.
+    StepResult waited = step(0, Op::kCreate, StepStatus::kHang, false);
+    waited.error = StepError{hmc::ErrorKind::kTimeout,
+                             "'recycle' #3 timed out on rank 0 after 2 s: ranks [1] did not arrive"};
+    waited.error->stage = "recycle";
+    waited.error->sequence = 3;
+    waited.error->collectivesBefore = 3;
+    StepResult later = step(1, Op::kCloseAll, StepStatus::kError, false);
+    later.error = StepError{hmc::ErrorKind::kRuntimeError, "multicore resource manifests differ"};
+    later.error->stage = "close validation";
+    later.error->sequence = 5;
+    later.error->collectivesBefore = 5;
+    const std::vector<RankResult> ranks = {rank(0, {waited}),
+                                           rank(1, {step(0, Op::kCreate, StepStatus::kOk), later})};
+    const auto outcome = computeOutcome(plain, ranks);
+    CHECK((outcome == Outcome::kHang));
+    const auto diagnosis = hmc::scenario::diagnoseRun(plain, ranks, outcome);
+    REQUIRE(diagnosis.first);
+    CHECK(diagnosis.first->kind == "hang");
+    CHECK(diagnosis.first->ranks == std::vector<int>{1});
+    CHECK(diagnosis.first->step == 0);
+    CHECK(diagnosis.first->line ==
+          "hang in 'recycle' #3 (step 0): rank 0 waited there; rank 1 never arrived");
+    REQUIRE(diagnosis.consequences.size() == 1);
+    CHECK(diagnosis.consequences[0].rank == 1);
+    // A run that passed has none, whatever its ranks' expected errors.
+    CHECK_FALSE(hmc::scenario::diagnoseRun(plain, ranks, Outcome::kPass).first);
+    // In the JSON, beside the reference's fields.
+    ScenarioReport report;
+    report.name = "two-steps";
+    report.diagnosis = diagnosis;
+    const json out = hmc::scenario::toJson(report);
+    CHECK(out["first_failure"]["ranks"] == json::array({1}));
+    CHECK(out["consequences"][0]["follows_from"] == "first_failure");
+  }
+
+  TEST_CASE("a crash from outside fails a run whose scenario planned a crash of its own") {
+    Scenario planned = twoSteps(true);
+    planned.steps[1].faultKind = hmc::scenario::FaultKind::kCrash;
+    RankResult killed = rank(1, {step(0, Op::kCreate, StepStatus::kOk)});
+    killed.crashed = true;
+    killed.crashReason = "killed by signal 9 (Killed)";
+    RankResult joinless = killed;
+    joinless.crashReason = "could not join its world: rank 1 timed out";
+    RankResult own = killed;
+    own.crashReason = "exited with status 17 (fault crash)";
+    const RankResult fine = rank(0, {step(0, Op::kCreate, StepStatus::kOk)});
+    CHECK((computeOutcome(planned, {fine, own}) == Outcome::kPass));
+    CHECK((computeOutcome(planned, {fine, killed}) == Outcome::kFail));
+    CHECK((computeOutcome(planned, {fine, joinless}) == Outcome::kFail));
+  }
+
   TEST_CASE("outcomes order as hmc-run's exit codes: invalid > hang > fail > pass") {
     CHECK((worse(Outcome::kPass, Outcome::kFail) == Outcome::kFail));
     CHECK((worse(Outcome::kHang, Outcome::kFail) == Outcome::kHang));

@@ -93,13 +93,7 @@ struct RankFlight {
 };
 
 struct HangReport {
-  // The first failure of a run's ranks and what followed, from each rank's first step that did
-// not do as expected (its stage and sequence: StepError), its crash, or the collective it was
-// left waiting in. Empty for an outcome of pass.
-diagnostics::Diagnosis diagnoseRun(const Scenario& scenario, const std::vector<RankResult>& ranks,
-                                   Outcome outcome);
-
-// "rank 0 waits in 'close validation' #3 (step 4); rank 1 never arrived: last completed
+  // "rank 0 waits in 'close validation' #3 (step 4); rank 1 never arrived: last completed
   // 'recycle' #2 (step 1), finished its steps"
   std::string diagnosis;
   std::vector<RankFlight> ranks;
@@ -172,6 +166,12 @@ struct ScenarioReport {
 // step; else pass when every step met its expectation; else hang when some step hung
 // unexpectedly; else fail.
 Outcome computeOutcome(const Scenario& scenario, const std::vector<RankResult>& ranks);
+
+// The first failure of a run's ranks and what followed, from each rank's first step that did
+// not do as expected (its stage and sequence: StepError), its crash, or the collective it was
+// left waiting in. Empty for an outcome of pass.
+diagnostics::Diagnosis diagnoseRun(const Scenario& scenario, const std::vector<RankResult>& ranks,
+                                   Outcome outcome);
 
 // "rank 0 waits in 'close validation' #3 (step 4); rank 1 never arrived: last completed
 // 'recycle' #2 (step 1), finished its steps". Empty when no rank hung.
