@@ -14,7 +14,10 @@
 // where it was and on which host. --hand-assembled runs the same steps on a world put
 // together by hand (transport and manager, no diagnostics), for the cost comparison
 // (docs/embedding.md); it prints the mean step time either way. --crash RANK ends that rank
-// in the middle of its steps (exit 17), as a segfault would.
+// in the middle of its steps (exit 17), as a segfault would. --reorder-close RANK ends with two
+// models that RANK closes in the other order: every rank's close raises "multicore resource
+// manifests differ across ranks", the program catches it, and the world's end says FAILED
+// with the rank whose manifest differs (exit 1).
 
 #include <torch/types.h>
 
@@ -22,6 +25,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -43,12 +47,13 @@ struct Options {
   double lingerS = 6;
   bool handAssembled = false;
   int crash = -1;
+  int reorderClose = -1;
 };
 
 [[noreturn]] void usage(const char* program, const std::string& problem) {
   std::fprintf(stderr,
                "%s: %s\nusage: %s [--steps N] [--features F] [--skip-close RANK] [--linger S] "
-               "[--crash RANK] [--hand-assembled]\n",
+               "[--crash RANK] [--reorder-close RANK] [--hand-assembled]\n",
                program, problem.c_str(), program);
   std::exit(2);
 }
@@ -72,6 +77,8 @@ Options parse(int argc, char** argv) {
         options.lingerS = std::stod(value());
       } else if (arg == "--crash") {
         options.crash = std::stoi(value());
+      } else if (arg == "--reorder-close") {
+        options.reorderClose = std::stoi(value());
       } else if (arg == "--hand-assembled") {
         options.handAssembled = true;
       } else {
@@ -116,6 +123,25 @@ double run(const Options& options, int rank) {
   last.features = options.features;
   auto model = std::make_shared<hmc::nn::ScratchLinear>(last);
   model->forward(torch::randn({8, options.features}, torch::requires_grad())).sum().backward();
+  if (options.reorderClose >= 0) {
+    // Two models closed one by one: the rank given closes them in the other order, so every
+    // rank's first close finds the manifests differ (the program goes on past the error).
+    auto second = std::make_shared<hmc::nn::ScratchLinear>(last);
+    second->forward(torch::randn({8, options.features}, torch::requires_grad())).sum().backward();
+    std::vector<std::shared_ptr<hmc::nn::ScratchLinear>> order{model, second};
+    if (rank == options.reorderClose) std::swap(order[0], order[1]);
+    std::fprintf(stderr, "# example: rank %d closing its two models%s\n", rank,
+                 rank == options.reorderClose ? " in the other order" : "");
+    for (const auto& each : order) {
+      try {
+        each->close();
+      } catch (const hmc::Error& error) {
+        std::fprintf(stderr, "# example: rank %d: %s: %s\n", rank,
+                     std::string(error.className()).c_str(), error.what());
+      }
+    }
+    return stepS;
+  }
   if (rank == options.skipClose) {
     std::fprintf(stderr, "# example: rank %d skips its close and works alone for %g s\n", rank,
                  options.lingerS);
@@ -153,7 +179,15 @@ int runHandAssembled(const Options& options) {
 int main(int argc, char** argv) {
   const Options options = parse(argc, argv);
   if (options.handAssembled) return runHandAssembled(options);
-  hmc::World world = hmc::joinWorld();
+  std::optional<hmc::World> joined;
+  try {
+    joined.emplace(hmc::joinWorld());
+  } catch (const hmc::Error& error) {
+    // The world did not form (a rank absent or killed): rank 0 reported which.
+    std::fprintf(stderr, "# example: the world did not form: %s\n", error.what());
+    return 3;
+  }
+  hmc::World& world = *joined;
   try {
     const double stepS = run(options, world.rank());
     std::fprintf(stderr, "# example: rank %d world step %.1f us\n", world.rank(), stepS * 1e6);

@@ -13,6 +13,10 @@ Cases (torchrun and mpirun, as users start them, on 127.0.0.1):
     never came, the stage and the host; `hmc-run status`, attached while rank 0 waits, names
     the waiting rank; the JSON report (HMC_REPORT) says the same and `hmc-run render` draws it;
     the launcher's exit is not 0;
+  - the skipping rank reaches the world's end while the others wait for it: it waits there, and
+    the first failure names it as never arriving, at the world's end with its group open;
+  - one rank closes its two models in the other order and the program catches the error: the
+    world ends FAILED (exit 1), led by the manifest mismatch naming that rank;
   - torchrun stopped with SIGTERM: rank 0 reports what every rank was doing before the signal;
   - a rank that dies in the middle of its steps: rank 0's report names it with its host;
   - mpirun's own teardown after a rank is killed (-9) while rank 0 works alone: Open MPI sends
@@ -183,8 +187,17 @@ def check_skipped_close(launcher, world, attach_status):
         assert re.search(rf"^  rank {skipper} \({re.escape(HOST)}:\d+\): no end within 1 s; its "
                          r"heartbeat: running outside any collective", text, re.M), run
         assert re.search(rf"^# waits: .*rank {skipper} never arrived", text, re.M), run
+        # The report leads with the first failure: rank 0's wait, and the rank that never came
+        # (not rank 0, which waited, nor a later consequence).
+        first = re.search(r"^# first failure: (.*)$", text, re.M)
+        assert first and first.start() < text.index("  rank 0 ("), run
+        assert re.match(rf"hang in 'close validation' #\d+: ranks? \[?0\b.* waited there; "
+                        rf"rank {skipper} never arrived", first.group(1)), first.group(1)
         with open(report) as f:
             document = json.load(f)
+        assert document["first_failure"]["kind"] == "hang", document["first_failure"]
+        assert document["first_failure"]["ranks"] == [skipper], document["first_failure"]
+        assert document["first_failure"]["stage"] == "close validation", document["first_failure"]
         assert document["format"] == "hmc-world-end/1", document
         assert document["outcome"] == "hang" and document["exit_code"] in (3, 143), document
         assert document["ranks"][skipper]["status"] == "missing", document
@@ -213,6 +226,75 @@ def check_skipped_close(launcher, world, attach_status):
             assert re.search(rf"^\s+{skipper}\s+running\s+0\s", lines, re.M), lines
             assert re.search(rf"^# waits: rank 0 waits in 'close validation' #\d+ .*rank "
                              rf"{skipper} never arrived", lines, re.M), lines
+
+
+def check_skipper_at_the_end(launcher, world):
+    """The rank that skips its close reaches the world's end while the others wait for it in
+    'close validation': it waits there (it does not enter their collective with a close of its
+    own); the first failure is their wait, naming it as the rank that never arrived because it
+    was at the world's end with its group open; HUNG (exit 3)."""
+    skipper = world - 1
+    with tempfile.TemporaryDirectory(prefix="hmc-embed-") as folder:
+        report = os.path.join(folder, "end.json")
+        env = environment({"HMC_TIMEOUT": str(DEADLINE_S), "HMC_NAME": "at-the-end",
+                           "HMC_REPORT": report})
+        run = Run(LAUNCHERS[launcher](world, ["--steps", "3", "--skip-close", str(skipper),
+                                              "--linger", "0.5"]), env, bound=120)
+        code = run.finish()
+        text = run.text()
+        assert code != 0, f"the launcher exited 0 after a hang:\n{run}"
+        first = re.search(r"^# first failure: (.*)$", text, re.M)
+        assert first, run
+        assert re.match(rf"hang in 'close validation' #\d+: .* waited there; rank {skipper} "
+                        rf"never arrived \(rank {skipper}: it had reached the world's end after "
+                        rf"\d+ collectives, with 1 group\(s\) open \(\{{.*\"features\":64",
+                        first.group(1)), first.group(1)
+        assert re.search(rf"^# HUNG: hang in 'close validation' #\d+, rank {skipper} \(exit 3\)$",
+                         text, re.M), run
+        assert re.search(rf"^  rank {skipper} \({re.escape(HOST)}:\d+\): reached the world's end "
+                         r"after \d+ collectives, with 1 group\(s\) open.*\[the first failure\]$",
+                         text, re.M), run
+        # Its own close never ran with the others': no manifest mismatch, no collective mismatch.
+        assert "manifests differ" not in text and "different collectives" not in text, run
+        document = json.load(open(report))
+        assert document["outcome"] == "hang" and document["exit_code"] == 3, document
+        assert document["first_failure"]["ranks"] == [skipper], document["first_failure"]
+        assert document["ranks"][skipper]["at_end"]["open_groups"], document["ranks"][skipper]
+
+
+def check_reordered_close(launcher, world):
+    """One rank closes its two models in the other order: every rank's close raises "multicore
+    resource manifests differ across ranks" and the program catches it. The world's end says
+    FAILED (exit 1), leads with the manifest mismatch and names the rank whose manifest differs
+    and what each holds; every rank's line says it saw that failure."""
+    odd = world - 1
+    with tempfile.TemporaryDirectory(prefix="hmc-embed-") as folder:
+        report = os.path.join(folder, "end.json")
+        env = environment({"HMC_TIMEOUT": str(DEADLINE_S), "HMC_NAME": "reordered",
+                           "HMC_REPORT": report})
+        run = Run(LAUNCHERS[launcher](world, ["--steps", "3", "--reorder-close", str(odd)]), env,
+                  bound=120)
+        code = run.finish()
+        text = run.text()
+        assert code == 1, f"exit {code} (want 1: a caught error fails the world):\n{run}"
+        assert "multicore resource manifests differ across ranks" in text, run
+        first = re.search(r"^# first failure: (.*)$", text, re.M)
+        assert first and first.start() < text.index("  rank 0 ("), run
+        assert re.match(rf"manifest mismatch in 'close validation' #\d+: rank {odd} differs from "
+                        rf"rank 0 at manifest entry 0: rank 0 has \[(\d+),.*rank {odd} has "
+                        rf"\[(\d+),", first.group(1)), first.group(1)
+        assert re.search(rf"^# FAILED: manifest mismatch in 'close validation' #\d+, rank {odd} "
+                         r"\(exit 1\)$", text, re.M), run
+        for rank in range(world):
+            assert re.search(rf"^  rank {rank} \({re.escape(HOST)}:\d+\): saw the first failure "
+                             r"\(manifest.mismatch in 'close validation' #\d+\), then ended: "
+                             r"closed what was left", text, re.M), run
+        document = json.load(open(report))
+        assert document["outcome"] == "fail" and document["exit_code"] == 1, document
+        failure = document["first_failure"]
+        assert failure["kind"] == "manifest_mismatch" and failure["ranks"] == [odd], failure
+        assert failure["seen_by"] == list(range(world)), failure
+        assert failure["detail"]["index"] == 0 and failure["detail"]["rank"] == odd, failure
 
 
 def check_sigterm():
@@ -348,6 +430,10 @@ CASES = [
     ("torchrun_2_log_level_info", check_log_level),
     ("torchrun_2_skipped_close_with_status", lambda: check_skipped_close("torchrun", 2, True)),
     ("mpirun_2_skipped_close", lambda: check_skipped_close("mpirun", 2, False)),
+    ("mpirun_3_skipper_at_the_end", lambda: check_skipper_at_the_end("mpirun", 3)),
+    ("torchrun_2_skipper_at_the_end", lambda: check_skipper_at_the_end("torchrun", 2)),
+    ("mpirun_3_reordered_close", lambda: check_reordered_close("mpirun", 3)),
+    ("torchrun_2_reordered_close", lambda: check_reordered_close("torchrun", 2)),
     ("torchrun_2_sigterm", check_sigterm),
     ("torchrun_2_crash", check_crash),
     ("mpirun_4_killed_rank", check_mpirun_killed_rank),

@@ -16,6 +16,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <regex>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -1008,6 +1009,66 @@ void World::Impl::write(const WorldEnd& end, const json& ranks,
   }
 }
 
+namespace {
+
+// Rank 0's report of a world that did not form (a rank killed or absent while it formed): the
+// verdict line and the end document, as for any end, before the error reaches the program.
+void reportFailedJoin(const JoinOptions& options, const world::RankPlacement& placement,
+                      const std::exception& error) {
+  static const std::regex kMissing(R"(ranks \[([0-9, ]*)\] did not)");
+  std::vector<int> missing;
+  const std::string text = error.what();
+  std::smatch match;
+  if (std::regex_search(text, match, kMissing)) {
+    const std::string list = match[1].str();
+    static const std::regex kNumber("[0-9]+");
+    for (auto it = std::sregex_iterator(list.begin(), list.end(), kNumber);
+         it != std::sregex_iterator(); ++it) {
+      missing.push_back(std::stoi(it->str()));
+    }
+  }
+  diagnostics::Diagnosis diagnosis;
+  diagnostics::FirstFailure first;
+  first.kind = std::string(diagnostics::kHang);
+  first.stage = "join";
+  first.ranks = missing;
+  first.seenBy = {placement.rank};
+  first.line = fmt::format("hang in the world's join: {}: {}",
+                           missing.empty() ? std::string("the world did not form")
+                                           : namedRanks(missing) + " did not join",
+                           printable(text));
+  diagnosis.first = first;
+  const std::string summary =
+      fmt::format("HUNG: the world did not form, {}", namedRanks(missing));
+  fmt::print(stderr,
+             "# hmc: world '{}' of {} ranks ({}, transport {}, join timeout {:g} s) did not "
+             "form\n# first failure: {}\n# {} (exit 3)\n",
+             options.name, placement.worldSize, placement.launcher,
+             collective::toString(options.transport),
+             std::chrono::duration<double>(options.joinTimeout).count(), first.line, summary);
+  if (!options.reportPath) return;
+  json document = {{"format", kEndFormat},
+                   {"name", options.name},
+                   {"world_size", placement.worldSize},
+                   {"launcher", placement.launcher},
+                   {"transport", collective::toString(options.transport)},
+                   {"timeout_s", std::chrono::duration<double>(options.timeout).count()},
+                   {"store", fmt::format("{}:{}", placement.masterAddr, placement.masterPort)},
+                   {"outcome", "hang"},
+                   {"exit_code", 3},
+                   {"verdict", summary}};
+  document.update(diagnosis.toJson());
+  document["ranks"] = json::array();
+  try {
+    scenario::writeOutputFile(*options.reportPath, document.dump(2) + "\n");
+  } catch (const std::exception& problem) {
+    fmt::print(stderr, "# hmc: cannot write the report to {}: {}\n", *options.reportPath,
+               problem.what());
+  }
+}
+
+}  // namespace
+
 World::World(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 World::World(World&&) noexcept = default;
 World& World::operator=(World&&) noexcept = default;
@@ -1090,8 +1151,13 @@ World joinWorld(JoinOptions options) {
   launch.transport = resolved.transport;
   launch.placement = placement;
   launch.joinTimeout = resolved.joinTimeout;
-  impl->transport =
-      collective::makeTransport(resolved.transport, launch.transportOptions(resolved.timeout));
+  try {
+    impl->transport =
+        collective::makeTransport(resolved.transport, launch.transportOptions(resolved.timeout));
+  } catch (const std::exception& error) {
+    if (placement.rank == 0) reportFailedJoin(resolved, placement, error);
+    throw;
+  }
   if (!impl->transport.control) {
     throw ValueError("hmc::joinWorld: the transport has no control store");
   }
