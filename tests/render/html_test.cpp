@@ -156,6 +156,63 @@ json compareDocument() {
           {"exit_code", 1}};
 }
 
+// The diagnosis of a manifest mismatch in a world of 4 (lib/include/hmc/diagnostics/
+// diagnosis.hpp): rank 2's manifest differs from rank 0's at 'close validation' #26, step 3;
+// rank 3's later error follows from it.
+json mismatchReport() {
+  json report = hangReport();
+  report["scenario"] = "divergent-manifest";
+  report["outcome"] = "fail";
+  report["world_size"] = 4;
+  report["hang"] = nullptr;
+  report["ranks"] = json::array();
+  for (int r = 0; r < 4; ++r) {
+    json close = step(3, "close_all", "error", false);
+    close["error"] = {{"kind", "runtime_error"},
+                      {"message", "multicore resource manifests differ across ranks"}};
+    json forward = step(4, "forward", r == 3 ? "error" : "not_run", r != 3);
+    report["ranks"].push_back({{"rank", r},
+                               {"host", "h" + std::to_string(r)},
+                               {"pid", 100 + r},
+                               {"steps",
+                                {step(0, "create", "ok"), step(1, "forward", "ok"),
+                                 step(2, "forward", "ok"), close, forward}}});
+  }
+  report["leaks"]["ranks"][0]["rank"] = 2;
+  const std::string line =
+      "manifest mismatch in 'close validation' #26 (step 3): rank 2 differs from rank 0 at "
+      "manifest entry 0: rank 0 has [0,[\"scratch_linear\",16384]], rank 2 has "
+      "[0,[\"scratch_linear\",4096]]";
+  report["first_failure"] = {{"kind", "manifest_mismatch"},
+                             {"stage", "close validation"},
+                             {"sequence", 26},
+                             {"step", 3},
+                             {"ranks", {2}},
+                             {"hosts", {"h2"}},
+                             {"seen_by", {0, 1, 2}},
+                             {"line", line},
+                             {"detail", {{"index", 0}, {"rank", 2}, {"reference_rank", 0}}}};
+  report["consequences"] = {
+      {{"rank", 3},
+       {"line",
+        "rank 3 (h3): error in forward (step 4): no group bound (follows from the first failure)"},
+       {"follows_from", "first_failure"}}};
+  return report;
+}
+
+// The page after its style sheet (which names every class).
+std::string bodyOf(const std::string& page) { return page.substr(page.find("</style>")); }
+
+// The class of the timeline label that reads `text` ("rank 2 \u00b7 h2"), or "(none)".
+std::string labelClass(const std::string& page, const std::string& text) {
+  const auto at = page.find(">" + text + "</text>");
+  if (at == std::string::npos) return "(none)";
+  const auto open = page.rfind("<text class=\"", at);
+  if (open == std::string::npos) return "(none)";
+  const auto from = open + 13;
+  return page.substr(from, page.find('"', from) - from);
+}
+
 }  // namespace
 
 TEST_SUITE("render") {
@@ -539,5 +596,216 @@ TEST_SUITE("render") {
     CHECK(failed.find("Every rank recorded the same events") == std::string::npos);
     CHECK(failed.find("<tr id=\"event-124\" class=\"failed\"") != std::string::npos);
     CHECK(failed.find("getElementById('event-124')") != std::string::npos);
+  }
+
+  TEST_CASE("a manifest mismatch is read first: the line, the kind, rank 2 and its host") {
+    const std::string page = renderHtmlReport(mismatchReport());
+    const auto block = page.find("id=\"r0-first-failure\"");
+    REQUIRE(block != std::string::npos);
+    // Before every other box, the timeline and the tables.
+    CHECK(block < page.find("id=\"r0-unexpected\""));
+    CHECK(block < page.find("id=\"r0-steps\""));
+    CHECK(block < page.find("<table class=\"leaks\""));
+    CHECK(page.find("class=\"callout first-failure fail\"") != std::string::npos);
+    CHECK(page.find("data-kind=\"manifest_mismatch\" data-ranks=\"2\"") != std::string::npos);
+    CHECK(page.find("First failure: manifest mismatch</strong>") > block);
+    CHECK(page.find("<p class=\"ff-line\">manifest mismatch in &#39;close validation&#39; #26 "
+                    "(step 3): rank 2 differs from rank 0") > block);
+    CHECK(page.find("<th>where</th><td>&#39;close validation&#39; #26, step 3</td>") !=
+          std::string::npos);
+    CHECK(page.find("<th>named ranks</th><td><strong>rank 2</strong> <span class=\"tag "
+                    "part-cause\">the first failure</span>") != std::string::npos);
+    CHECK(page.find("<th>host</th><td><code>h2</code></td>") != std::string::npos);
+    CHECK(page.find("<th>seen by</th><td>ranks 0-2</td>") != std::string::npos);
+    CHECK(page.find("<summary>detail</summary>") != std::string::npos);
+    // What followed: rank 3, labelled once, after the block and before the timeline.
+    const auto followed = page.find("id=\"r0-what-followed\"");
+    REQUIRE(followed != std::string::npos);
+    CHECK(block < followed);
+    CHECK(followed < page.find("id=\"r0-steps\""));
+    CHECK(page.find("<li data-rank=\"3\"><span class=\"tag part-follows\">follows from the "
+                    "first failure</span> <span class=\"mono\">rank 3 (h3): error in forward "
+                    "(step 4): no group bound</span></li>") != std::string::npos);
+    // The rows: rank 2 the cause, rank 3 follows, ranks 0 and 1 saw it.
+    CHECK(labelClass(page, "rank 2 \u00b7 h2") == "rank-label part-cause");
+    CHECK(labelClass(page, "rank 3 \u00b7 h3") == "rank-label part-follows");
+    CHECK(labelClass(page, "rank 0 \u00b7 h0") == "rank-label part-saw");
+    CHECK(labelClass(page, "rank 1 \u00b7 h1") == "rank-label part-saw");
+    CHECK(count(page, "<rect class=\"part part-cause\"") == 1);
+    CHECK(count(page, "<rect class=\"part part-follows\"") == 1);
+    CHECK(page.find("<title>rank 2: the first failure</title>") != std::string::npos);
+    CHECK(page.find("<title>rank 3: follows from the first failure</title>") != std::string::npos);
+    CHECK(page.find("the first failure (the rank it names)</span>") != std::string::npos);
+    // The leaks table's row of rank 2.
+    CHECK(page.find("<td><span class=\"tag part-cause\">the first failure</span> this rank "
+                    "hung") != std::string::npos);
+  }
+
+  TEST_CASE("a hang naming rank 1 is read first, before the hang box, rank 1 marked") {
+    json report = hangReport();
+    report["first_failure"] = {
+        {"kind", "hang"},
+        {"stage", "close validation"},
+        {"sequence", 1},
+        {"step", 2},
+        {"ranks", {1}},
+        {"hosts", {"node-b"}},
+        {"seen_by", {0}},
+        {"line",
+         "hang in 'close validation' #1 (step 2): rank 0 waited there; rank 1 never arrived"},
+        {"detail", nullptr}};
+    report["consequences"] = json::array();
+    const std::string page = renderHtmlReport(report);
+    const auto block = page.find("id=\"r0-first-failure\"");
+    REQUIRE(block != std::string::npos);
+    CHECK(block < page.find("id=\"hang\""));
+    CHECK(block < page.find("r0-timeline"));
+    CHECK(page.find("class=\"callout first-failure hang\"") != std::string::npos);
+    CHECK(page.find("data-ranks=\"1\"") != std::string::npos);
+    CHECK(page.find("<th>named ranks</th><td><strong>rank 1</strong>") != std::string::npos);
+    CHECK(page.find("<th>host</th><td><code>node-b</code></td>") != std::string::npos);
+    // Nothing followed; no detail to show.
+    CHECK(page.find("r0-what-followed") == std::string::npos);
+    CHECK(page.find("<summary>detail</summary>") == std::string::npos);
+    CHECK(labelClass(page, "rank 1 \u00b7 node-b") == "rank-label part-cause");
+    CHECK(labelClass(page, "rank 0 \u00b7 node-a") == "rank-label part-saw");
+    // The row's note: its part first, then the hang diagnosis's words on it.
+    CHECK(page.find("<title>the first failure: never arrived: last completed") !=
+          std::string::npos);
+    CHECK(page.find("<title>saw the first failure: waits in") != std::string::npos);
+  }
+
+  TEST_CASE("a report without a first failure has no block: an older hmc's, and a pass") {
+    const std::string old = bodyOf(renderHtmlReport(hangReport()));
+    CHECK(old.find("first-failure") == std::string::npos);
+    CHECK(old.find("part-") == std::string::npos);
+    CHECK(old.find("id=\"hang\"") != std::string::npos);  // drawn as before
+    json pass = hangReport();
+    pass["outcome"] = "pass";
+    pass["hang"] = nullptr;
+    pass["first_failure"] = nullptr;
+    pass["consequences"] = json::array();
+    const std::string page = bodyOf(renderHtmlReport(pass));
+    CHECK(page.find("first-failure") == std::string::npos);
+    CHECK(page.find("What followed") == std::string::npos);
+    CHECK(page.find("part-") == std::string::npos);
+  }
+
+  TEST_CASE("the first failure's block escapes every string from the document") {
+    json report = mismatchReport();
+    report["first_failure"]["line"] = "<img src=x onerror=alert(1)>";
+    report["first_failure"]["hosts"] = {"<b>h2</b>"};
+    report["first_failure"]["kind"] = "\"><script>alert(2)</script>";
+    report["first_failure"]["stage"] = "<i>stage</i>";
+    report["first_failure"]["detail"] = {{"<k>", "</pre><script>alert(3)</script>"}};
+    report["consequences"][0]["line"] = "<u>rank 3</u>";
+    const std::string page = renderHtmlReport(report);
+    CHECK(page.find("<img") == std::string::npos);
+    CHECK(page.find("<b>h2") == std::string::npos);
+    CHECK(page.find("<i>stage") == std::string::npos);
+    CHECK(page.find("<u>rank 3") == std::string::npos);
+    CHECK(page.find("&lt;img src=x onerror=alert(1)&gt;") != std::string::npos);
+    CHECK(count(page, "<script") == 1);  // the error probe alone
+  }
+
+  TEST_CASE("a report set's table names each scenario's first failure") {
+    json pass = hangReport();
+    pass["scenario"] = "quickstart";
+    pass["outcome"] = "pass";
+    pass["hang"] = nullptr;
+    const json set = {{"format", "hmc-report-set/1"}, {"reports", {pass, mismatchReport()}}};
+    const std::string page = renderHtmlReport(set);
+    const auto toc = page.find("<nav class=\"toc\">");
+    const auto line = page.find("manifest mismatch in &#39;close validation&#39; #26");
+    REQUIRE(line != std::string::npos);
+    CHECK(toc < line);
+    CHECK(line < page.find("</nav>"));
+    CHECK(page.find("id=\"r1-first-failure\"") != std::string::npos);
+    CHECK(page.find("id=\"r0-first-failure\"") == std::string::npos);
+  }
+
+  TEST_CASE("a world end leads with its first failure, then the ranks, each with its part") {
+    const json world = {
+        {"format", "hmc-world-end/1"},
+        {"name", "hmc-train-loop"},
+        {"world_size", 3},
+        {"launcher", "mpirun"},
+        {"transport", "tcp"},
+        {"timeout_s", 3},
+        {"store", "127.0.0.1:29930"},
+        {"outcome", "hang"},
+        {"exit_code", 3},
+        {"first_failure",
+         {{"kind", "hang"},
+          {"stage", "close validation"},
+          {"sequence", 29},
+          {"step", nullptr},
+          {"ranks", {1}},
+          {"hosts", {"vm"}},
+          {"seen_by", {0}},
+          {"line",
+           "hang in 'close validation' #29: ranks [0] waited there; rank 1 never arrived (rank "
+           "1: it had reached the world's end after 29 collectives, with 1 group(s) open)"},
+          {"detail", nullptr}}},
+        {"consequences",
+         {{{"rank", 2},
+           {"line", "rank 2 (vm): error in close: boom (follows from the first failure)"},
+           {"follows_from", "first_failure"}}}},
+        {"ranks",
+         {{{"rank", 0},
+           {"host", "vm"},
+           {"pid", 11},
+           {"status", "hang"},
+           {"error", "timeout"},
+           {"stage", "close validation"},
+           {"sequence", 29},
+           {"leaks", {{"checked", false}, {"reason", "not checked: the world hung"}}}},
+          {{"rank", 1},
+           {"host", "vm"},
+           {"pid", 12},
+           {"status", "ok"},
+           {"error", ""},
+           {"stage", ""},
+           {"sequence", 0},
+           {"leaks", {{"checked", false}, {"reason", "not checked: skipped"}}}},
+          {{"rank", 2},
+           {"host", "vm"},
+           {"pid", 13},
+           {"status", "error"},
+           {"error", "boom"},
+           {"stage", "close validation"},
+           {"sequence", 29},
+           {"leaks", {{"checked", false}, {"reason", "not checked: the world hung"}}}}}},
+        {"status", {{"diagnosis", "rank 0 waits in 'close validation' #29 (step 0)"}}}};
+    const std::string page = hmc::render::renderHtmlWorldEnd(world);
+    const auto block = page.find("id=\"world-first-failure\"");
+    REQUIRE(block != std::string::npos);
+    CHECK(block < page.find("id=\"verdict\""));
+    CHECK(block < page.find("id=\"ranks\""));
+    CHECK(page.find("First failure: hang</strong>") > block);
+    CHECK(page.find("<th>where</th><td>&#39;close validation&#39; #29</td>") != std::string::npos);
+    CHECK(page.find("<th>named ranks</th><td><strong>rank 1</strong>") != std::string::npos);
+    CHECK(page.find("<th>host</th><td><code>vm</code></td>") != std::string::npos);
+    const auto followed = page.find("id=\"world-what-followed\"");
+    REQUIRE(followed != std::string::npos);
+    CHECK(followed < page.find("id=\"ranks\""));
+    CHECK(page.find("<li data-rank=\"2\"><span class=\"tag part-follows\">") != std::string::npos);
+    // The ranks' table: a column of each rank's part.
+    CHECK(page.find("<tr><th>rank</th><th>first failure</th>") != std::string::npos);
+    CHECK(page.find("<tr class=\"part-saw\"><td class=\"num\">0</td><td><span class=\"tag "
+                    "part-saw\">saw the first failure</span></td>") != std::string::npos);
+    CHECK(page.find("<tr class=\"part-cause\"><td class=\"num\">1</td><td><span class=\"tag "
+                    "part-cause\">the first failure</span></td>") != std::string::npos);
+    CHECK(page.find("<tr class=\"part-follows\"><td class=\"num\">2</td><td><span "
+                    "class=\"tag part-follows\">follows from the first failure</span></td>") !=
+          std::string::npos);
+    // A world end of an older hmc: no block, no column.
+    json old = world;
+    old.erase("first_failure");
+    old.erase("consequences");
+    const std::string before = bodyOf(hmc::render::renderHtmlWorldEnd(old));
+    CHECK(before.find("first-failure") == std::string::npos);
+    CHECK(before.find("<th>first failure</th>") == std::string::npos);
+    CHECK(before.find("<tr><th>rank</th><th>where</th>") != std::string::npos);
   }
 }  // TEST_SUITE

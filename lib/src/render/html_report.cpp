@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "failure.hpp"
 #include "hmc/error.hpp"
 #include "hmc/render/html.hpp"
 #include "hmc/text.hpp"
@@ -55,6 +56,7 @@ struct HangFacts {
   std::map<long long, Role> roles;
   std::set<long long> hangSteps;  // top-level steps where a rank hung
   std::string stage;              // "'close validation' #1", when known
+  FailureParts parts;             // each rank's part in the report's first failure
 };
 
 // The integers of "[1, 3]" starting at `from` (the text after "ranks ").
@@ -76,6 +78,7 @@ std::vector<long long> rankList(const std::string& text, std::size_t from) {
 
 HangFacts hangFacts(const json& report) {
   HangFacts facts;
+  facts.parts = failurePartsOf(report);
   const json* hang = child(report, "hang");
   const std::string diagnosis = hang != nullptr ? textOf(*hang, "diagnosis") : "";
   // "rank 0 waits in 'close validation' #1 (step 2); rank 1 never arrived: ..."
@@ -137,20 +140,6 @@ HangFacts hangFacts(const json& report) {
 // ---- sections of a report ------------------------------------------------------------------
 
 std::string outcomeOf(const json& report) { return textOf(report, "outcome", "unknown"); }
-
-// "0-3, 5, 7-8"
-std::string rangesOf(std::vector<long long> ranks) {
-  std::sort(ranks.begin(), ranks.end());
-  std::string out;
-  for (std::size_t i = 0; i < ranks.size();) {
-    std::size_t j = i;
-    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
-    out += out.empty() ? "" : ", ";
-    out += j > i ? fmt::format("{}-{}", ranks[i], ranks[j]) : fmt::format("{}", ranks[i]);
-    i = j + 1;
-  }
-  return out;
-}
 
 // Why the scenario could not run: the file, where in it, and what is wrong.
 void invalidCallout(std::string& out, const json& report) {
@@ -354,7 +343,13 @@ void summaryCallouts(std::string& out, const json& report, const HangFacts& fact
 struct Drawn {
   std::set<std::string> statuses;
   bool dead = false, crash = false, unexpected = false, hung = false, missing = false;
+  bool cause = false, follows = false;  // a rank's part in the first failure
 };
+
+// A rank's part in the first failure as its timeline label's background: filled for the ranks
+// it names, outlined for those whose failure follows from it.
+constexpr const char* kCauseFill = "#F9D3BF";
+constexpr const char* kFollowsStroke = "#D55E00";
 
 void timelineLegend(std::string& out, const Drawn& drawn) {
   out += "<div class=\"legend\">";
@@ -389,6 +384,18 @@ void timelineLegend(std::string& out, const Drawn& drawn) {
         "<span><span class=\"sw\" style=\"border:2px dashed #000;background:#fff;color:#000\">?"
         "</span>missing rank (never arrived)</span>";
   }
+  if (drawn.cause) {
+    out += fmt::format(
+        "<span><span class=\"sw\" style=\"background:{};border:2px solid {}\"></span>the "
+        "first failure (the rank it names)</span>",
+        kCauseFill, kFollowsStroke);
+  }
+  if (drawn.follows) {
+    out += fmt::format(
+        "<span><span class=\"sw\" style=\"background:#fff;border:2px dashed {}\"></span>"
+        "follows from the first failure</span>",
+        kFollowsStroke);
+  }
   out += "</div>\n";
 }
 
@@ -407,7 +414,7 @@ std::vector<const json*> stepOutline(const json& ranks) {
 bool hasProblem(const json& rank, const HangFacts& facts) {
   if (flag(rank, "crashed")) return true;
   const long long r = integerOf(rank, "rank").value_or(-1);
-  if (facts.roles.count(r) != 0) return true;
+  if (facts.roles.count(r) != 0 || facts.parts.of(r) != FailurePart::kNone) return true;
   for (const auto& step : objectOf(arrayOf(rank, "steps"))) {
     if (!flag(step, "expected") || textOf(step, "status") == "hang" ||
         textOf(step, "status") == "error") {
@@ -657,7 +664,8 @@ std::vector<std::string> noteLines(const std::string& note, std::size_t room,
   return lines;
 }
 
-// What the hang diagnosis says of this rank, or its crash, at the right.
+// The rank's part in the first failure, then what the hang diagnosis says of it or its crash, at
+// the right.
 void rowNote(std::string& out, const TimelineGrid& grid, const TimelineRow& row,
              const HangFacts& facts) {
   std::string note;
@@ -666,12 +674,17 @@ void rowNote(std::string& out, const TimelineGrid& grid, const TimelineRow& row,
   } else if (flag(row.rank, "crashed")) {
     note = "crashed: " + clip(textOf(row.rank, "crash_reason"), 400);
   }
+  const FailurePart part = facts.parts.of(row.r);
+  if (part != FailurePart::kNone) {
+    note = failurePartWords(part) + (note.empty() ? "" : ": " + note);
+  }
   if (note.empty() || grid.cellH < 11) return;
   const double noteFont = std::min(grid.fontSize, 12.0);
   const auto room = static_cast<std::size_t>(grid.noteW / (noteFont * 0.55));
   // Two lines where the row has room for them.
   const std::vector<std::string> lines = noteLines(note, room, grid.cellH >= 26 ? 2 : 1);
-  const char* colour = row.role == Role::kMissing   ? "#000"
+  const char* colour = part == FailurePart::kCause  ? "#A33C00"
+                       : row.role == Role::kMissing ? "#000"
                        : row.role == Role::kWaiting ? "#8E3B74"
                        : row.role == Role::kCrashed ? "#A33C00"
                                                     : "#57606a";
@@ -681,7 +694,8 @@ void rowNote(std::string& out, const TimelineGrid& grid, const TimelineRow& row,
   out += fmt::format(
       "<text x=\"{}\" y=\"{}\" font-size=\"{}\" fill=\"{}\" font-weight=\"{}\">"
       "<title>{}</title>",
-      px(x), px(first), noteFont, colour, row.role == Role::kMissing ? "700" : "400", esc(note));
+      px(x), px(first), noteFont, colour,
+      row.role == Role::kMissing || part == FailurePart::kCause ? "700" : "400", esc(note));
   for (std::size_t l = 0; l < lines.size(); ++l) {
     out += fmt::format("<tspan x=\"{}\" dy=\"{}\">{}</tspan>", px(x),
                        l == 0 ? "0" : px(noteFont * 1.15), esc(lines[l]));
@@ -697,9 +711,24 @@ void timelineRow(std::string& out, const TimelineGrid& grid, const TimelineRow& 
   const std::string host = textOf(row.rank, "host");
   if (!host.empty() && grid.cellH >= 18)
     label += " \u00b7 " + (host.size() > 14 ? host.substr(0, 13) + "\u2026" : host);
-  out += fmt::format("<text x=\"4\" y=\"{}\" font-size=\"{}\" font-weight=\"{}\">{}</text>",
-                     px(row.y + grid.cellH / 2 + grid.fontSize / 2 - 2), grid.fontSize,
-                     row.role == Role::kNone ? "400" : "700", esc(label));
+  const FailurePart part = facts.parts.of(row.r);
+  if (part == FailurePart::kCause || part == FailurePart::kFollows) {
+    const bool cause = part == FailurePart::kCause;
+    drawn.cause = drawn.cause || cause;
+    drawn.follows = drawn.follows || !cause;
+    out += fmt::format(
+        "<rect class=\"part part-{}\" x=\"1\" y=\"{}\" width=\"{}\" height=\"{}\" rx=\"3\" "
+        "fill=\"{}\" stroke=\"{}\" stroke-width=\"2\"{}><title>rank {}: {}</title></rect>",
+        failurePartClass(part), px(row.y + 1.5), px(grid.labelW - 6), px(grid.cellH - 3),
+        cause ? kCauseFill : "#fff", kFollowsStroke, cause ? "" : " stroke-dasharray=\"4 3\"",
+        row.r, failurePartWords(part));
+  }
+  out += fmt::format(
+      "<text class=\"rank-label{}\" x=\"6\" y=\"{}\" font-size=\"{}\" font-weight=\"{}\">{}"
+      "</text>",
+      part == FailurePart::kNone ? "" : std::string(" part-") + failurePartClass(part),
+      px(row.y + grid.cellH / 2 + grid.fontSize / 2 - 2), grid.fontSize,
+      row.role == Role::kNone && part != FailurePart::kCause ? "400" : "700", esc(label));
   const json* steps = arrayOf(row.rank, "steps");
   if (steps == nullptr || steps->empty()) {
     drawn.dead = true;
@@ -1195,6 +1224,7 @@ void leaks(std::string& out, const json& report, const std::string& id) {
     }
     out += "</div>\n";
     if (ranks != nullptr && !ranks->empty()) {
+      const FailureParts parts = failurePartsOf(report);
       out +=
           "<table class=\"leaks\"><tr><th>rank</th><th>checked</th><th>groups</th><th>bound</th>"
           "<th>runtime live</th><th>bytes held</th><th>workspaces held</th><th>leaked</th>"
@@ -1219,10 +1249,11 @@ void leaks(std::string& out, const json& report, const std::string& id) {
             flag(*rank, "runtime_live") ? "yes" : "no",
             esc(formatValue(numberOf(*rank, "bytes_held").value_or(0), "bytes")),
             integerOf(*rank, "workspaces_held").value_or(0),
-            !checkedRank(*rank)          ? "not checked"
+            !checkedRank(*rank)        ? "not checked"
             : leakedWhenChecked(*rank) ? "<strong>leaked</strong>"
                                        : "no",
-            esc(clip(note, 400)));
+            failurePartTag(parts.of(integerOf(*rank, "rank").value_or(-1))) + " " +
+                esc(clip(note, 400)));
       }
       out += "</table>\n";
       if (ranks->size() > kMaxTableRanks) {
@@ -1330,6 +1361,24 @@ void environment(std::string& out, const json& report, const std::string& id) {
   }
 }
 
+// The line a reader needs from each scenario: its first failure; from a report of an older hmc,
+// why it could not run, its hang or a crash.
+std::string firstToRead(const json& report) {
+  const std::string first = firstFailureLine(report);
+  if (!first.empty()) return first;
+  if (const json* error = child(report, "error")) return textOf(*error, "message");
+  if (const json* hang = child(report, "hang"); hang != nullptr && hang->is_object()) {
+    return textOf(*hang, "diagnosis");
+  }
+  for (const auto& rank : objectOf(arrayOf(report, "ranks"))) {
+    if (flag(rank, "crashed")) {
+      return fmt::format("rank {} crashed: {}", integerOf(rank, "rank").value_or(-1),
+                         textOf(rank, "crash_reason"));
+    }
+  }
+  return "";
+}
+
 void reportSection(std::string& out, const json& report, const std::string& id, bool inSet) {
   const std::string name = textOf(report, "scenario", "(a file that did not parse)");
   const std::string outcome = outcomeOf(report);
@@ -1355,6 +1404,7 @@ void reportSection(std::string& out, const json& report, const std::string& id, 
   if (!textOf(env, "started_at").empty()) sub += " \u00b7 " + textOf(env, "started_at");
   if (flag(report, "interrupted")) sub += " \u00b7 INTERRUPTED";
   if (!sub.empty()) out += "<p class=\"sub\">" + esc(sub) + "</p>\n";
+  firstFailureBlock(out, report, id);
   summaryCallouts(out, report, facts, id);
   if (outcome != "invalid") {
     out += "<h3 id=\"" + id + "-steps\">Steps per rank</h3>\n";
@@ -1407,21 +1457,7 @@ std::string renderHtmlReport(const json& document) {
                                            esc(textOf(report, "scenario", "(did not parse)")))
                              : esc(textOf(report, "scenario", "(did not parse)")));
       badge(out, outcomeOf(report));
-      // The line a reader needs from each scenario: why it could not run, its hang, a crash.
-      std::string first;
-      if (const json* error = child(report, "error")) {
-        first = textOf(*error, "message");
-      } else if (const json* hang = child(report, "hang"); hang != nullptr && hang->is_object()) {
-        first = textOf(*hang, "diagnosis");
-      } else {
-        for (const auto& rank : objectOf(arrayOf(report, "ranks"))) {
-          if (flag(rank, "crashed")) {
-            first = fmt::format("rank {} crashed: {}", integerOf(rank, "rank").value_or(-1),
-                                textOf(rank, "crash_reason"));
-            break;
-          }
-        }
-      }
+      std::string first = firstToRead(report);
       if (first.size() > 160) {
         std::size_t cut = 160;
         while (cut > 0 && (static_cast<unsigned char>(first[cut]) & 0xC0) == 0x80) --cut;

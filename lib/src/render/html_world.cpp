@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "failure.hpp"
 #include "hmc/error.hpp"
 #include "hmc/render/html.hpp"
 #include "hmc/text.hpp"
@@ -44,6 +45,9 @@ std::string renderHtmlWorldEnd(const json& document) {
       integerOf(document, "world_size").value_or(0), esc(textOf(document, "launcher", "?")),
       esc(textOf(document, "transport", "?")), numberOf(document, "timeout_s").value_or(0),
       esc(textOf(document, "store", "?")), integerOf(document, "exit_code").value_or(-1));
+  // Read first: the first failure and what followed from it, then the verdict and the ranks.
+  firstFailureBlock(out, document, "world");
+  const FailureParts parts = failurePartsOf(document);
   const json& status = objectOf(child(document, "status"));
   const std::string diagnosis = textOf(status, "diagnosis");
   if (outcome == "pass") {
@@ -58,9 +62,9 @@ std::string renderHtmlWorldEnd(const json& document) {
     if (!diagnosis.empty()) out += "Waits: " + esc(clip(diagnosis, 2000));
     out += "</div>\n";
   }
-  out +=
-      "<h3 id=\"ranks\">Ranks</h3>\n<table class=\"leaks\"><tr><th>rank</th><th>where</th>"
-      "<th>end</th><th>stage</th><th>what</th><th>leaks</th></tr>";
+  out += "<h3 id=\"ranks\">Ranks</h3>\n<table class=\"leaks\"><tr><th>rank</th>" +
+         std::string(parts.present ? "<th>first failure</th>" : "") +
+         "<th>where</th><th>end</th><th>stage</th><th>what</th><th>leaks</th></tr>";
   const json* ranks = arrayOf(document, "ranks");
   std::size_t shown = 0;
   for (const auto& rank : ranks ? *ranks : json::array()) {
@@ -74,10 +78,13 @@ std::string renderHtmlWorldEnd(const json& document) {
                                   : fmt::format("'{}' #{}", textOf(rank, "stage"),
                                                 integerOf(rank, "sequence").value_or(0));
     const std::string end = textOf(rank, "status", "?");
+    const long long number = integerOf(rank, "rank").value_or(-1);
+    const FailurePart part = parts.of(number);
     out += fmt::format(
-        "<tr><td class=\"num\">{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
+        "<tr{}><td class=\"num\">{}</td>{}<td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
         "</tr>",
-        integerOf(rank, "rank").value_or(-1), esc(where),
+        part == FailurePart::kNone ? "" : fmt::format(" class=\"part-{}\"", failurePartClass(part)),
+        number, parts.present ? "<td>" + failurePartTag(part) + "</td>" : "", esc(where),
         end == "ok" ? std::string("ok") : "<strong>" + esc(end) + "</strong>", esc(stage),
         esc(clip(textOf(rank, "error"), 400)), esc(clip(leakCell(rank), 400)));
   }

@@ -134,6 +134,17 @@ svg{display:block;max-width:100%;height:auto;font-family:system-ui,"DejaVu Sans"
 .plot h4{margin:0 0 4px;font-size:14px;font-weight:600;max-width:420px}
 .plot.metric{width:420px}
 nav.toc{font-size:14px}
+.callout.first-failure{border-left-width:10px;background:#fdf0e9;padding:12px 16px;margin:14px 0 8px}
+.callout.first-failure.hang{background:#f9edf4}.callout.first-failure.leak{background:#fdf5e6}
+.callout.first-failure strong.head{font-size:19px}
+.ff-line{font-size:16px;font-weight:600;margin:6px 0 8px;overflow-wrap:anywhere}
+table.ff-facts{margin:0 0 4px}table.ff-facts th,table.ff-facts td{border:none;background:none;padding:1px 14px 1px 0}
+table.ff-facts th{color:var(--muted)}
+.callout.follows{border-color:#f3b08c}ul.follows{margin:4px 0;padding-left:20px}ul.follows li{margin:2px 0}
+.tag{display:inline-block;padding:0 8px;border-radius:10px;font-size:12px;font-weight:600;white-space:nowrap;vertical-align:1px}
+.tag.part-cause{background:var(--error);color:#fff}.tag.part-follows{background:#fff;color:#8a1f00;border:1px dashed var(--error)}
+.tag.part-saw{background:#e4e7eb;color:var(--ink)}
+tr.part-cause td{background:#fdf0e9}
 )css";
 
 // Records script errors into the page (a headless browser's --dump-dom shows them); the page
