@@ -4,7 +4,8 @@
 usage: test_html.py HMC_RUN [REPO_ROOT]
 
 Runs the real hmc-run with --html on a passing scenario (quickstart), an expected hang
-(skipped-close-hang), a crashed rank (crashed-rank), draws a stored report with a
+(skipped-close-hang), a crashed rank (crashed-rank), a run that fails (divergent-manifest
+without its `expect`s: its first failure read first, its rank marked), draws a stored report with a
 `leak_trends` section through `hmc-run render`, and compares two runs (`compare --html`,
 `--format markdown`). Each page is loaded in Chromium (Debian's `chromium`, or $HMC_CHROMIUM;
 one headless browser for the run, a tab a page, driven over the DevTools protocol on a pipe):
@@ -362,6 +363,9 @@ def pass_page():
     check("LibTorch " + report["environment"]["torch_version"] in text, "no torch version")
     check('id="hang"' not in dom and 'id="crash"' not in dom,
           "a pass page should say nothing of a hang or a crash")
+    check(report["first_failure"] is None, f"a pass with a first failure: {report['first_failure']}")
+    check("First failure" not in text and 'class="tag' not in dom,
+          "a pass page should name no first failure")
 
 
 def hang_page():
@@ -382,6 +386,41 @@ def hang_page():
     check("Leaks not checked" in text and "2 ranks were not checked" in text, "no leaks section")
     check("left resources behind" not in text and "<strong>leaked</strong>" not in dom,
           "the hang page calls unchecked ranks leaked")
+
+
+def first_failure_page():
+    """divergent-manifest without its `expect`s: a run that fails, its first failure read first."""
+    with open(os.path.join(SCENARIOS, "divergent-manifest.json")) as fh:
+        scenario = json.load(fh)
+    for step in scenario["steps"]:
+        for key in [k for k in step if k.startswith("expect")]:
+            del step[key]
+    source = os.path.join(WORK, "divergent-unexpected.json")
+    with open(source, "w") as fh:
+        json.dump(scenario, fh)
+    page, report = run_with_html(source, "first-failure", expect_exit=1)
+    first = report["first_failure"]
+    check(first is not None and first["kind"] == "manifest_mismatch",
+          f"expected a manifest mismatch first: {first}")
+    dom = load(page, "first-failure")
+    text = text_of(dom)
+    # Above everything else: the heading, the line, the rank it names and its host.
+    check(text.index("First failure: manifest mismatch " + first["line"]) <
+          text.index("Steps per rank"), "the first failure is not read first:\n" + text[:900])
+    check(dom.index('id="r0-first-failure"') < dom.index('id="mismatches"'),
+          "the mismatches' box comes before the first failure")
+    named = first["ranks"]
+    check(len(named) == 1, f"one rank named: {named}")
+    check(f"named ranks rank {named[0]} the first failure host {first['hosts'][0]}" in text,
+          "the named rank or its host is missing:\n" + text[:900])
+    # Its timeline row is marked; the other rank's says it saw it.
+    labels = {int(rank): part for part, rank in re.findall(
+        r'<text class="rank-label part-(\w+)"[^>]*>rank (\d+)', dom)}
+    check(labels.get(named[0]) == "cause", f"rank {named[0]}'s row is not marked: {labels}")
+    for rank in first["seen_by"]:
+        check(rank == named[0] or labels.get(rank) == "saw", f"rank {rank}: {labels}")
+    for consequence in report["consequences"]:
+        check(labels.get(consequence["rank"]) == "follows", f"{consequence}: {labels}")
 
 
 def crash_page():
@@ -583,7 +622,7 @@ def main():
         return 1
     try:
         for function in (the_checks_catch_a_broken_page, pass_page, hang_page, crash_page,
-                         leak_page, real_leak_page, compare_page,
+                         first_failure_page, leak_page, real_leak_page, compare_page,
                          output_paths_checked_like_report):
             test(function)
     finally:
