@@ -210,8 +210,12 @@ def check_skipped_close(launcher, world, attach_status):
         with open(page) as f:
             html = f.read()
         assert "Some rank did not reach the end" in html, html[:2000]
-        assert re.search(rf"<td class=\"num\">{skipper}</td><td>{re.escape(HOST)}:\d+</td>"
-                         r"<td><strong>missing</strong></td>", html), html
+        # The first failure first, naming the skipping rank; its row says so.
+        assert 0 < html.index("First failure: hang</strong>") < html.index('id="ranks"'), html
+        assert re.search(rf"<tr class=\"part-cause\"><td class=\"num\">{skipper}</td><td><span "
+                         r"class=\"tag part-cause\">the first failure</span></td>"
+                         rf"<td>{re.escape(HOST)}:\d+</td><td><strong>missing</strong></td>",
+                         html), html
         assert "<td>&#39;close validation&#39; #" in html, html
         assert "not checked: the world hung" in html and "not checked: not checked" not in html, \
             html
