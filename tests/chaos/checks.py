@@ -79,9 +79,17 @@ def first_failure(document):
 
 
 def failure_key(ff):
+    """What two first failures must share: kind and the ranks named (stage compared apart,
+    where both have one)."""
     if ff is None:
         return None
-    return (ff.get("kind"), ff.get("stage"), tuple(sorted(ff.get("ranks") or [])))
+    return (ff.get("kind"), tuple(sorted(ff.get("ranks") or [])))
+
+
+def leaked_ranks(report):
+    """The ranks whose own leak record in an hmc-report/1 says leaked."""
+    return {r.get("rank") for r in ((report.get("leaks") or {}).get("ranks") or [])
+            if r.get("leaked")}
 
 
 def named_in_report(report, rank):
@@ -143,7 +151,9 @@ def exit_code(results, execution, launcher_code_only=False):
                           f"outcome {outcome}")
             return
         stopped = "STOPPED" in execution.verdict_lines() and (doc.get("exit_code") or 0) > 128
-        if not stopped and doc.get("exit_code") != EXIT_OF.get(outcome, doc.get("exit_code")):
+        # hmc-report/1 (hmc-run under a launcher) has no exit_code of its own.
+        if "exit_code" in doc and not stopped and \
+                doc.get("exit_code") != EXIT_OF.get(outcome, doc.get("exit_code")):
             results.wrong("exit_code", f"{execution.name}: document exit_code "
                           f"{doc.get('exit_code')} with outcome {outcome}")
             return
@@ -197,34 +207,104 @@ def agree_steps(results, a, c):
         results.ok("agree_first_step")
 
 
-def agree_first_failure(results, x, y):
-    px, fx = first_failure(x.document)
-    py, fy = first_failure(y.document)
-    if not (px and py):
-        missing = [e.name for e, p in ((x, px), (y, py)) if not p]
-        results.not_checked("agree_first_failure",
-                            f"{x.name} vs {y.name}: no first_failure in {', '.join(missing)}")
-        return
+def same_failure(fx, fy):
+    """'' when two first_failure values agree (kind, ranks; stage where both have one), else
+    what differs."""
+    if (fx is None) != (fy is None):
+        return "one has none"
+    if fx is None:
+        return ""
     if failure_key(fx) != failure_key(fy):
-        results.wrong("agree_first_failure", f"{x.name}: {failure_key(fx)}; "
-                      f"{y.name}: {failure_key(fy)}")
+        return "kind/ranks differ"
+    sx, sy = fx.get("stage") or "", fy.get("stage") or ""
+    if sx and sy and sx != sy:
+        return "stage differs"
+    return ""
+
+
+def show_failure(ff):
+    if ff is None:
+        return "none"
+    return (f"{ff.get('kind')} in '{ff.get('stage') or ''}' ranks {sorted(ff.get('ranks') or [])}"
+            f": {(ff.get('line') or '')[:160]}")
+
+
+def agree_first_failure(results, a, b, meta):
+    """hmc-run's report (a) against the program's world end (b): first_failure's kind and
+    ranks, and its stage where both name one. The two documented differences (docs/chaos.md,
+    'agree_first_failure'), as agree_outcome's:
+    - a plan's `fault crash` is the reference runner's rule in hmc-run: a planned crash that no
+      rank waited for does not fail the scenario (first_failure null); in the program the
+      rank's process is really gone, so the world's end has a crash (HUNG) naming that rank;
+    - a leak at the end (a group the automatic shutdown could not close) fails a program's
+      world end (kind "leak", the leaking ranks) but not an hmc-run outcome (null)."""
+    pa, fa = first_failure(a.document)
+    pb, fb = first_failure(b.document)
+    if not (pa and pb):
+        missing = [e.name for e, p in ((a, pa), (b, pb)) if not p]
+        results.not_checked("agree_first_failure",
+                            f"{a.name} vs {b.name}: no first_failure in {', '.join(missing)}")
+        return
+    why = same_failure(fa, fb)
+    if why and fa is None and fb is not None:
+        # Documented difference 1: the planned crash, which hmc-run lets pass.
+        if meta["divergence"] == "crash" and fb.get("kind") in ("crash", "hang") and \
+                sorted(fb.get("ranks") or []) == [meta["crash_rank"]]:
+            why = ""
+        # Documented difference 2: a leak at the end, which only the world's end fails on.
+        elif fb.get("kind") == "leak" and (a.document.get("leaks") or {}).get("leaked") and \
+                set(fb.get("ranks") or []) <= leaked_ranks(a.document):
+            why = ""
+    if why:
+        results.wrong("agree_first_failure", f"{why}: {a.name}: {show_failure(fa)}; "
+                      f"{b.name}: {show_failure(fb)}")
     else:
         results.ok("agree_first_failure")
 
 
+def outcome_of(ff):
+    """The outcome a first failure gives (/tmp/coord/DIAGNOSIS.md, exit codes): none a pass;
+    a hang, or a crash (a lost rank), a hang (exit 3); any other kind a failure (exit 1);
+    None for `stopped` (the launcher's signal: exit 128 + the signal, no outcome of its own)."""
+    if ff is None:
+        return "pass"
+    kind = ff.get("kind")
+    if kind == "stopped":
+        return None
+    return "hang" if kind in ("hang", "crash") else "fail"
+
+
 def expected_program_outcome(a_doc, meta):
-    """What the program on hmc::joinWorld must say, given hmc-run's report of the plan. Two
-    differences by design: a `fault crash` is a crash the scenario asked for (a pass when no
-    rank waited for it), while the program's rank is really gone: a lost rank, which the
-    world's end (a collective of its own) sees as a hang (exit 3); and a leak (what the
-    automatic shutdown could not close, e.g. a backward left pending) does not change an
-    hmc-run outcome (the contract), while the world's end fails on it (exit 1)."""
-    outcome = a_doc.get("outcome")
+    """What the program on hmc::joinWorld must say, given hmc-run's report of the plan: its
+    first failure's outcome (the world's end leads with it), with the two documented
+    differences (agree_first_failure) where hmc-run has none: a `fault crash` that hmc-run
+    lets pass is a lost rank in the program (hang, exit 3); a leak that does not change an
+    hmc-run outcome fails the world's end (exit 1). Where hmc-run's report has no
+    first_failure yet, its outcome."""
+    present, ff = first_failure(a_doc)
+    if present and ff is not None:
+        return outcome_of(ff) or a_doc.get("outcome")
     if meta["divergence"] == "crash":
         return "hang"
-    if outcome == "pass" and (a_doc.get("leaks") or {}).get("leaked"):
+    if (a_doc.get("leaks") or {}).get("leaked") and a_doc.get("outcome") == "pass":
         return "fail"
-    return outcome
+    return a_doc.get("outcome")
+
+
+def outcome_follows_first_failure(results, execution):
+    """A document's outcome is its first failure's (DIAGNOSIS.md: exit 1 when the first
+    failure is not a hang, 3 when it is): hmc-run's report and the world's end alike."""
+    present, ff = first_failure(execution.document)
+    if not present:
+        return
+    want, got = outcome_of(ff), execution.document.get("outcome")
+    if want is None:
+        return
+    if got != want:
+        results.wrong("outcome_follows_first_failure", f"{execution.name}: outcome {got}, "
+                      f"but its first failure ({show_failure(ff)}) gives {want}")
+    else:
+        results.ok("outcome_follows_first_failure")
 
 
 def agree_program(results, a, b, meta):
@@ -239,10 +319,13 @@ def agree_program(results, a, b, meta):
                       f"{want} was expected")
     else:
         results.ok("agree_outcome")
-    agree_first_failure(results, a, b)
+    agree_first_failure(results, a, b, meta)
 
 
 def replay_agrees(results, b, replay):
+    """(b)'s recording, merged and replayed on thread ranks, gives (b)'s verdict: its outcome
+    (`replay`) and its first failure's kind and ranks, and stage where both have one
+    (`replay_first_failure`)."""
     if b.document is None:
         return
     if replay is None or replay.document is None:
@@ -250,11 +333,31 @@ def replay_agrees(results, b, replay):
                       f"({replay.document_error if replay else 'merge failed'})")
         return
     got, want = replay.document.get("outcome"), b.document.get("outcome")
+    pb, fb = first_failure(b.document)
+    pr, fr = first_failure(replay.document)
+    if pb and pr and fr is not None and outcome_of(fr) and outcome_of(fb):
+        # Compared by what each first failure gives: a replay whose own outcome does not
+        # follow its first failure is outcome_follows_first_failure's finding, not this one's.
+        got, want = outcome_of(fr), outcome_of(fb)
     if got != want:
         results.wrong("replay", f"{b.name} says {want}; its recording replayed on thread ranks "
                       f"says {got}")
     else:
         results.ok("replay")
+    if not (pb and pr):
+        results.not_checked("replay_first_failure", "no first_failure in "
+                            + ", ".join(n for n, p in ((b.name, pb), ("replay", pr)) if not p))
+        return
+    why = same_failure(fb, fr)
+    # A leak is not an hmc-run outcome (the documented difference of agree_first_failure): a
+    # replay of a program that leaked passes.
+    if why and fr is None and fb.get("kind") == "leak":
+        why = ""
+    if why:
+        results.wrong("replay_first_failure", f"{why}: {b.name}: {show_failure(fb)}; its "
+                      f"replay: {show_failure(fr)}")
+    else:
+        results.ok("replay_first_failure")
 
 
 # --------------------------------------------------------------------------------------------
@@ -320,3 +423,143 @@ def no_false_crash_plain(results, execution, meta):
                       "untouched, are called crashed")
     else:
         results.ok("no_false_crash")
+
+
+# --------------------------------------------------------------------------------------------
+# The hosts mode (tests/chaos/hosts.py): a plan of 6 ranks under mpirun on 3 hosts.
+
+def agree_hosts(results, a, f, meta, program):
+    """Without a fault delivered: the run across hosts says what the baseline (hmc-run on
+    thread ranks here) says: for the driver with agree_program's documented differences; for
+    hmc-run the same outcome and first failure (kind, ranks; stage where both have one)."""
+    if a.document is None or f.document is None:
+        return
+    if program == "driver":
+        agree_program(results, a, f, meta)
+        return
+    oa, of = a.document.get("outcome"), f.document.get("outcome")
+    if oa != of:
+        results.wrong("agree_outcome", f"{f.name} (hmc-run across hosts) says {of}; {a.name} "
+                      f"(thread ranks) says {oa}{first_error_text(a.document)}")
+    else:
+        results.ok("agree_outcome")
+    pa, fa = first_failure(a.document)
+    pf, ff = first_failure(f.document)
+    if not (pa and pf):
+        results.not_checked("agree_first_failure", "no first_failure in one of them")
+        return
+    why = same_failure(fa, ff)
+    if why:
+        results.wrong("agree_first_failure", f"{why}: {a.name}: {show_failure(fa)}; "
+                      f"{f.name}: {show_failure(ff)}")
+    else:
+        results.ok("agree_first_failure")
+
+
+def expected_outcome(a_doc, meta, program):
+    return expected_program_outcome(a_doc, meta) if program == "driver" else a_doc.get("outcome")
+
+
+def fault_mattered(f, baseline, meta, program):
+    """Whether the fault from outside changed the verdict: a lost node always (its ranks are
+    gone); a partition or a stop when the outcome is not the baseline's, or the first failure
+    names a rank it touched."""
+    fault, doc = f.fault or {}, f.document or {}
+    if fault.get("kind") == "lost_node":
+        return True
+    want = expected_outcome(baseline.document, meta, program) if baseline.document else None
+    ff = doc.get("first_failure") or {}
+    return doc.get("outcome") != want or bool(set(ff.get("ranks") or []) &
+                                              set(fault.get("ranks") or []))
+
+
+def host_named(doc, rank, host):
+    """Whether a document names `rank` as not having ended cleanly, with its host `host`:
+    the first failure lists both, or the rank's own entry is not clean and has that host."""
+    ff = doc.get("first_failure") or {}
+    if rank in (ff.get("ranks") or []) and host in (ff.get("hosts") or []):
+        return True
+    entry = end_entry(doc, rank)
+    if entry is None or entry.get("host") != host:
+        return False
+    if doc.get("format") == "hmc-world-end/1":
+        return entry.get("status") != "ok"
+    return named_in_report(doc, rank)
+
+
+def host_fault_named(results, f, baseline, meta, program):
+    """Every faulted rank named with its host where the fault mattered; no rank alive and
+    untouched (neither faulted nor the plan's crashing one) called crashed."""
+    fault, doc = f.fault or {}, f.document
+    if doc is None or not fault.get("delivered"):
+        return
+    touched = set(fault.get("ranks") or [])
+    if fault.get("after_report"):
+        results.not_checked("fault_named", f"{f.name}: the fault came after the verdict line")
+    elif baseline.document is None or not fault_mattered(f, baseline, meta, program):
+        results.not_checked("fault_named", f"{f.name}: the fault did not change the verdict")
+    else:
+        unnamed = [r for r in sorted(touched) if not host_named(doc, r, fault["host"])]
+        if unnamed:
+            results.wrong("fault_named", f"{f.name}: {fault['kind']} of {fault['host']} "
+                          f"(ranks {sorted(touched)}): ranks {unnamed} are not named with host "
+                          f"{fault['host']}; first failure: {show_failure(doc.get('first_failure'))}")
+        else:
+            results.ok("fault_named")
+    untouched = set(range(meta["world"])) - touched - {meta.get("crash_rank")}
+    if doc.get("format") == "hmc-world-end/1":
+        wrongly = [r for r in sorted(untouched)
+                   if end_entry(doc, r) is not None and called_crashed_in_end(end_entry(doc, r))]
+    else:
+        wrongly = sorted(r for r in untouched if r in crashed_ranks(doc))
+    if wrongly:
+        results.wrong("no_false_crash", f"{f.name}: ranks {wrongly}, alive and untouched by "
+                      f"the {fault['kind']} of {fault['host']}, are called crashed")
+    else:
+        results.ok("no_false_crash")
+
+
+def report_in_time(results, f, baseline, meta, program):
+    """Where the fault mattered, the verdict line arrives within the deadline + 2 s of the
+    fault (+ the plan's own stalls, which may hold rank 0, the reporter)."""
+    fault = f.fault or {}
+    if not fault.get("delivered") or fault.get("after_report"):
+        return
+    if baseline.document is None or f.document is None or \
+            not fault_mattered(f, baseline, meta, program):
+        results.not_checked("report_in_time", f"{f.name}: the fault did not change the verdict")
+        return
+    bound = meta["timeout"] + 2 + meta["stall_s"]
+    if f.verdict_at is None:
+        results.wrong("report_in_time", f"{f.name}: no verdict line after the {fault['kind']}")
+        return
+    after = f.verdict_at - fault["at"]
+    if after > bound:
+        results.wrong("report_in_time", f"{f.name}: the verdict line came {after:.1f} s after "
+                      f"the {fault['kind']} of {fault['host']}, bound {bound:g} s (deadline "
+                      f"{meta['timeout']} s + 2 s + planned stalls {meta['stall_s']:g} s)")
+    else:
+        results.ok("report_in_time")
+
+
+def host_nothing_left(results, f, box):
+    """Nothing of the run left: no process of it (by its mark) or of the box's hosts alive
+    3 s after mpirun's end, no file in a host's TMPDIR (but a lost node's: what a machine that
+    lost power leaves on its own disk is its own), and no namespace, process or folder of the
+    box after its removal."""
+    problems = []
+    if f.leftover_processes:
+        problems.append("processes alive after its end: " + "; ".join(f.leftover_processes))
+    if f.box_left:
+        problems.append("processes on the hosts 3 s after mpirun's end: " + "; ".join(f.box_left))
+    if f.leftover_files:
+        problems.append("left in h1's TMPDIR: " + ", ".join(f.leftover_files))
+    for host, names in sorted(f.host_files.items()):
+        problems.append(f"left in {host}'s TMPDIR: " + ", ".join(names))
+    left = box.left or {}
+    if any(left.values()):
+        problems.append(f"the box's removal left {left}")
+    if problems:
+        results.wrong("nothing_left", f"{f.name}: " + "; ".join(problems))
+    else:
+        results.ok("nothing_left")

@@ -15,7 +15,9 @@ import subprocess
 import threading
 import time
 
-VERDICT = re.compile(r"^# (OK|FAILED|HUNG|STOPPED)\b", re.M)
+# The verdict lines: the world end's (OK, FAILED, HUNG, STOPPED) and hmc-run's (OK, FAILED,
+# HUNG, and INTERRUPTED when a signal, e.g. a launcher's teardown, stopped it).
+VERDICT = re.compile(r"^# (OK|FAILED|HUNG|STOPPED|INTERRUPTED)\b", re.M)
 HARD_LIMIT_S = 120  # an execution still running after this is killed (and the run is wrong)
 
 
@@ -39,7 +41,8 @@ class Execution:
         self.killed_by_harness = False
         self.fault = None  # {"kind", "rank", "pid", "at", "seconds", "delivered", "why"}
         self.ended_before_fault = False
-        self.joined_at = None  # when the world's join line appeared in the output  # the faulted rank had reached its end before it
+        self.joined_at = None  # when the world's join line appeared in the output
+        self.verdict_at = None  # when the first verdict line appeared in the output
         self.leftover_processes = []
         self.leftover_files = []
 
@@ -193,8 +196,9 @@ def _inject(execution, proc, token, program, plan, hmc_pid_file):
 
 
 def run(execution, command, env, token, fault=None, program=None, hmc_pid_file=None,
-        document_path=None):
-    """Runs `command` to its end (bounded by HARD_LIMIT_S), with the fault beside it; reads
+        document_path=None, inject=None, cwd=None):
+    """Runs `command` to its end (bounded by HARD_LIMIT_S), with the fault beside it (a
+    FaultPlan, or `inject(execution, proc)` on a thread of its own: the hosts mode's); reads
     the document at document_path; then looks for what it left behind."""
     execution.command = command
     tmp = env["TMPDIR"]
@@ -205,13 +209,16 @@ def run(execution, command, env, token, fault=None, program=None, hmc_pid_file=N
         execution.start = time.monotonic()
         proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env,
                                 stdin=subprocess.DEVNULL, start_new_session=True,
-                                cwd=execution.folder)
+                                cwd=cwd or execution.folder)
         stop_watch = threading.Event()
         watcher = threading.Thread(target=_watch_join, daemon=True,
                                    args=(execution, out_path, stop_watch))
         watcher.start()
         injector = None
-        if fault is not None and fault.kind != "none":
+        if inject is not None:
+            injector = threading.Thread(target=inject, daemon=True, args=(execution, proc))
+            injector.start()
+        elif fault is not None and fault.kind != "none":
             injector = threading.Thread(target=_inject, daemon=True,
                                         args=(execution, proc, token, program, fault,
                                               hmc_pid_file))
@@ -226,7 +233,7 @@ def run(execution, command, env, token, fault=None, program=None, hmc_pid_file=N
         stop_watch.set()
         watcher.join(timeout=5)
         if injector is not None:
-            injector.join(timeout=15)
+            injector.join(timeout=30)
     with open(out_path, errors="replace") as fh:
         execution.output = fh.read()
     if document_path:
@@ -240,16 +247,22 @@ def run(execution, command, env, token, fault=None, program=None, hmc_pid_file=N
 
 
 def _watch_join(execution, out_path, stop):
-    """Sets execution.joined_at when the output first shows the world's join line."""
+    """Sets execution.joined_at when the output first shows the world's join line, and
+    execution.verdict_at when it first shows a verdict line (the hosts mode times the report
+    from the fault to this arrival)."""
     while not stop.is_set():
         try:
             with open(out_path, errors="replace") as fh:
-                if JOINED.search(fh.read()):
-                    execution.joined_at = time.monotonic()
-                    return
+                text = fh.read()
+            now = time.monotonic()
+            if execution.joined_at is None and JOINED.search(text):
+                execution.joined_at = now
+            if execution.verdict_at is None and VERDICT.search(text):
+                execution.verdict_at = now
+                return
         except OSError:
             pass
-        stop.wait(0.03)
+        stop.wait(0.02)
 
 
 def _kill_marked(token, proc):

@@ -199,12 +199,14 @@ def _diverge(rng, program, kind, world, rank, timeout):
     return "no divergence"
 
 
-def generate(seed):
+def generate(seed, world=None):
     """The plan of `seed`: (scenario document, meta). meta: world, timeout, divergence,
     divergent rank, its description, whether the reference can express it, and the most
-    seconds a rank spends stalled on purpose."""
+    seconds a rank spends stalled on purpose. `world` sets the world size (the hosts mode: 6
+    ranks on 3 hosts) in place of the seed's draw."""
     rng = random.Random(seed)
-    world = rng.choice([2, 2, 3, 3, 4])
+    drawn = rng.choice([2, 2, 3, 3, 4])
+    world = world or drawn
     timeout = rng.choice([2, 3])
     program = _common(rng, rng.randint(5, 12))
     divergence = rng.choice(DIVERGENCES)
