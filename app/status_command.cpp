@@ -76,6 +76,7 @@ void printTable(const diagnostics::JobStatus& status, double elapsedS) {
   const auto& meta = status.meta;
   fmt::print("# hmc-run status: job '{}' at {}: {} ranks, transport {}, deadline {:g} s\n",
              meta.scenario, status.endpoint, meta.worldSize, meta.transport, meta.timeoutS);
+  if (status.firstFailure) fmt::print("# first failure: {}\n", status.firstFailure->line);
   fmt::print("# {:>4}  {:<8} {:>4}  {:<28} {:>5} {:>10}  {:<32}  {}\n", "rank", "state", "step",
              "stage", "seq", "in_stage_s", "last_completed", "host:pid");
   for (const auto& rank : status.ranks) {

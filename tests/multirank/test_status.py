@@ -259,8 +259,16 @@ def test_a_rank_past_its_deadline_exits_3():
         assert doc["diagnosis"].startswith("rank 0 never arrived: last completed 'recycle' #0 "
                                            "(step 1), runs step 3; rank 1 waits in "
                                            "'close validation' #1 (step 2)"), doc["diagnosis"]
+        # The same first failure as every other verdict: rank 1's wait, naming the ranks that
+        # never came (not rank 1, which waited).
+        assert doc["first_failure"] == "hang in 'close validation' #1: rank 1 waited there; " \
+                                       "ranks [0, 2, 3] never arrived (rank 0: it runs step 3; " \
+                                       "rank 2: it runs step 3; rank 3: it runs step 3)", doc
         code, out, _, _ = status(job.port)
         assert code == 3 and "# HUNG: some rank does not progress (exit 3)" in out, out
+        assert "# first failure: hang in 'close validation' #1: rank 1 waited there; ranks " \
+               "[0, 2, 3] never arrived" in out, out
+        assert out.index("# first failure:") < out.index("# rank"), out
 
 
 def main():

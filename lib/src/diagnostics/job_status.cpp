@@ -87,14 +87,48 @@ nlohmann::json JobStatus::toJson() const {
           {"job", meta.toJson()},
           {"ranks", std::move(rankList)},
           {"diagnosis", diagnosis.empty() ? nlohmann::json(nullptr) : nlohmann::json(diagnosis)},
+          {"first_failure", firstFailure ? nlohmann::json(firstFailure->line)
+                                         : nlohmann::json(nullptr)},
           {"verdict", hung ? "hung" : "progressing"}};
 }
+
+namespace {
+
+// A rank that does not progress as the diagnosis sees it: dead (a crash), waiting past its
+// deadline or ended its collective with a timeout or a lost rank, or silent.
+std::optional<FailureView> failureOf(const RankStatus& status, const std::string& host) {
+  if (status.problem.empty()) return std::nullopt;
+  FailureView view;
+  view.rank = status.rank;
+  view.host = host;
+  view.message = status.problem;
+  if (status.dead) {
+    view.kind = std::string(kCrash);
+    view.message = *status.dead;
+    return view;
+  }
+  const auto& current = status.heartbeat ? status.heartbeat->current : std::nullopt;
+  if (current && isWaitStatus(current->status)) {
+    view.kind = current->status == "rank_failure" ? "rank_failure" : "timeout";
+    view.stage = current->stage;
+    view.sequence = current->sequence;
+    view.collectivesBefore = current->sequence;
+    return view;
+  }
+  view.kind = std::string(kMissing);
+  return view;
+}
+
+}  // namespace
 
 JobStatus assessJob(const JobMeta& meta, const std::vector<std::optional<Heartbeat>>& heartbeats,
                     const std::map<int, std::string>& dead, double nowUnix) {
   JobStatus out;
   out.meta = meta;
   std::vector<RankWhereabouts> where;
+  std::vector<FailureView> views;
+  std::vector<std::string> hosts;
+  std::map<int, std::string> whereabouts;
   for (int rank = 0; rank < meta.worldSize; ++rank) {
     RankStatus status;
     status.rank = rank;
@@ -130,11 +164,18 @@ JobStatus assessJob(const JobMeta& meta, const std::vector<std::optional<Heartbe
     status.problem = problemOf(status, meta.timeoutS);
     // A silent rank stays where its last heartbeat put it; its problem says it is silent.
     if (status.dead) place.gone = *status.dead;
+    hosts.push_back(place.host);
+    if (auto view = failureOf(status, place.host)) {
+      views.push_back(std::move(*view));
+    } else {
+      whereabouts[rank] = "it " + place.elsewhere;
+    }
     out.hung = out.hung || !status.problem.empty();
     out.ranks.push_back(std::move(status));
     where.push_back(std::move(place));
   }
   out.diagnosis = diagnoseWaits(where);
+  if (out.hung) out.firstFailure = diagnose(views, meta.worldSize, hosts, whereabouts).first;
   return out;
 }
 

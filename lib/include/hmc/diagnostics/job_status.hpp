@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "hmc/collective/key_value_store.hpp"
+#include "hmc/diagnostics/diagnosis.hpp"
 #include "hmc/diagnostics/heartbeat.hpp"
 
 namespace hmc::diagnostics {
@@ -43,6 +44,9 @@ struct JobStatus {
   JobMeta meta;
   std::vector<RankStatus> ranks;
   std::string diagnosis;  // diagnoseWaits() over the heartbeats; "" when no rank waits
+  // The first failure so far (hmc/diagnostics/diagnosis.hpp) from the ranks that do not
+  // progress: a wait past the deadline, a lost rank, a death; unset while every rank progresses.
+  std::optional<FirstFailure> firstFailure;
   // Some rank waits past its deadline, ended a collective with timeout or rank_failure, died
   // or stopped writing heartbeats.
   bool hung = false;
