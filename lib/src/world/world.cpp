@@ -201,11 +201,10 @@ struct RankEnd {
     if (failure) {
       const bool part = first && std::find(first->seenBy.begin(), first->seenBy.end(), rank) !=
                                      first->seenBy.end();
-      failed = part ? fmt::format("saw the first failure ({} in '{}' #{})",
-                                  failure->kind == diagnostics::kCollectiveMismatch
-                                      ? "collective mismatch"
-                                      : failure->kind,
-                                  failure->stage, failure->sequence.value_or(0))
+      std::string kind = failure->kind;
+      std::replace(kind.begin(), kind.end(), '_', ' ');
+      failed = part ? fmt::format("saw the first failure ({} in '{}' #{})", kind, failure->stage,
+                                  failure->sequence.value_or(0))
                     : diagnostics::describeFailure(*failure);
     }
     if (status == "ok" && !failure && !groupsLeft && atEndSequence) {
@@ -967,7 +966,6 @@ void World::Impl::print(const WorldEnd& end, const std::vector<std::string>& lin
              options.name, placement.worldSize, placement.launcher,
              collective::toString(options.transport),
              std::chrono::duration<double>(options.timeout).count(), storeAddress);
-  if (!end.firstFailure.empty()) fmt::print(stderr, "# first failure: {}\n", end.firstFailure);
   if (placement.rank != 0) {
     fmt::print(stderr,
                "# hmc: rank 0's process ({}) has ended without reporting; rank {}, the lowest "
@@ -975,6 +973,7 @@ void World::Impl::print(const WorldEnd& end, const std::vector<std::string>& lin
                "node wrote\n",
                folder.pidOf(0).value_or(0), placement.rank);
   }
+  if (!end.firstFailure.empty()) fmt::print(stderr, "# first failure: {}\n", end.firstFailure);
   for (const auto& line : lines) fmt::print(stderr, "{}\n", line);
   if (status && !end.clean) {
     if (!status->diagnosis.empty()) fmt::print(stderr, "# waits: {}\n", status->diagnosis);
