@@ -473,9 +473,12 @@ def fault_mattered(f, baseline, meta, program):
                                               set(fault.get("ranks") or []))
 
 
-def host_named(doc, rank, host):
+def host_named(doc, rank, host, lost=False):
     """Whether a document names `rank` as not having ended cleanly, with its host `host`:
-    the first failure lists both, or the rank's own entry is not clean and has that host."""
+    the first failure lists both, or the rank's own entry is not clean and has that host.
+    `lost` (its process was killed): its entry must say so, as crashed (hmc-run) or missing
+    (the world end), not as a rank that waits or was stopped by a teardown, as the live ones
+    are."""
     ff = doc.get("first_failure") or {}
     if rank in (ff.get("ranks") or []) and host in (ff.get("hosts") or []):
         return True
@@ -483,8 +486,8 @@ def host_named(doc, rank, host):
     if entry is None or entry.get("host") != host:
         return False
     if doc.get("format") == "hmc-world-end/1":
-        return entry.get("status") != "ok"
-    return named_in_report(doc, rank)
+        return entry.get("status") == "missing" if lost else entry.get("status") != "ok"
+    return bool(entry.get("crashed")) if lost else named_in_report(doc, rank)
 
 
 def host_fault_named(results, f, baseline, meta, program):
@@ -499,7 +502,8 @@ def host_fault_named(results, f, baseline, meta, program):
     elif baseline.document is None or not fault_mattered(f, baseline, meta, program):
         results.not_checked("fault_named", f"{f.name}: the fault did not change the verdict")
     else:
-        unnamed = [r for r in sorted(touched) if not host_named(doc, r, fault["host"])]
+        lost = fault["kind"] == "lost_node"
+        unnamed = [r for r in sorted(touched) if not host_named(doc, r, fault["host"], lost)]
         if unnamed:
             results.wrong("fault_named", f"{f.name}: {fault['kind']} of {fault['host']} "
                           f"(ranks {sorted(touched)}): ranks {unnamed} are not named with host "
