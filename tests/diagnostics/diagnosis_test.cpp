@@ -174,6 +174,20 @@ TEST_SUITE("diagnosis") {
     CHECK(contains(hang.first->line, "rank 1 (host h2) never arrived"));
   }
 
+  TEST_CASE("a crash comes before the stops of the launcher's teardown that follow it") {
+    std::vector<dx::FailureView> views;
+    for (const int rank : {0, 1, 3}) {
+      views.push_back(view(rank, "stopped", "", std::nullopt,
+                           "stopped by mpirun's teardown (its SIGCONT, then SIGTERM)"));
+    }
+    views.push_back(view(2, "crash", "", std::nullopt, "exited with status 17"));
+    const auto diagnosis = dx::diagnose(views, 4);
+    REQUIRE(diagnosis.first);
+    CHECK(diagnosis.first->kind == "crash");
+    CHECK(diagnosis.first->ranks == std::vector<int>{2});
+    CHECK(diagnosis.consequences.size() == 3);
+  }
+
   TEST_CASE("a local error comes before the collective its rank would have entered next") {
     dx::FailureView local = view(1, "error", "", std::nullopt,
                                  "multicore resources are bound to the first input device/dtype "

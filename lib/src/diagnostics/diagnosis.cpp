@@ -40,10 +40,12 @@ std::tuple<std::uint64_t, int, int, int> orderOf(const FailureView& view) {
   if (view.kind == kManifestMismatch || view.kind == kCollectiveMismatch) priority = 0;
   if (waitKind(view.kind)) priority = 1;
   if (view.kind == kError) priority = 2;
-  if (view.kind == kCrash || view.kind == kStopped || view.kind == kMissing) {
-    return {kLast, 2, priority, view.rank};
-  }
-  if (view.kind == kLeak) return {kLast, 3, priority, view.rank};
+  // Known from outside, in this order: a crash (the process ended by itself), then a rank
+  // that left no end, then a stop (a signal: often the launcher's teardown after that crash).
+  if (view.kind == kCrash) return {kLast, 2, priority, view.rank};
+  if (view.kind == kMissing) return {kLast, 3, priority, view.rank};
+  if (view.kind == kStopped) return {kLast, 4, priority, view.rank};
+  if (view.kind == kLeak) return {kLast, 5, priority, view.rank};
   if (view.sequence) return {*view.sequence, 1, priority, view.rank};
   return {view.collectivesBefore, 0, priority, view.rank};
 }
