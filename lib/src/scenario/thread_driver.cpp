@@ -22,13 +22,20 @@ class ShutdownVote {
  public:
   explicit ShutdownVote(int worldSize) : worldSize_(worldSize) {}
 
+  // A thread rank that has not voted yet is still at its steps (each bounded: a collective by
+  // its deadline, a stall by its seconds) and votes when it ends, crashed or hung included: its
+  // vote is waited for as a collective close would wait for a rank at work, up to kLongest,
+  // not only the collective deadline (a rank saving a checkpoint at the end is no hang).
+  static constexpr std::chrono::milliseconds kLongest{300'000};
+
   bool vote(bool clean, std::chrono::milliseconds timeout) {
     std::unique_lock<std::mutex> lock(mutex_);
     ++posted_;
     allClean_ = allClean_ && clean;
     changed_.notify_all();
-    const bool complete =
-        changed_.wait_for(lock, timeout, [&] { return posted_ == worldSize_ || !allClean_; });
+    const bool complete = changed_.wait_for(lock, std::max(timeout, kLongest), [&] {
+      return posted_ == worldSize_ || !allClean_;
+    });
     return complete && allClean_;
   }
 
