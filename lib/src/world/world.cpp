@@ -340,6 +340,9 @@ struct World::Impl {
   // The world's end, a collective of its own (diagnostics::kWorldEndStage): see closeOwn.
   // False when the ranks did not all meet there (`own` then says why).
   bool meetAtEnd(RankEnd& own, std::optional<diagnostics::FailureView>& failure);
+  // Whether every rank of `ranks` is alive and at work outside any collective, as its
+  // heartbeat says (fresh, running, not announced dead).
+  bool stillAtWork(collective::KeyValueStore& store, const std::vector<int>& ranks) const;
   // This rank's first failure as the manager noted it (the program's calls, caught or not).
   std::optional<diagnostics::FailureView> programFailure() const;
   // The specifications of this rank's open groups (at most kOpenGroupsShown).
@@ -363,6 +366,11 @@ struct World::Impl {
                                     collective::KeyValueStore& store, bool early);
   // The signal's thread: hand on what this rank did before the signal ends the process.
   void onSignal(int signal);
+  // A rank stopped by `signal` (its SIGTERM: not at Open MPI's warning, a SIGCONT that a
+  // stopped rank also gets) while at work outside any collective:
+  // its recording says so, as a sleep past the deadline, and ends, so that the merged replay
+  // has it at work where the others waited for it, not crashed where its file ends.
+  void recordStop(int signal);
   // The signal's thread, at Open MPI's warning (mpirun only): each rank publishes a snapshot of
   // where it is; rank 0 reports from them, while the process still has a second.
   void onWarning();
@@ -401,20 +409,41 @@ json World::Impl::openGroups() const {
   return specs;
 }
 
+bool World::Impl::stillAtWork(collective::KeyValueStore& store,
+                              const std::vector<int>& ranks) const {
+  try {
+    const diagnostics::JobStatus status =
+        diagnostics::readJobStatus(store, storeAddress, kStoreRequest);
+    for (const int rank : ranks) {
+      if (rank >= static_cast<int>(status.ranks.size())) return false;
+      const auto& each = status.ranks[rank];
+      if (each.dead || each.stale || !each.heartbeat ||
+          each.heartbeat->state != diagnostics::RankState::kRunning) {
+        return false;
+      }
+    }
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
 // Every rank meets at the world's end before the collective close of what is left, out of
 // band (keys in the control store, as hmc-run's ranks agree on their shutdown): the close runs
 // only once every rank is there and none hung. So a rank that reaches the end while the others
 // still run a collective of the program (it skipped a close they run) does not enter that
 // collective with its own close: it waits here, the others' collective names it as the rank
 // that never arrived, and its end says that it was at the world's end, with which groups open.
-// The wait is bounded: the deadline of a collective the others may be in, and a second; a
-// rank that stops waiting says so in the store, so that no rank closes without it.
+// The wait is bounded: the deadline of a collective the others may be in, and a second, or,
+// while every rank not there yet is alive and at work outside any collective (its heartbeat),
+// up to the join timeout; a rank that stops waiting says so in the store, so that no rank
+// closes without it.
 bool World::Impl::meetAtEnd(RankEnd& own, std::optional<diagnostics::FailureView>& failure) {
   collective::KeyValueStore& store = *kv;
   const int size = placement.worldSize;
   const std::uint64_t sequence = transport.collective->sequence();
   const auto began = Clock::now();
-  const auto deadline = began + options.timeout + kWaitAfterHang;
+  auto deadline = began + options.timeout + kWaitAfterHang;
   world::SilentRanks silent(options.timeout);
   const auto giveUp = [&](const std::string& why) {
     try {
@@ -446,6 +475,12 @@ bool World::Impl::meetAtEnd(RankEnd& own, std::optional<diagnostics::FailureView
                                       rank));
           }
         }
+      }
+      if (Clock::now() >= deadline && !absent.empty() && stillAtWork(store, absent) &&
+          Clock::now() < began + options.joinTimeout) {
+        // Every rank not here yet is alive and at work outside any collective (a checkpoint
+        // saved by one rank): wait on, as a collective close would, up to the join timeout.
+        deadline = Clock::now() + options.timeout;
       }
       if (Clock::now() >= deadline) {
         const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -576,7 +611,20 @@ RankEnd World::Impl::stoppedEnd(int signal) const {
   return own;
 }
 
+void World::Impl::recordStop(int signal) {
+  record::Recorder* recording = manager ? manager->recorder() : nullptr;
+  if (recording == nullptr) return;
+  const auto last = recorder->last();
+  if (last && !last->endS) return;  // in a collective: the recording has that call in flight
+  const double seconds = 2 * std::chrono::duration<double>(options.timeout).count() + 1;
+  recording->append(record::EventOp::kSleep, -1, record::Outcome::kOk, std::chrono::nanoseconds(0),
+                    {{"seconds", seconds},
+                     {"stopped_by", fmt::format("signal {}", signal)}});
+  recording->end();
+}
+
 void World::Impl::onSignal(int signal) {
+  recordStop(signal);
   std::lock_guard<std::mutex> guard(reportMutex);
   if (reported || !signalKv) return;
   if (reportedAtWarning) {
