@@ -332,6 +332,48 @@ TEST_CASE("merge: a killed rank the others saw fail crashes unplanned, as the ru
   CHECK_FALSE(scenario.steps[5].crashPlanned);
 }
 
+TEST_CASE("merge: a rank stopped at work by its launcher stays at work; a marker it outlived goes") {
+  // Rank 1's launcher stopped it outside any collective (hmc::World's marker at Open MPI's
+  // warning), then SIGKILL: the replay keeps it at work where the others wait, not crashed.
+  TempDir dir;
+  recordRank(dir.path, 0, true);
+  const auto stoppedRank = [&](bool goesOn) {
+    const pid_t child = ::fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+      auto recorder = hmc::record::openRankRecording(dir.path, 1, 2, "prog", 5.0, 1 << 16);
+      const json spec = R"({"type":"scratch_linear","features":4,"workspace_bytes":64})"_json;
+      const auto m = recorder->create("a", spec.dump(), spec.dump(), "default");
+      recorder->setType(m, "hmc.nn.ScratchLinear");
+      recorder->append(EventOp::kForward, m, Outcome::kOk, std::chrono::microseconds(3),
+                       {{"device", "cpu"}, {"dtype", "float32"}, {"reused", false}});
+      recorder->append(EventOp::kSleep, -1, Outcome::kOk, std::chrono::nanoseconds(0),
+                       {{"seconds", 11.0}, {"stopped_by", "mpirun's teardown"}});
+      // A SIGCONT that was no teardown: the rank went on.
+      if (goesOn) recorder->append(EventOp::kForward, m, Outcome::kOk, std::chrono::microseconds(1));
+      ::raise(SIGKILL);
+    }
+    int status = 0;
+    ::waitpid(child, &status, 0);
+    REQUIRE(WIFSIGNALED(status));
+  };
+  stoppedRank(false);
+  const json steps =
+      hmc::record::mergeRecordings(dir.path, hmc::record::MergeExpect::kProgram).scenario["steps"];
+  const json& last = steps.back();
+  CHECK(last["op"] == "sleep");
+  CHECK(last["seconds"] == 11.0);
+  CHECK(last["ranks"] == json{1});
+  CHECK(last["label"].get<std::string>().find("stopped by mpirun's teardown") != std::string::npos);
+  for (const json& step : steps) CHECK(step.value("kind", "") != "crash");
+
+  stoppedRank(true);
+  const json again =
+      hmc::record::mergeRecordings(dir.path, hmc::record::MergeExpect::kProgram).scenario["steps"];
+  for (const json& step : again) CHECK(step.value("seconds", 0.0) != 11.0);
+  CHECK(again.back()["kind"] == "crash");  // killed after it went on: where its file ends
+}
+
 TEST_CASE("merge: a missing rank file and a foreign one are named, the rest is merged") {
   TempDir dir;
   auto a = hmc::record::openRankRecording(dir.path, 0, 3, "p", 1.0);

@@ -89,6 +89,7 @@ std::vector<json> stepsOf(const Recording& recording, MergeExpect expect, bool d
   // long, so that the replay's ranks meet (or miss) each other's collectives as they did.
   const double pauseS = std::max(0.2, recording.header.timeoutS / 2);
   std::optional<std::chrono::nanoseconds> lastEnd;
+  bool stoppedAtWork = false;  // its last event says a launcher stopped it at work
   std::map<std::int32_t, json> boundDtype;  // module -> the dtype it bound
   const auto nameOf = [&](std::int32_t module) {
     return module >= 0 && static_cast<std::size_t>(module) < recording.moduleNames.size()
@@ -156,9 +157,24 @@ std::vector<json> stepsOf(const Recording& recording, MergeExpect expect, bool d
       case EventOp::kBarrier:
         step = {{"op", std::string(toString(event.op))}};
         break;
-      case EventOp::kSleep:
+      case EventOp::kSleep: {
         step = {{"op", "sleep"}, {"seconds", d.value("seconds", 0.0)}};
+        if (d.is_object() && d.contains("stopped_by")) {
+          // A launcher stopped the rank at work outside any collective (hmc::World writes this
+          // at Open MPI's warning and at the SIGTERM): it stands for the rest of its work only
+          // where nothing followed it (a SIGCONT that was no teardown: the rank went on).
+          const bool last = std::none_of(events.begin() + static_cast<std::ptrdiff_t>(i) + 1,
+                                         events.end(), [](const Event& later) {
+                                           return later.op != EventOp::kEnd &&
+                                                  later.op != EventOp::kType;
+                                         });
+          if (!last) continue;
+          stoppedAtWork = true;
+          step["label"] = fmt::format("stopped by {} at work outside any collective",
+                                      d.value("stopped_by", std::string("a signal")));
+        }
         break;
+      }
       case EventOp::kCheck:
         step = {{"op", "check"}};
         for (const char* key : {"groups", "bound_groups", "runtime_live"}) {
@@ -177,8 +193,9 @@ std::vector<json> stepsOf(const Recording& recording, MergeExpect expect, bool d
     addExpectation(step, event, expect);
     steps.push_back(std::move(step));
   }
-  // Killed: it ends where its file ends, as a crash (unless it crashed by a fault already).
-  if (!recording.ended && !recording.capped) {
+  // Killed: it ends where its file ends, as a crash (unless it crashed by a fault already, or
+  // was stopped at work: still alive when the others waited for it).
+  if (!recording.ended && !recording.capped && !stoppedAtWork) {
     const bool crashed =
         !steps.empty() && steps.back()["op"] == "fault" && steps.back()["kind"] == "crash";
     if (!crashed) {

@@ -366,8 +366,8 @@ struct World::Impl {
                                     collective::KeyValueStore& store, bool early);
   // The signal's thread: hand on what this rank did before the signal ends the process.
   void onSignal(int signal);
-  // A rank stopped by `signal` (its SIGTERM: not at Open MPI's warning, a SIGCONT that a
-  // stopped rank also gets) while at work outside any collective:
+  // A rank stopped by `signal` (0: Open MPI's warning, which a SIGCONT after a SIGSTOP also
+  // looks like) while at work outside any collective:
   // its recording says so, as a sleep past the deadline, and ends, so that the merged replay
   // has it at work where the others waited for it, not crashed where its file ends.
   void recordStop(int signal);
@@ -619,8 +619,12 @@ void World::Impl::recordStop(int signal) {
   const double seconds = 2 * std::chrono::duration<double>(options.timeout).count() + 1;
   recording->append(record::EventOp::kSleep, -1, record::Outcome::kOk, std::chrono::nanoseconds(0),
                     {{"seconds", seconds},
-                     {"stopped_by", fmt::format("signal {}", signal)}});
-  recording->end();
+                     {"stopped_by", signal != 0 ? fmt::format("signal {}", signal)
+                                                : std::string("mpirun's teardown")}});
+  // At Open MPI's warning the SIGKILL may come 50 ms after a SIGTERM this thread does not get
+  // to: the marker stays; a merge drops it where the rank went on (a SIGCONT that was no
+  // teardown). At the SIGTERM the recording ends.
+  if (signal != 0) recording->end();
 }
 
 void World::Impl::onSignal(int signal) {
@@ -637,6 +641,7 @@ void World::Impl::onSignal(int signal) {
 
 void World::Impl::onWarning() {
   warning = true;  // a gather of the main thread's stops waiting for the ranks that are gone
+  recordStop(0);
   // The main thread reporting already finishes within the warning's second by itself.
   std::unique_lock<std::mutex> guard(reportMutex, std::try_to_lock);
   if (!guard.owns_lock() || reported || !signalKv) return;
