@@ -192,8 +192,8 @@ def agree_steps(results, a, c):
     if a.document is None or c.document is None:
         return
     ranks = c.document.get("ranks") or []
-    if ranks and all(not r.get("steps") and not r.get("crashed") for r in ranks):
-        # The reference runner's ranks ran no step and none crashed: its world did not form
+    if ranks and all(not r.get("steps") for r in ranks):
+        # The reference runner's ranks ran no step (each "crashed", or not): its world did not form
         # (under load, a rank whose plan crashes at once can end before the others finished
         # torch.distributed's init: "Connection reset by peer"), and its report then says pass
         # with no step. No verdict of the reference to compare with.
