@@ -390,8 +390,9 @@ void ResourceManager::closeGroups(std::optional<std::vector<GroupPtr>> requested
 void ResourceManager::noteFailure(std::string_view op, const std::exception& error,
                                   std::uint64_t sequenceAtCall) noexcept {
   ++failureCount_;
-  if (firstFailure_) return;
   try {
+    std::lock_guard<std::mutex> lock(failureMutex_);
+    if (firstFailure_) return;
     firstFailure_ = describeFailure(op, error, sequenceAtCall);
   } catch (...) {
     // Out of memory while noting: the failure itself still reaches the caller.

@@ -385,7 +385,7 @@ struct World::Impl {
 };
 
 std::optional<diagnostics::FailureView> World::Impl::programFailure() const {
-  const auto& noted = manager->firstFailure();
+  const auto noted = manager ? manager->firstFailure() : std::nullopt;
   if (!noted) return std::nullopt;
   diagnostics::FailureView view;
   view.rank = placement.rank;
@@ -608,6 +608,9 @@ RankEnd World::Impl::stoppedEnd(int signal) const {
                    : fmt::format(" while waiting in '{}' #{}", last->stage, last->sequence);
   }
   own.leakReason = "not checked: stopped by a signal before its end";
+  // What went wrong before the signal (a caught error) comes first in the report, before the
+  // launcher's teardown that may have followed it.
+  own.failure = programFailure();
   return own;
 }
 
@@ -884,6 +887,18 @@ diagnostics::FailureView missingView(int rank, const json& entry,
   return view;
 }
 
+// The end document's head (hmc-world-end/1): what the world was.
+json endDocument(const JoinOptions& options, const world::RankPlacement& placement,
+                 const std::string& store) {
+  return {{"format", kEndFormat},
+          {"name", options.name},
+          {"world_size", placement.worldSize},
+          {"launcher", placement.launcher},
+          {"transport", collective::toString(options.transport)},
+          {"timeout_s", std::chrono::duration<double>(options.timeout).count()},
+          {"store", store}};
+}
+
 // "rank 3", "ranks [1, 2]", "no rank named".
 std::string namedRanks(const std::vector<int>& ranks) {
   if (ranks.empty()) return "no rank named";
@@ -1040,16 +1055,10 @@ void World::Impl::print(const WorldEnd& end, const std::vector<std::string>& lin
 void World::Impl::write(const WorldEnd& end, const json& ranks,
                         const std::optional<diagnostics::JobStatus>& status,
                         const diagnostics::Diagnosis& diagnosis) const {
-  json document = {{"format", kEndFormat},
-                   {"name", options.name},
-                   {"world_size", placement.worldSize},
-                   {"launcher", placement.launcher},
-                   {"transport", collective::toString(options.transport)},
-                   {"timeout_s", std::chrono::duration<double>(options.timeout).count()},
-                   {"store", storeAddress},
-                   {"outcome", end.clean ? "pass" : (end.hung ? "hang" : "fail")},
+  json document = endDocument(options, placement, storeAddress);
+  document.update(json{{"outcome", end.clean ? "pass" : (end.hung ? "hang" : "fail")},
                    {"exit_code", end.exitCode},
-                   {"verdict", end.summary}};
+                   {"verdict", end.summary}});
   document.update(diagnosis.toJson());  // first_failure, consequences: read first
   document["ranks"] = ranks;
   if (status) document["status"] = status->toJson();
@@ -1099,16 +1108,10 @@ void reportFailedJoin(const JoinOptions& options, const world::RankPlacement& pl
              collective::toString(options.transport),
              std::chrono::duration<double>(options.joinTimeout).count(), first.line, summary);
   if (!options.reportPath) return;
-  json document = {{"format", kEndFormat},
-                   {"name", options.name},
-                   {"world_size", placement.worldSize},
-                   {"launcher", placement.launcher},
-                   {"transport", collective::toString(options.transport)},
-                   {"timeout_s", std::chrono::duration<double>(options.timeout).count()},
-                   {"store", fmt::format("{}:{}", placement.masterAddr, placement.masterPort)},
-                   {"outcome", "hang"},
-                   {"exit_code", 3},
-                   {"verdict", summary}};
+  json document =
+      endDocument(options, placement, fmt::format("{}:{}", placement.masterAddr,
+                                                  placement.masterPort));
+  document.update(json{{"outcome", "hang"}, {"exit_code", 3}, {"verdict", summary}});
   document.update(diagnosis.toJson());
   document["ranks"] = json::array();
   try {

@@ -12,8 +12,10 @@
 // Thread safety: a manager belongs to one rank thread; it is not safe to share.
 
 #include <functional>
+#include <atomic>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <utility>
@@ -157,7 +159,12 @@ class ResourceManager {
   // call that raised it.
   NotedFailure describeFailure(std::string_view op, const std::exception& error,
                                std::uint64_t sequenceAtCall) const;
-  const std::optional<NotedFailure>& firstFailure() const noexcept { return firstFailure_; }
+  // A copy, safe to take on another thread (a world's signal thread) while the rank's thread
+  // notes one.
+  std::optional<NotedFailure> firstFailure() const {
+    std::lock_guard<std::mutex> lock(failureMutex_);
+    return firstFailure_;
+  }
   std::uint64_t failureCount() const noexcept { return failureCount_; }
 
   // Local. Every rank must use the same agreement (the payloads differ). Default kDigest.
@@ -193,8 +200,9 @@ class ResourceManager {
   bool runtimeReleased_ = false;
   bool automaticCleanup_ = false;
   std::optional<nlohmann::json> lastMismatch_;
+  mutable std::mutex failureMutex_;  // firstFailure_, read by other threads
   std::optional<NotedFailure> firstFailure_;
-  std::uint64_t failureCount_ = 0;
+  std::atomic<std::uint64_t> failureCount_{0};
   Agreement agreement_ = Agreement::kDigest;
 };
 
