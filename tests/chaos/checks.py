@@ -273,15 +273,25 @@ def agree_first_failure(results, a, b, meta):
         # The same, where the world's collective close at the end raised what hmc-run's
         # automatic shutdown did (its leaks' shutdown_error): "multicore cleanup requires idle
         # workspaces ..." for a backward left pending.
-        elif fb.get("kind") == "error" and set(fb.get("ranks") or []) <= leaked_ranks(a.document) \
-                and any(r.get("shutdown_error") and r["shutdown_error"] in (fb.get("line") or "")
-                        for r in (a.document.get("leaks") or {}).get("ranks") or []):
+        elif fb.get("kind") in ("error", "manifest_mismatch") and \
+                set(fb.get("ranks") or []) <= leaked_ranks(a.document) and \
+                any(shutdown_error_is(r.get("shutdown_error"), fb)
+                    for r in (a.document.get("leaks") or {}).get("ranks") or []):
             why = ""
     if why:
         results.wrong("agree_first_failure", f"{why}: {a.name}: {show_failure(fa)}; "
                       f"{b.name}: {show_failure(fb)}")
     else:
         results.ok("agree_first_failure")
+
+
+def shutdown_error_is(error, ff):
+    """Whether hmc-run's automatic shutdown raised what the world's close at its end did."""
+    if not error:
+        return False
+    if ff.get("kind") == "manifest_mismatch":
+        return "manifests differ" in error or "specifications differ" in error
+    return error in (ff.get("line") or "")
 
 
 def outcome_of(ff):
@@ -349,11 +359,21 @@ def agree_program(results, a, b, meta):
     agree_first_failure(results, a, b, meta)
 
 
-def replay_agrees(results, b, replay):
+def replay_agrees(results, b, replay, meta=None):
     """(b)'s recording, merged and replayed on thread ranks, gives (b)'s verdict: its outcome
     (`replay`) and its first failure's kind and ranks, and stage where both have one
-    (`replay_first_failure`)."""
+    (`replay_first_failure`). The replay is an hmc-run scenario: the documented differences of
+    agree_first_failure hold (a plan's own crash that no rank waited for passes there)."""
     if b.document is None:
+        return
+    pb, fb = first_failure(b.document)
+    planned = meta is not None and meta.get("divergence") == "crash" and fb is not None and \
+        fb.get("kind") in ("crash", "hang") and sorted(fb.get("ranks") or []) == \
+        [meta.get("crash_rank")]
+    if planned and replay is not None and replay.document is not None and \
+            replay.document.get("outcome") == "pass":
+        results.ok("replay")
+        results.ok("replay_first_failure")
         return
     if replay is None or replay.document is None:
         results.wrong("replay", f"the recording of {b.name} did not merge or replay "

@@ -174,6 +174,23 @@ TEST_SUITE("diagnosis") {
     CHECK(contains(hang.first->line, "rank 1 (host h2) never arrived"));
   }
 
+  TEST_CASE("a rank that came after the others gave up is named, not 'not known'") {
+    std::vector<dx::FailureView> views = {
+        view(0, "timeout", "recycle", 0,
+             "'recycle' #0 timed out on rank 0: it arrived after ranks [1] had left this "
+             "collective (they gave up waiting)"),
+        view(1, "timeout", "recycle", 0,
+             "'recycle' #0 timed out on rank 1 after 2 s: ranks [0] did not arrive"),
+    };
+    const auto diagnosis = dx::diagnose(views, 2);
+    REQUIRE(diagnosis.first);
+    CHECK(diagnosis.first->kind == "hang");
+    CHECK(diagnosis.first->ranks == std::vector<int>{0});
+    CHECK(diagnosis.first->line ==
+          "hang in 'recycle' #0: rank 1 waited there until the deadline; rank 0 arrived after it "
+          "had left");
+  }
+
   TEST_CASE("a crash comes before the stops of the launcher's teardown that follow it") {
     std::vector<dx::FailureView> views;
     for (const int rank : {0, 1, 3}) {

@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <iterator>
 #include <limits>
 #include <regex>
 #include <set>
@@ -342,6 +343,30 @@ class Builder {
     for (int rank = 0; rank < worldSize_; ++rank) {
       if (!std::binary_search(failure.seenBy.begin(), failure.seenBy.end(), rank)) {
         absent.push_back(rank);
+      }
+    }
+    if (absent.empty()) {
+      // Every rank waited there: those that came after the others had given up ("it arrived
+      // after ranks [1] had left this collective") are the late ones, the cause.
+      for (const FailureView& view : views_) {
+        if (std::binary_search(failure.seenBy.begin(), failure.seenBy.end(), view.rank) &&
+            view.message.find("it arrived after ranks") != std::string::npos) {
+          absent.push_back(view.rank);
+        }
+      }
+      if (!absent.empty()) {
+        std::vector<int> waited;
+        std::set_difference(failure.seenBy.begin(), failure.seenBy.end(), absent.begin(),
+                            absent.end(), std::back_inserter(waited));
+        failure.kind = std::string(kHang);
+        failure.ranks = absent;
+        failure.line = fmt::format(
+            "hang in {}: {} waited there until the deadline; {} arrived after {} had left",
+            (first.sequence ? fmt::format("'{}' #{}", first.stage, *first.sequence)
+                            : fmt::format("'{}'", first.stage)) +
+                stepText(first),
+            ranksWithHosts(waited), ranksWithHosts(absent), waited.size() == 1 ? "it" : "they");
+        return;
       }
     }
     if (absent.empty()) absent = ranksNamedIn(first.message);
