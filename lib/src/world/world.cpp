@@ -464,7 +464,7 @@ bool World::Impl::meetAtEnd(RankEnd& own, std::optional<diagnostics::FailureView
       }
       if (store.add(world::keys::kWorldEndCount, 0) >= size) return true;
       std::vector<int> absent;
-      if (round % 20 == 19 || Clock::now() >= deadline) {
+      if (round % 25 == 24 || Clock::now() >= deadline) {  // rank by rank: every 0.5 s
         for (int rank = 0; rank < size; ++rank) {
           if (!store.check({world::keys::worldAtEnd(rank)})) absent.push_back(rank);
         }
@@ -505,7 +505,10 @@ bool World::Impl::meetAtEnd(RankEnd& own, std::optional<diagnostics::FailureView
         own.error = failure->message;
         return giveUp("the ranks did not all reach the world's end");
       }
-      std::this_thread::sleep_for(std::chrono::milliseconds(round < 100 ? 2 : 10));
+      // Two store requests a round: every 5 ms for the first 0.2 s (a world whose ranks end
+      // together), then every 20 ms, so that a world of many ranks waiting here does not load
+      // the store's host.
+      std::this_thread::sleep_for(std::chrono::milliseconds(round < 40 ? 5 : 20));
     }
   } catch (const std::exception& error) {
     return giveUp(fmt::format("the store at {} failed at the world's end: {}", storeAddress,
