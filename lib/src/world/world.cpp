@@ -337,8 +337,9 @@ struct World::Impl {
   }
 
   RankEnd closeOwn();
-  // The world's end, a collective of its own (diagnostics::kWorldEndStage): see closeOwn.
-  // False when the ranks did not all meet there (`own` then says why).
+  // The ranks' meeting at the world's end, out of band (see its definition), before the
+  // collective close. False when they did not all meet there (`own` then says why; `failure`:
+  // this rank's wait there, when it gave up).
   bool meetAtEnd(RankEnd& own, std::optional<diagnostics::FailureView>& failure);
   // Whether every rank of `ranks` is alive and at work outside any collective, as its
   // heartbeat says (fresh, running, not announced dead).
@@ -367,9 +368,9 @@ struct World::Impl {
   // The signal's thread: hand on what this rank did before the signal ends the process.
   void onSignal(int signal);
   // A rank stopped by `signal` (0: Open MPI's warning, which a SIGCONT after a SIGSTOP also
-  // looks like) while at work outside any collective:
-  // its recording says so, as a sleep past the deadline, and ends, so that the merged replay
-  // has it at work where the others waited for it, not crashed where its file ends.
+  // looks like) while at work outside any collective: its recording says so, as a sleep past
+  // the deadline (and ends, at a signal), so that the merged replay has it at work where the
+  // others waited for it, not crashed where its file ends (record/merge.cpp).
   void recordStop(int signal);
   // The signal's thread, at Open MPI's warning (mpirun only): each rank publishes a snapshot of
   // where it is; rank 0 reports from them, while the process still has a second.

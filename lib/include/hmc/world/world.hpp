@@ -24,10 +24,12 @@
 //   --master-port P` attaches to the running program and names the rank that waits and where;
 //   SIGUSR1 dumps this rank's flight record to stderr; a collective past its deadline publishes
 //   it for the other ranks;
-// - at the end (close(), or the destructor): the bounded collective close of every group still
-//   open (close_all), the leak check, and on rank 0 one report of every rank's end: which rank
-//   did not end cleanly, in which stage, on which host (the same job status `hmc-run status`
-//   prints), on stderr and, where asked, as JSON;
+// - at the end (close(), or the destructor): the ranks meet out of band (store keys), then the
+//   bounded collective close of every group still open (close_all) when all came and none hung,
+//   the leak check, and on rank 0 one report of every rank's end, led by the world's first
+//   failure (hmc/diagnostics/diagnosis.hpp; an error the program caught counts): which rank did
+//   what first, in which stage, on which host, and what followed from it, on stderr and, where
+//   asked, as JSON;
 // - an evidence folder on rank 0's node (hmc/world/evidence_folder.hpp, under $TMPDIR): the
 //   ranks of that node write their pids and their ends there beside the store; rank 0 does not
 //   wait for one whose process has ended, and when rank 0's own process has ended without
@@ -131,11 +133,15 @@ class World {
   // Makes the manager current() for the calling thread until the Scope is destroyed.
   lifecycle::ResourceManager::Scope scope() const;
 
-  // The end, once: the collective close of every group still open (skipped when a collective
-  // of this world already hung: nobody would come), the leak check, then the ranks' ends
-  // meet in the store and rank 0 prints the report (and writes it to reportPath). Bounded: the
-  // close by the collective deadline, rank 0's wait for the others' ends by the deadline too
-  // (1 s after a hang). A second call returns the first's result.
+  // The end, once: the ranks meet out of band at the world's end (so that a rank that skipped
+  // a collective the others run waits there and is named, rather than entering their
+  // collective with a close of its own), then the collective close of every group still open
+  // (skipped when a rank hung or did not come: nobody would close with it), the leak check,
+  // then the ranks' ends meet in the store and rank 0 prints the report, led by the first
+  // failure (and writes it to reportPath). Bounded: the meeting by the collective deadline and
+  // a second (longer, up to the join timeout, while the ranks not there are at work outside
+  // any collective), the close by the collective deadline, rank 0's wait for the others' ends
+  // by the deadline too (1 s after a hang). A second call returns the first's result.
   WorldEnd close();
 
  private:
