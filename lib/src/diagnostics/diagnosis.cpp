@@ -53,19 +53,28 @@ std::tuple<std::uint64_t, int, int, int> orderOf(const FailureView& view) {
 
 }  // namespace
 
-std::string describeFailure(const FailureView& view) {
-  std::string where;
-  if (view.sequence) {
-    where = fmt::format(" in '{}' #{}", view.stage, *view.sequence);
-  } else if (!view.stage.empty()) {
-    where = fmt::format(" in '{}'", view.stage);
-  }
+// "'close validation' #26 (step 4)": where a view's failure happened; `orOp`: for a failure
+// no collective raised, the call ("forward"), else nothing.
+std::string whereText(const FailureView& view, bool orOp) {
+  std::string where = view.sequence        ? fmt::format("'{}' #{}", view.stage, *view.sequence)
+                      : !view.stage.empty() ? fmt::format("'{}'", view.stage)
+                      : orOp                ? view.op
+                                            : std::string();
   if (view.step) where += fmt::format(" (step {})", *view.step);
-  const std::string kind = view.kind == kManifestMismatch     ? "manifest mismatch"
-                           : view.kind == kCollectiveMismatch ? "collective mismatch"
-                           : view.kind == "rank_failure"      ? "lost a rank"
-                                                              : view.kind;
-  return fmt::format("{}{}: {}", kind, where, printable(view.message));
+  return where;
+}
+
+std::string failureKindWords(std::string_view kind) {
+  if (kind == "rank_failure") return "lost a rank";
+  std::string words(kind);
+  std::replace(words.begin(), words.end(), '_', ' ');
+  return words;
+}
+
+std::string describeFailure(const FailureView& view) {
+  const std::string where = whereText(view, false);
+  return fmt::format("{}{}: {}", failureKindWords(view.kind), where.empty() ? "" : " in " + where,
+                     printable(view.message));
 }
 
 namespace {
@@ -157,7 +166,8 @@ class Builder {
     std::vector<int> ranks;
     for (const FailureView& view : views_) {
       const bool sameKind = kind == "wait" ? waitKind(view.kind) : view.kind == kind;
-      if (sameKind && view.sequence == sequence && (stage.empty() || view.stage == stage)) {
+      if (sameKind && (!sequence || view.sequence == sequence) &&
+          (stage.empty() || view.stage == stage)) {
         ranks.push_back(view.rank);
       }
     }
@@ -187,10 +197,7 @@ class Builder {
         majority = &members;
       }
     }
-    std::string where = first.sequence
-                            ? fmt::format(" in '{}' #{}", first.stage, *first.sequence)
-                            : fmt::format(" in '{}'", first.stage);
-    where += stepText(first);
+    const std::string where = " in " + whereText(first, false);
     if (majority == nullptr || groups.size() < 2) {
       failure.ranks = failure.seenBy;
       failure.line = fmt::format("manifest mismatch{}: {}", where, printable(first.message));
@@ -332,13 +339,6 @@ class Builder {
     // for the same thing.
     failure.seenBy = ranksWith("wait", first.stage == kWorldEndStage ? std::nullopt : first.sequence,
                                first.stage);
-    if (first.stage == kWorldEndStage) {
-      failure.seenBy.clear();
-      for (const FailureView& view : views_) {
-        if (waitKind(view.kind) && view.stage == kWorldEndStage) failure.seenBy.push_back(view.rank);
-      }
-      std::sort(failure.seenBy.begin(), failure.seenBy.end());
-    }
     std::vector<int> absent;
     for (int rank = 0; rank < worldSize_; ++rank) {
       if (!std::binary_search(failure.seenBy.begin(), failure.seenBy.end(), rank)) {
@@ -362,9 +362,7 @@ class Builder {
         failure.ranks = absent;
         failure.line = fmt::format(
             "hang in {}: {} waited there until the deadline; {} arrived after {} had left",
-            (first.sequence ? fmt::format("'{}' #{}", first.stage, *first.sequence)
-                            : fmt::format("'{}'", first.stage)) +
-                stepText(first),
+            whereText(first, false),
             ranksWithHosts(waited), ranksWithHosts(absent), waited.size() == 1 ? "it" : "they");
         return;
       }
@@ -389,10 +387,7 @@ class Builder {
       }
     }
     failure.ranks = absent;
-    const std::string where = (first.sequence
-                                   ? fmt::format("'{}' #{}", first.stage, *first.sequence)
-                                   : fmt::format("'{}'", first.stage)) +
-                              stepText(first);
+    const std::string where = whereText(first, false);
     const std::string waiters = ranksWithHosts(failure.seenBy);
     if (!absent.empty() && crashed.size() == absent.size()) {
       failure.kind = std::string(kCrash);
@@ -415,26 +410,6 @@ class Builder {
     return view.step ? fmt::format(" (step {})", *view.step) : std::string();
   }
 
-  // Ranks a failure's text names: "failed on ranks [1, 2]", "ranks [1] did not arrive",
-  // "rank 3 closed its connection".
-  static std::vector<int> ranksNamedIn(const std::string& message) {
-    static const std::regex kList(R"(ranks \[([0-9, ]*)\] did not arrive|failed on ranks \[([0-9, ]*)\])");
-    static const std::regex kOne(R"(rank ([0-9]+) (closed its connection|was announced dead))");
-    std::vector<int> ranks;
-    std::smatch match;
-    if (std::regex_search(message, match, kList)) {
-      const std::string list = match[1].matched ? match[1].str() : match[2].str();
-      static const std::regex kNumber("[0-9]+");
-      for (auto it = std::sregex_iterator(list.begin(), list.end(), kNumber);
-           it != std::sregex_iterator(); ++it) {
-        ranks.push_back(std::stoi(it->str()));
-      }
-    } else if (std::regex_search(message, match, kOne)) {
-      ranks.push_back(std::stoi(match[1].str()));
-    }
-    return ranks;
-  }
-
   void other(const FailureView& first, FirstFailure& failure) const {
     failure.kind = first.kind == kMissing ? std::string(kHang)
                    : first.kind == kCrash || first.kind == kStopped || first.kind == kLeak ||
@@ -443,8 +418,9 @@ class Builder {
                        : std::string(kError);
     const auto key = orderOf(first);
     for (const FailureView& view : views_) {
-      if (view.kind == first.kind && std::get<0>(orderOf(view)) == std::get<0>(key) &&
-          std::get<1>(orderOf(view)) == std::get<1>(key) &&
+      const auto at = orderOf(view);
+      if (view.kind == first.kind && std::get<0>(at) == std::get<0>(key) &&
+          std::get<1>(at) == std::get<1>(key) &&
           (failure.kind != kError || view.message == first.message)) {
         failure.seenBy.push_back(view.rank);
       }
@@ -452,13 +428,8 @@ class Builder {
     std::sort(failure.seenBy.begin(), failure.seenBy.end());
     failure.ranks = failure.kind == kError ? ranksNamedIn(first.message) : std::vector<int>{};
     if (failure.ranks.empty()) failure.ranks = failure.seenBy;
-    std::string where;
-    if (first.sequence) {
-      where = fmt::format(" in '{}' #{}", first.stage, *first.sequence);
-    } else if (!first.op.empty()) {
-      where = fmt::format(" in {}", first.op);
-    }
-    if (first.step) where += fmt::format(" (step {})", *first.step);
+    std::string where = whereText(first, true);
+    if (!where.empty()) where = " in " + where;
     if (failure.kind == kError) {
       failure.line = fmt::format("error{} on {}: {}", where, ranksWithHosts(failure.seenBy),
                                  printable(first.message));
@@ -549,6 +520,25 @@ Diagnosis diagnose(const std::vector<FailureView>& views, int worldSize,
                    const std::vector<std::string>& hosts,
                    const std::map<int, std::string>& whereabouts) {
   return Builder(views, worldSize, hosts, whereabouts).build();
+}
+
+std::vector<int> ranksNamedIn(const std::string& message) {
+  static const std::regex kList(
+      R"(ranks \[([0-9, ]*)\] did not (arrive|join)|failed on ranks \[([0-9, ]*)\])");
+  static const std::regex kOne(R"(rank ([0-9]+) (closed its connection|was announced dead))");
+  static const std::regex kNumber("[0-9]+");
+  std::vector<int> ranks;
+  std::smatch match;
+  if (std::regex_search(message, match, kList)) {
+    const std::string list = match[1].matched ? match[1].str() : match[3].str();
+    for (auto it = std::sregex_iterator(list.begin(), list.end(), kNumber);
+         it != std::sregex_iterator(); ++it) {
+      ranks.push_back(std::stoi(it->str()));
+    }
+  } else if (std::regex_search(message, match, kOne)) {
+    ranks.push_back(std::stoi(match[1].str()));
+  }
+  return ranks;
 }
 
 std::string failureKindOf(std::string_view errorKind, bool manifestMismatch) {

@@ -16,7 +16,6 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <regex>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -201,9 +200,8 @@ struct RankEnd {
     if (failure) {
       const bool part = first && std::find(first->seenBy.begin(), first->seenBy.end(), rank) !=
                                      first->seenBy.end();
-      std::string kind = failure->kind;
-      std::replace(kind.begin(), kind.end(), '_', ' ');
-      failed = part ? fmt::format("saw the first failure ({} in '{}' #{})", kind, failure->stage,
+      failed = part ? fmt::format("saw the first failure ({} in '{}' #{})",
+                                  diagnostics::failureKindWords(failure->kind), failure->stage,
                                   failure->sequence.value_or(0))
                     : diagnostics::describeFailure(*failure);
     }
@@ -912,8 +910,7 @@ std::string namedRanks(const std::vector<int>& ranks) {
 
 // "manifest mismatch in 'close validation' #26": the verdict line's words for a first failure.
 std::string verdictWords(const diagnostics::FirstFailure& first) {
-  std::string words = first.kind;
-  std::replace(words.begin(), words.end(), '_', ' ');
+  const std::string words = diagnostics::failureKindWords(first.kind);
   if (first.kind == diagnostics::kCollectiveMismatch && first.sequence) {
     return fmt::format("{} at #{}", words, *first.sequence);
   }
@@ -1080,18 +1077,8 @@ namespace {
 // verdict line and the end document, as for any end, before the error reaches the program.
 void reportFailedJoin(const JoinOptions& options, const world::RankPlacement& placement,
                       const std::exception& error) {
-  static const std::regex kMissing(R"(ranks \[([0-9, ]*)\] did not)");
-  std::vector<int> missing;
   const std::string text = error.what();
-  std::smatch match;
-  if (std::regex_search(text, match, kMissing)) {
-    const std::string list = match[1].str();
-    static const std::regex kNumber("[0-9]+");
-    for (auto it = std::sregex_iterator(list.begin(), list.end(), kNumber);
-         it != std::sregex_iterator(); ++it) {
-      missing.push_back(std::stoi(it->str()));
-    }
-  }
+  const std::vector<int> missing = diagnostics::ranksNamedIn(text);
   diagnostics::Diagnosis diagnosis;
   diagnostics::FirstFailure first;
   first.kind = std::string(diagnostics::kHang);

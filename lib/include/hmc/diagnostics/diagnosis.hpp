@@ -104,6 +104,11 @@ Diagnosis diagnose(const std::vector<FailureView>& views, int worldSize,
 
 // "manifest mismatch in 'close validation' #26 (step 4): <message>": one rank's failure.
 std::string describeFailure(const FailureView& view);
+// A kind as words: "manifest mismatch", "lost a rank" (rank_failure).
+std::string failureKindWords(std::string_view kind);
+// The ranks a failure's text names: "ranks [1] did not arrive" (or "did not join"), "failed on
+// ranks [1, 2]", "rank 3 closed its connection", "rank 3 was announced dead"; empty otherwise.
+std::vector<int> ranksNamedIn(const std::string& message);
 
 // The view of a collective error a rank raised: kind from the error kind's name
 // ("collective_mismatch", "timeout", "rank_failure", anything else "error"), or
