@@ -373,18 +373,10 @@ void ResourceManager::closeGroups(std::optional<std::vector<GroupPtr>> requested
   // Every group: the program's close_all (a module's close() names its group, and notes its
   // own failure).
   if (requested) return closeSelected(std::move(requested));
-  const std::uint64_t before = collective_->sequence();
-  try {
-    if (recorder_) {
-      record::recordCall(recorder_.get(), record::EventOp::kCloseAll, -1,
-                         [&] { closeSelected(std::nullopt); });
-    } else {
-      closeSelected(std::nullopt);
-    }
-  } catch (const std::exception& error) {
-    noteFailure("close_all", error, before);
-    throw;
-  }
+  noting("close_all", [&] {
+    record::recordCall(recorder_.get(), record::EventOp::kCloseAll, -1,
+                       [&] { closeSelected(std::nullopt); });
+  });
 }
 
 void ResourceManager::noteFailure(std::string_view op, const std::exception& error,

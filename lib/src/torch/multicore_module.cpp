@@ -61,16 +61,13 @@ void MulticoreModule::shareImpl(const std::vector<MulticoreModule*>& members,
       names.push_back(member->recordIndex_);
     }
   }
-  lifecycle::ResourceManager* manager = members.empty() ? nullptr : members.front()->manager_.get();
-  const std::uint64_t before = manager ? manager->collective().sequence() : 0;
-  try {
+  const auto share = [&] {
     record::recordCall(recorder, record::EventOp::kShare,
                        recorder ? members.front()->recordIndex_ : -1,
                        [&] { shareChecked(members, className, isInstance); }, {{"modules", names}});
-  } catch (const std::exception& error) {
-    if (manager != nullptr) manager->noteFailure("share", error, before);
-    throw;
-  }
+  };
+  if (members.empty()) return share();  // shareChecked's error: no manager to note it in
+  members.front()->manager_->noting("share", share);
 }
 
 void MulticoreModule::shareChecked(const std::vector<MulticoreModule*>& members,
@@ -142,13 +139,7 @@ void MulticoreModule::moveToResourceGroup(const GroupPtr& target) {
 
 std::shared_ptr<lifecycle::Resource> MulticoreModule::getExecutionResources(
     const torch::Tensor& tensor) {
-  const std::uint64_t before = manager_->collective().sequence();
-  try {
-    return recordedBind(tensor);
-  } catch (const std::exception& error) {
-    manager_->noteFailure("forward", error, before);
-    throw;
-  }
+  return manager_->noting("forward", [&] { return recordedBind(tensor); });
 }
 
 std::shared_ptr<lifecycle::Resource> MulticoreModule::recordedBind(const torch::Tensor& tensor) {
@@ -224,13 +215,9 @@ lifecycle::Binding MulticoreModule::executionBinding(const torch::Tensor& tensor
 }
 
 void MulticoreModule::close() {
-  const std::uint64_t before = manager_->collective().sequence();
-  try {
+  manager_->noting("close", [&] {
     record::recordCall(recorder(), record::EventOp::kClose, recordIndex_, [&] { closeOnce(); });
-  } catch (const std::exception& error) {
-    manager_->noteFailure("close", error, before);
-    throw;
-  }
+  });
 }
 
 void MulticoreModule::closeOnce() {

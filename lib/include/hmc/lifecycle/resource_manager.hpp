@@ -11,6 +11,7 @@
 // same order; they block until every rank arrives or the collective's deadline passes.
 // Thread safety: a manager belongs to one rank thread; it is not safe to share.
 
+#include <exception>
 #include <functional>
 #include <atomic>
 #include <map>
@@ -155,6 +156,18 @@ class ResourceManager {
   // first and counts the rest. Never throws.
   void noteFailure(std::string_view op, const std::exception& error,
                    std::uint64_t sequenceAtCall) noexcept;
+  // Runs `call`, one of the rank's lifecycle calls (`op`), and notes its failure (noteFailure)
+  // before the error goes on to the caller.
+  template <class Fn>
+  decltype(auto) noting(std::string_view op, Fn&& call) {
+    const std::uint64_t before = collective_->sequence();
+    try {
+      return call();
+    } catch (const std::exception& error) {
+      noteFailure(op, error, before);
+      throw;
+    }
+  }
   // What noteFailure would note for `error` (the scenario runner's steps), right after the
   // call that raised it.
   NotedFailure describeFailure(std::string_view op, const std::exception& error,
