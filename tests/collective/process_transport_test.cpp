@@ -225,6 +225,30 @@ TEST_SUITE("process transports") {
     }
   }
 
+  TEST_CASE("store: a rank arriving after the others gave up fails as late, not alone") {
+    // The store keeps every rank's key: without the gave-up marks, the late rank would find
+    // the others' keys and complete the exchange that they had failed.
+    for (int world : kWorlds) {
+      CAPTURE(world);
+      auto run = runRanks("store", world, "arrive-late", 2s, kShortDeadline);
+      const int last = world - 1;
+      const std::string missing = "ranks [" + std::to_string(last) + "] did not arrive";
+      for (int rank = 0; rank < last; ++rank) {
+        const auto& r = run.ranks[rank];
+        CAPTURE(rank);
+        CHECK_MESSAGE(r.kind == "timeout", describe(r));
+        CHECK(r.message.find("'recycle' #1 timed out on rank " + std::to_string(rank)) !=
+              std::string::npos);
+        CHECK(r.message.find(missing) != std::string::npos);
+      }
+      const auto& late = run.ranks[last];
+      CHECK_MESSAGE(late.kind == "timeout", describe(late));
+      CHECK(late.message.find("'recycle' #1 timed out on rank " + std::to_string(last) +
+                              ": it arrived after ranks [") != std::string::npos);
+      CHECK(late.message.find("gave up waiting first") != std::string::npos);
+    }
+  }
+
   TEST_CASE("a rank that crashes fails the others within the deadline") {
     for (const auto& transport : transports()) {
       for (int world : kWorlds) {

@@ -245,6 +245,27 @@ void run(const Args& args) {
       return;
     }
     c.exchange("recycle", "x");
+  } else if (args.scenario == "arrive-late") {
+    // The last rank enters 'recycle' once every other rank has given up on it (their marks);
+    // they stay alive (rank 0 hosts the store) until it has exited.
+    c.barrier("warmup");
+    if (c.rank() == last) {
+      for (int rank = 0; rank < last; ++rank) {
+        expect(hmc::testing::gateAwait([&] {
+                 return hmc::testing::gateFileExists("gave-up." + std::to_string(rank));
+               }),
+               "rank " + std::to_string(rank) + " gave up");
+      }
+      c.exchange("recycle", "x");
+      return;
+    }
+    try {
+      c.exchange("recycle", "x");
+    } catch (const hmc::TimeoutError&) {
+      expect(hmc::testing::gateMark("gave-up." + std::to_string(c.rank())), "gave-up mark written");
+      expect(hmc::testing::gateAwaitExitOf(last, args.timeout + 5min), "the last rank exited");
+      throw;
+    }
   } else if (args.scenario == "crash") {
     c.barrier("warmup");
     if (c.rank() == last) {

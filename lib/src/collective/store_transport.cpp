@@ -40,6 +40,27 @@ std::chrono::milliseconds remainingUntil(Clock::time_point deadline) {
 
 using detail::formatSeconds;
 
+// What a rank that gave up on an exchange leaves under the key of each rank that had not
+// arrived (a compareSet on the absent key), so that the late rank finds it and fails instead
+// of completing the exchange with the ones still waiting: 5 bytes, a marker byte and the rank
+// that gave up. Shorter than any envelope (12 bytes or more), so never a payload.
+constexpr std::uint8_t kGaveUpMarker = 0xfe;
+
+std::vector<std::uint8_t> gaveUpMark(int rank) {
+  std::vector<std::uint8_t> mark(1 + sizeof(std::int32_t), kGaveUpMarker);
+  const auto value = static_cast<std::int32_t>(rank);
+  std::memcpy(mark.data() + 1, &value, sizeof value);
+  return mark;
+}
+
+// The rank that gave up, when `value` is a gave-up mark.
+std::optional<int> gaveUpBy(const std::vector<std::uint8_t>& value) {
+  if (value.size() != 1 + sizeof(std::int32_t) || value[0] != kGaveUpMarker) return std::nullopt;
+  std::int32_t rank = 0;
+  std::memcpy(&rank, value.data() + 1, sizeof rank);
+  return rank;
+}
+
 }  // namespace
 
 void StoreTransportOptions::validate() const {
@@ -660,6 +681,25 @@ std::vector<Bytes> StoreTransport::gather(std::uint64_t sequence, std::string_vi
                                                   hmc::detail::notArrivedText(missing)));
   };
 
+  const auto missingPeers = [&] {
+    std::vector<int> missing;
+    for (int peer : peers) {
+      if (!s.client->check({s.exchangeKey(sequence, peer)})) missing.push_back(peer);
+    }
+    return missing;
+  };
+  // At the deadline: marks the key of each rank that has not arrived (where it is still
+  // absent) and returns those ranks; a rank whose key turns out written arrived in time.
+  // Empty: every rank arrived after all, and the exchange completes.
+  const auto giveUp = [&] {
+    std::vector<int> absent;
+    for (int peer : missingPeers()) {
+      const std::vector<std::uint8_t> stored =
+          s.client->compareSet(s.exchangeKey(sequence, peer), {}, gaveUpMark(self));
+      if (gaveUpBy(stored)) absent.push_back(peer);
+    }
+    return absent;
+  };
   bool waiting = false;
   try {
     // Key names are reused every keySlots exchanges. Before this rank's key of `sequence` is
@@ -679,7 +719,23 @@ std::vector<Bytes> StoreTransport::gather(std::uint64_t sequence, std::string_vi
       }
       if (!*deleted) s.client->deleteKey(s.exchangeKey(stale, self));
     }
-    s.client->set(s.exchangeKey(sequence, self), compat::toVector(envelope));
+    // Arriving is atomic against a peer giving up: this rank's key is written only where it
+    // is absent; a gave-up mark there means the others left this exchange before it came.
+    // compareSet wakes no waiter, so the set that follows (the same value) does.
+    const std::string ownKey = s.exchangeKey(sequence, self);
+    const std::vector<std::uint8_t> mine = compat::toVector(envelope);
+    const std::vector<std::uint8_t> stored = s.client->compareSet(ownKey, {}, mine);
+    if (stored != mine) {
+      if (const auto by = gaveUpBy(stored)) {
+        throw TimeoutError(hmc::detail::arrivedLateText(
+            stage, sequence, self, {*by}, fmt::format("rank {} gave up waiting first", *by)));
+      }
+      throw BackendError(fmt::format(
+          "{}: the c10d store at {} already held a value under this rank's exchange key '{}' "
+          "({} bytes): is another job using the same store prefix '{}'?",
+          context(), s.endpoint(), ownKey, stored.size(), s.options.prefix));
+    }
+    s.client->set(ownKey, mine);
     std::vector<Bytes> out(world);
     out[self] = envelope;
     if (world > 1) {
@@ -699,13 +755,6 @@ std::vector<Bytes> StoreTransport::gather(std::uint64_t sequence, std::string_vi
       // Then poll, two requests a round whatever the world size: all keys there? anyone
       // announced dead? Only then look rank by rank.
       const std::string anyDead = s.options.prefix + "/kv/" + collective::kAnyDeadKey;
-      const auto missingPeers = [&] {
-        std::vector<int> missing;
-        for (int peer : peers) {
-          if (!s.client->check({s.exchangeKey(sequence, peer)})) missing.push_back(peer);
-        }
-        return missing;
-      };
       while (!arrived && !s.client->check(peerKeys)) {
         if (s.client->check({anyDead})) {
           const std::vector<int> missing = missingPeers();
@@ -720,12 +769,31 @@ std::vector<Bytes> StoreTransport::gather(std::uint64_t sequence, std::string_vi
             }
           }
         }
-        if (Clock::now() >= deadline) throw timedOutError(missingPeers());
+        if (Clock::now() >= deadline) {
+          const std::vector<int> absent = giveUp();
+          if (!absent.empty()) throw timedOutError(absent);
+          break;
+        }
         std::this_thread::sleep_for(std::min(remainingUntil(deadline), kPollInterval));
       }
       waiting = false;
       auto values = compat::getExisting(*s.client, peerKeys);
-      for (std::size_t i = 0; i < peers.size(); ++i) out[peers[i]] = compat::toBytes(values[i]);
+      // A peer that gave up first left its mark under the keys of the ranks it did not see.
+      std::vector<int> marked;
+      std::optional<int> firstToGiveUp;
+      for (std::size_t i = 0; i < peers.size(); ++i) {
+        if (const auto by = gaveUpBy(values[i])) {
+          marked.push_back(peers[i]);
+          if (!firstToGiveUp) firstToGiveUp = by;
+        }
+        out[peers[i]] = compat::toBytes(values[i]);
+      }
+      if (!marked.empty()) {
+        throw TimeoutError(hmc::detail::timedOutText(
+            stage, sequence, self, timeout(),
+            fmt::format("{} (rank {} gave up waiting first)", hmc::detail::notArrivedText(marked),
+                        *firstToGiveUp)));
+      }
     }
     // Every rank has entered this exchange, so every rank has finished reading the previous
     // one: our key of it can go.
@@ -746,11 +814,7 @@ std::vector<Bytes> StoreTransport::gather(std::uint64_t sequence, std::string_vi
       throw BackendError(
           fmt::format("{}: c10d store {} failed: {}", context(), s.endpoint(), reason));
     }
-    std::vector<int> missing;
-    for (int peer : peers) {
-      if (!s.client->check({s.exchangeKey(sequence, peer)})) missing.push_back(peer);
-    }
-    throw timedOutError(missing);
+    throw timedOutError(giveUp());
   }
 }
 
