@@ -385,6 +385,43 @@ def check_mpirun_killed_rank():
     assert re.search(rf"^  rank 0 \({host}:\d+\): stopped by mpirun's teardown", text, re.M), run
 
 
+def check_mpirun_killed_in_join(transport):
+    """kill -9 of rank 1 of 2 while rank 0 forms the world (its store is up, rank 1 never
+    joins): mpirun tears the job down, and rank 0 says that the world did not form and why it
+    stopped, once, with its document, instead of dying silently in the join."""
+    tmp = tempfile.mkdtemp(prefix="hmc-embed-")
+    try:
+        report = os.path.join(tmp, "end.json")
+        port = reserved_port()
+        # Rank 1 kills itself once rank 0's store accepts connections: rank 0 is in its join.
+        wrapper = ("if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then for i in $(seq 1200); do "
+                   f"(exec 3<>/dev/tcp/127.0.0.1/{port}) 2>/dev/null && kill -9 $$; sleep 0.05; "
+                   "done; fi; exec \"$@\"")
+        command = mpirun(2, ["--steps", "4"])
+        at = command.index(EXAMPLE)
+        command[at:at] = ["/bin/bash", "-c", wrapper, "join-killer"]
+        run = Run(command, environment({"HMC_NAME": "killed-in-join", "HMC_TIMEOUT": "4",
+                                        "HMC_MASTER_ADDR": "127.0.0.1",
+                                        "HMC_MASTER_PORT": str(port),
+                                        "HMC_TRANSPORT": transport, "HMC_REPORT": report,
+                                        "TMPDIR": tmp}),
+                  bound=120)
+        run.wait_for(r"^# STOPPED: the world did not form: rank 0 was stopped by signal 15", 60)
+        code = run.finish()
+        text = run.text()
+        assert code != 0, f"exit 0 after a rank was killed:\n{run}"
+        assert len(re.findall(r"^# (OK|FAILED|HUNG|STOPPED)\b", text, re.M)) == 1, run
+        assert re.search(r"^# first failure: stopped in the world's join: rank 0 was stopped by "
+                         r"signal 15 \(Terminated\) while the world formed; mpirun stops every "
+                         r"rank", text, re.M), run
+        document = json.load(open(report))
+        assert document["exit_code"] == 143, document
+        assert document["first_failure"]["kind"] == "stopped", document
+        assert document["first_failure"]["stage"] == "join", document
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def check_rank0_crash():
     """Rank 0 of 3 dies in the middle of its steps (exit 17) under torchrun: nobody is left to
     report through rank 0, so rank 1, the lowest rank of its node still alive, reports in its
@@ -441,6 +478,8 @@ CASES = [
     ("torchrun_2_sigterm", check_sigterm),
     ("torchrun_2_crash", check_crash),
     ("mpirun_4_killed_rank", check_mpirun_killed_rank),
+    ("mpirun_2_killed_in_join_store", lambda: check_mpirun_killed_in_join("store")),
+    ("mpirun_2_killed_in_join_tcp", lambda: check_mpirun_killed_in_join("tcp")),
     ("torchrun_3_rank0_crash", check_rank0_crash),
 ]
 

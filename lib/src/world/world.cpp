@@ -236,6 +236,9 @@ std::optional<diagnostics::FlightEntry> firstHang(const diagnostics::FlightRecor
 // world per process takes the signals.
 // A signal that came while the world ended (the main thread reported first, or stopped the
 // forwarder before it looked) ends the process too, once the program's handlers are back.
+void reportStoppedJoin(const JoinOptions& options, const world::RankPlacement& placement,
+                       int signal);
+
 class TerminationSignals {
  public:
   // `onWarning`, when given: Open MPI's warning (SignalForwarder), on the same thread.
@@ -635,7 +638,15 @@ void World::Impl::recordStop(int signal) {
 void World::Impl::onSignal(int signal) {
   recordStop(signal);
   std::lock_guard<std::mutex> guard(reportMutex);
-  if (reported || !signalKv) return;
+  if (reported) return;
+  if (!signalKv) {
+    // While the world forms: rank 0 says that it did not, before the signal ends the process.
+    if (placement.rank == 0) {
+      reported = true;
+      reportStoppedJoin(options, placement, signal);
+    }
+    return;
+  }
   if (reportedAtWarning) {
     reported = true;  // the report of the warning a second ago is this signal's
     return;
@@ -1075,11 +1086,41 @@ namespace {
 
 // Rank 0's report of a world that did not form (a rank killed or absent while it formed): the
 // verdict line and the end document, as for any end, before the error reaches the program.
+// The verdict and the end document of a world that did not form, with `first` its first
+// failure: `outcome` "hang" (exit 3) or, stopped by a launcher's signal, "stopped" (128 + it).
+void reportWorldNotFormed(const JoinOptions& options, const world::RankPlacement& placement,
+                          const diagnostics::FirstFailure& first, const std::string& summary,
+                          int exitCode) {
+  diagnostics::Diagnosis diagnosis;
+  diagnosis.first = first;
+  fmt::print(stderr,
+             "# hmc: world '{}' of {} ranks ({}, transport {}, join timeout {:g} s) did not "
+             "form\n# first failure: {}\n# {} (exit {})\n",
+             options.name, placement.worldSize, placement.launcher,
+             collective::toString(options.transport),
+             std::chrono::duration<double>(options.joinTimeout).count(), first.line, summary,
+             exitCode);
+  std::fflush(stderr);
+  if (!options.reportPath) return;
+  json document =
+      endDocument(options, placement, fmt::format("{}:{}", placement.masterAddr,
+                                                  placement.masterPort));
+  document.update(json{{"outcome", "hang"}, {"exit_code", exitCode}, {"verdict", summary}});
+  document.update(diagnosis.toJson());
+  document["ranks"] = json::array();
+  try {
+    scenario::writeOutputFile(*options.reportPath, document.dump(2) + "\n");
+  } catch (const std::exception& problem) {
+    fmt::print(stderr, "# hmc: cannot write the report to {}: {}\n", *options.reportPath,
+               problem.what());
+  }
+}
+
+// Rank 0's report of a world whose join failed (a rank killed or absent while it formed).
 void reportFailedJoin(const JoinOptions& options, const world::RankPlacement& placement,
                       const std::exception& error) {
   const std::string text = error.what();
   const std::vector<int> missing = diagnostics::ranksNamedIn(text);
-  diagnostics::Diagnosis diagnosis;
   diagnostics::FirstFailure first;
   first.kind = std::string(diagnostics::kHang);
   first.stage = "join";
@@ -1089,28 +1130,31 @@ void reportFailedJoin(const JoinOptions& options, const world::RankPlacement& pl
                            missing.empty() ? std::string("the world did not form")
                                            : namedRanks(missing) + " did not join",
                            printable(text));
-  diagnosis.first = first;
-  const std::string summary =
-      fmt::format("HUNG: the world did not form, {}", namedRanks(missing));
-  fmt::print(stderr,
-             "# hmc: world '{}' of {} ranks ({}, transport {}, join timeout {:g} s) did not "
-             "form\n# first failure: {}\n# {} (exit 3)\n",
-             options.name, placement.worldSize, placement.launcher,
-             collective::toString(options.transport),
-             std::chrono::duration<double>(options.joinTimeout).count(), first.line, summary);
-  if (!options.reportPath) return;
-  json document =
-      endDocument(options, placement, fmt::format("{}:{}", placement.masterAddr,
-                                                  placement.masterPort));
-  document.update(json{{"outcome", "hang"}, {"exit_code", 3}, {"verdict", summary}});
-  document.update(diagnosis.toJson());
-  document["ranks"] = json::array();
-  try {
-    scenario::writeOutputFile(*options.reportPath, document.dump(2) + "\n");
-  } catch (const std::exception& problem) {
-    fmt::print(stderr, "# hmc: cannot write the report to {}: {}\n", *options.reportPath,
-               problem.what());
-  }
+  reportWorldNotFormed(options, placement, first,
+                       fmt::format("HUNG: the world did not form, {}", namedRanks(missing)), 3);
+}
+
+// Rank 0's report of a world whose join a launcher's signal stopped: mpirun and torchrun tear a
+// job down when one of its processes ends, which may be a rank killed before it joined.
+void reportStoppedJoin(const JoinOptions& options, const world::RankPlacement& placement,
+                       int signal) {
+  const std::string launcher = placement.launcher.empty() ? "the launcher" : placement.launcher;
+  diagnostics::FirstFailure first;
+  first.kind = std::string(diagnostics::kStopped);
+  first.stage = "join";
+  first.ranks = {placement.rank};
+  first.seenBy = {placement.rank};
+  first.line = fmt::format(
+      "stopped in the world's join: rank {} was stopped by signal {} ({}) while the world "
+      "formed; {} stops every rank when one of its processes ends: its output names the one "
+      "that ended first",
+      placement.rank, signal, strsignal(signal), launcher);
+  reportWorldNotFormed(
+      options, placement, first,
+      fmt::format("STOPPED: the world did not form: rank {} was stopped by signal {} ({}) while "
+                  "it formed",
+                  placement.rank, signal, strsignal(signal)),
+      128 + signal);
 }
 
 }  // namespace
@@ -1197,11 +1241,24 @@ World joinWorld(JoinOptions options) {
   launch.transport = resolved.transport;
   launch.placement = placement;
   launch.joinTimeout = resolved.joinTimeout;
+  World::Impl* raw = impl.get();
+  // From before the join: a launcher that tears the job down while the world forms (a rank
+  // killed before it joined) gets rank 0's report of a world that did not form. Open MPI's
+  // warning only under mpirun: no other launcher sends a SIGCONT to running ranks (Slurm's at
+  // a time limit comes with its SIGTERM).
+  impl->signals = std::make_unique<TerminationSignals>(
+      [raw](int signal) { raw->onSignal(signal); },
+      placement.launcher == "mpirun" ? std::function<void()>([raw] { raw->onWarning(); })
+                                     : std::function<void()>());
   try {
     impl->transport =
         collective::makeTransport(resolved.transport, launch.transportOptions(resolved.timeout));
   } catch (const std::exception& error) {
-    if (placement.rank == 0) reportFailedJoin(resolved, placement, error);
+    std::lock_guard<std::mutex> guard(impl->reportMutex);
+    if (placement.rank == 0 && !impl->reported) {
+      impl->reported = true;
+      reportFailedJoin(resolved, placement, error);
+    }
     throw;
   }
   if (!impl->transport.control) {
@@ -1236,14 +1293,10 @@ World joinWorld(JoinOptions options) {
     impl->watchdog = std::make_unique<diagnostics::Watchdog>(
         impl->recorder, impl->transport.control->keyValueStore(), watch);
 
-    impl->signalKv = impl->transport.control->keyValueStore();
-    World::Impl* raw = impl.get();
-    // Open MPI's warning only under mpirun: no other launcher sends a SIGCONT to running ranks
-    // (Slurm's at a time limit comes with its SIGTERM).
-    impl->signals = std::make_unique<TerminationSignals>(
-        [raw](int signal) { raw->onSignal(signal); },
-        placement.launcher == "mpirun" ? std::function<void()>([raw] { raw->onWarning(); })
-                                       : std::function<void()>());
+    {
+      std::lock_guard<std::mutex> guard(impl->reportMutex);
+      impl->signalKv = impl->transport.control->keyValueStore();
+    }
 
     impl->manager = std::make_shared<lifecycle::ResourceManager>(impl->transport.collective);
     impl->processScope = std::make_unique<lifecycle::ResourceManager::ProcessScope>(impl->manager);
