@@ -328,3 +328,182 @@ TEST_SUITE("compare verdicts") {
         doctest::Contains("no \"samples\" section"), hmc::ValueError);
   }
 }
+
+// Holm's step-down, by hand: p = (0.01, 0.04, 0.03, 0.005), m = 4. Sorted: 0.005 x 4 = 0.02,
+// 0.01 x 3 = 0.03, 0.03 x 2 = 0.06, 0.04 x 1 = 0.04 -> max(0.06, 0.04) = 0.06. Bonferroni would
+// give (0.04, 0.16, 0.12, 0.02); Holm without the running maximum would give 0.04 to the 0.04.
+TEST_SUITE("compare Holm adjustment") {
+  TEST_CASE("step-down by hand, in the input's order") {
+    const std::vector<double> adjusted = holmAdjust({0.01, 0.04, 0.03, 0.005});
+    REQUIRE(adjusted.size() == 4);
+    CHECK(adjusted[0] == Approx(0.03));
+    CHECK(adjusted[1] == Approx(0.06));
+    CHECK(adjusted[2] == Approx(0.06));
+    CHECK(adjusted[3] == Approx(0.02));
+  }
+
+  TEST_CASE("capped at 1, monotone, one p-value unchanged, none refused") {
+    const std::vector<double> capped = holmAdjust({0.5, 0.6});
+    CHECK(capped[0] == Approx(1.0));
+    CHECK(capped[1] == Approx(1.0));
+    CHECK(holmAdjust({0.03})[0] == Approx(0.03));
+    CHECK(holmAdjust({}).empty());
+    // Ties: (0.02, 0.02, 0.2): 0.06, max(0.06, 0.04) = 0.06, max(0.06, 0.2) = 0.2.
+    const std::vector<double> tied = holmAdjust({0.2, 0.02, 0.02});
+    CHECK(tied[0] == Approx(0.2));
+    CHECK(tied[1] == Approx(0.06));
+    CHECK(tied[2] == Approx(0.06));
+    CHECK_THROWS_AS(holmAdjust({0.1, 1.5}), hmc::ValueError);
+    CHECK_THROWS_AS(holmAdjust({std::nan("")}), hmc::ValueError);
+  }
+}
+
+// Signed-rank p-values count sign patterns by hand (2^n of them); scipy.stats.wilcoxon gives
+// the same (0.0625, 0.1875).
+TEST_SUITE("compare signed-rank test") {
+  TEST_CASE("all five differences positive: p = 2 / 2^5") {
+    const SignedRankResult r = wilcoxonSignedRank({1, 2, 3, 4, 5});
+    CHECK(r.exact);
+    CHECK(r.tPlus == 15);
+    CHECK(r.pValue == Approx(0.0625));
+  }
+
+  TEST_CASE("one negative of rank 2: T- = 2, P(T <= 2) = 3 / 32, p = 6 / 32") {
+    const SignedRankResult r = wilcoxonSignedRank({1, -2, 3, 4, 5});
+    CHECK(r.tPlus == 13);
+    CHECK(r.tMinus == 2);
+    CHECK(r.pValue == Approx(0.1875));
+    // The sign does not matter to a two-sided test; zeros are dropped.
+    CHECK(wilcoxonSignedRank({-1, 2, -3, -4, -5, 0}).pValue == Approx(0.1875));
+    CHECK(wilcoxonSignedRank({0, 0}).pValue == 1.0);
+  }
+
+  TEST_CASE("ties use the normal approximation with the tie correction") {
+    // |d| = 1, 1, 2, 3: midranks 1.5, 1.5, 3, 4, all positive: T = 10, n = 4;
+    // variance 4 * 5 * 9 / 24 - (8 - 2) / 48 = 7.375, z = (10 - 5 - 0.5) / sqrt(7.375).
+    const SignedRankResult r = wilcoxonSignedRank({1, 1, 2, 3});
+    CHECK_FALSE(r.exact);
+    CHECK(r.pValue == Approx(std::erfc((4.5 / std::sqrt(7.375)) / std::sqrt(2.0))));
+  }
+
+  TEST_CASE("the smallest reachable p: 2 / 2^n") {
+    CHECK(smallestPairedPValue(5) == Approx(0.0625));
+    CHECK(smallestPairedPValue(10) == Approx(2.0 / 1024));
+    CHECK(smallestPairedPValue(0) == 1.0);
+  }
+
+  TEST_CASE("paired interval: Walsh averages of 1..10 at 95% are [W(9), W(47)] = [3, 8]") {
+    // n = 10: P(T+ <= 8) = 0.0244 <= 0.025 < P(T+ <= 9) = 0.0322, so c = 9 (the table's
+    // critical value 8); the 55 sorted Walsh averages' 9th is 3.0 and 47th is 8.0.
+    std::vector<double> d;
+    for (int k = 1; k <= 10; ++k) d.push_back(k);
+    const ShiftInterval s = pairedShiftInterval(d, 0.95);
+    CHECK(s.shift == Approx(5.5));
+    CHECK(s.lower == Approx(3.0));
+    CHECK(s.upper == Approx(8.0));
+    CHECK_FALSE(pairedShiftInterval({1, 2, 3}, 0.95).bounded());
+  }
+}
+
+TEST_SUITE("compare gate over many metrics") {
+  // Eight metrics: seven the same, one 30% slower with 5 a side completely separated
+  // (p = 2 / 252 = 0.0079). Alone it is a regression; among 8 gated metrics Holm asks for
+  // p < 0.05 / 8 = 0.00625 of the smallest, so it is not.
+  SampleSet eight(bool slower) {
+    SampleSet set;
+    for (int k = 0; k < 8; ++k) {
+      Series s{"s", {1.00, 1.01, 1.02, 1.03, 1.04}};
+      if (slower && k == 3) {
+        for (double& v : s.values) v *= 1.3;
+      }
+      set.series["x: m" + std::to_string(k)] = s;
+    }
+    return set;
+  }
+
+  TEST_CASE("Holm over the gated metrics keeps one chance crossing from failing the gate") {
+    const Comparison holm = compareSets(eight(false), eight(true), Thresholds{});
+    CHECK_FALSE(holm.regression);
+    CHECK(holm.gatedCount == 8);
+    const MetricComparison& m3 = holm.metrics[3];
+    CHECK(m3.name == "x: m3");
+    REQUIRE(m3.pValue);
+    REQUIRE(m3.adjustedPValue);
+    CHECK(*m3.pValue == Approx(2.0 / 252));
+    CHECK(*m3.adjustedPValue == Approx(8 * 2.0 / 252));
+    CHECK(verdict(m3) != "slower");
+    CHECK_FALSE(m3.regression);
+
+    GateOptions none;
+    none.correction = Correction::kNone;
+    const Comparison raw = compareSets(eight(false), eight(true), Thresholds{}, "", none);
+    CHECK(raw.regression);
+    CHECK(verdict(raw.metrics[3]) == "slower");
+  }
+
+  TEST_CASE("a gate glob: only the gated metric counts, the others are information") {
+    GateOptions only;
+    only.gateGlob = "x: m3";
+    const Comparison gated = compareSets(eight(false), eight(true), Thresholds{}, "", only);
+    CHECK(gated.gatedCount == 1);
+    CHECK(gated.regression);
+    CHECK(gated.metrics[3].regression);
+    CHECK_FALSE(gated.metrics[0].gated);
+    CHECK_FALSE(gated.metrics[0].adjustedPValue);
+    // Informational metrics never fail the gate, even when slower.
+    only.gateGlob = "x: m0";
+    const Comparison info = compareSets(eight(false), eight(true), Thresholds{}, "", only);
+    CHECK_FALSE(info.regression);
+    CHECK(verdict(info.metrics[3]) == "slower");
+    CHECK_FALSE(info.metrics[3].regression);
+  }
+}
+
+TEST_SUITE("compare paired rounds") {
+  // Ten rounds on a machine whose speed wanders by a factor of 2 between rounds (the same for
+  // both runs of a round) and a noise of +/-1% within a round.
+  std::pair<Series, Series> rounds(double slowdown) {
+    const double drift[10] = {1.0, 1.6, 0.9, 2.0, 1.1, 1.3, 1.8, 0.95, 1.4, 1.2};
+    const double noise[10] = {0.004, -0.008, 0.01, -0.002, 0.006, -0.01, 0.002, -0.004, 0.008,
+                              -0.006};
+    Series base{"s", {}};
+    Series cur{"s", {}};
+    for (int k = 0; k < 10; ++k) {
+      base.values.push_back(drift[k]);
+      cur.values.push_back(drift[k] * (1 + noise[k]) * (1 + slowdown));
+    }
+    return {base, cur};
+  }
+
+  TEST_CASE("drift that moves both runs of a round cancels: same, where unpaired cannot tell") {
+    const auto [base, cur] = rounds(0.0);
+    const MetricComparison paired = comparePairedSeries("m", base, cur, Thresholds{});
+    CHECK(verdict(paired) == "same");
+    REQUIRE(paired.changeLow);
+    CHECK(*paired.changeLow > -0.02);
+    CHECK(*paired.changeHigh < 0.02);
+    CHECK(verdict(compareSeries("m", base, cur, Thresholds{})) == "inconclusive");
+  }
+
+  TEST_CASE("a 15% slower build under the same drift is a regression, p = 2 / 2^10") {
+    const auto [base, cur] = rounds(0.15);
+    const MetricComparison paired = comparePairedSeries("m", base, cur, Thresholds{});
+    CHECK(verdict(paired) == "slower");
+    CHECK(paired.regression);
+    REQUIRE(paired.pValue);
+    CHECK(*paired.pValue == Approx(2.0 / 1024));
+    REQUIRE(paired.change);
+    CHECK(*paired.change == Approx(0.15).epsilon(0.02));
+    // Unpaired, the drift hides it.
+    CHECK_FALSE(compareSeries("m", base, cur, Thresholds{}).regression);
+  }
+
+  TEST_CASE("paired sides must have as many samples; too few rounds are undecided") {
+    CHECK_THROWS_AS(comparePairedSeries("m", Series{"s", {1, 2}}, Series{"s", {1}}, Thresholds{}),
+                    hmc::ValueError);
+    const MetricComparison few = comparePairedSeries(
+        "m", Series{"s", {1, 1, 1, 1}}, Series{"s", {2, 2, 2, 2}}, Thresholds{});
+    CHECK(verdict(few) == "undecided");
+    CHECK(few.note.find("fewer than 6") != std::string::npos);
+  }
+}

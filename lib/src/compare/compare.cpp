@@ -222,10 +222,36 @@ void validate(const Thresholds& thresholds) {
   }
 }
 
-MetricComparison compareSeries(const std::string& name, const Series& baseline,
-                               const Series& current, const Thresholds& thresholds) {
-  validate(thresholds);
-  MetricComparison out;
+namespace {
+
+// The verdict at p-value `p` (the raw or the corrected one), with the interval already set.
+void decide(MetricComparison& out, double p, const Thresholds& thresholds, bool paired) {
+  out.regression = false;
+  out.samplesNeeded.reset();
+  out.note.clear();
+  const bool noMove = paired ? (!out.changeEstimate || *out.changeEstimate == 0)
+                             : out.currentMedian == out.baselineMedian;
+  if (p >= thresholds.alpha || noMove) {
+    const double m = thresholds.maxRegression;
+    if (out.changeLow && out.changeHigh && *out.changeLow >= -m && *out.changeHigh <= m) {
+      out.verdict = Verdict::kSame;
+      return;
+    }
+    out.verdict = Verdict::kInconclusive;
+    decideInconclusive(out, std::min(out.baselineCount, out.currentCount), thresholds);
+    return;
+  }
+  const bool slower =
+      paired ? *out.changeEstimate > 0 : out.currentMedian > out.baselineMedian;
+  out.verdict = slower ? Verdict::kSlower : Verdict::kFaster;
+  // A zero baseline median that got slower is an unbounded regression.
+  out.regression =
+      out.verdict == Verdict::kSlower && (!out.change || *out.change > thresholds.maxRegression);
+}
+
+// Common start: counts, medians; false (with the note) when a side is empty.
+bool describeSides(MetricComparison& out, const std::string& name, const Series& baseline,
+                   const Series& current) {
   out.name = name;
   out.unit = "s";
   out.baselineCount = baseline.values.size();
@@ -233,10 +259,20 @@ MetricComparison compareSeries(const std::string& name, const Series& baseline,
   if (out.baselineCount == 0 || out.currentCount == 0) {
     out.note =
         fmt::format("no samples on the {} side", out.baselineCount == 0 ? "baseline" : "current");
-    return out;
+    return false;
   }
   out.baselineMedian = median(baseline.values);
   out.currentMedian = median(current.values);
+  return true;
+}
+
+}  // namespace
+
+MetricComparison compareSeries(const std::string& name, const Series& baseline,
+                               const Series& current, const Thresholds& thresholds) {
+  validate(thresholds);
+  MetricComparison out;
+  if (!describeSides(out, name, baseline, current)) return out;
   if (out.baselineMedian != 0) {
     out.change = (out.currentMedian - out.baselineMedian) / out.baselineMedian;
   }
@@ -252,25 +288,62 @@ MetricComparison compareSeries(const std::string& name, const Series& baseline,
     return out;
   }
   changeOf(baseline.values, current.values, out.baselineMedian, thresholds.alpha, out);
-  if (test.pValue >= thresholds.alpha || out.currentMedian == out.baselineMedian) {
-    const double m = thresholds.maxRegression;
-    if (out.changeLow && out.changeHigh && *out.changeLow >= -m && *out.changeHigh <= m) {
-      out.verdict = Verdict::kSame;
-      return out;
-    }
-    out.verdict = Verdict::kInconclusive;
-    decideInconclusive(out, std::min(out.baselineCount, out.currentCount), thresholds);
+  decide(out, test.pValue, thresholds, false);
+  return out;
+}
+
+MetricComparison comparePairedSeries(const std::string& name, const Series& baseline,
+                                     const Series& current, const Thresholds& thresholds) {
+  validate(thresholds);
+  if (baseline.values.size() != current.values.size()) {
+    throw ValueError(fmt::format(
+        "{}: paired samples need as many on each side, got {} baseline and {} current", name,
+        baseline.values.size(), current.values.size()));
+  }
+  MetricComparison out;
+  if (!describeSides(out, name, baseline, current)) return out;
+  const auto positive = [](const std::vector<double>& values) {
+    return std::all_of(values.begin(), values.end(), [](double v) { return v > 0; });
+  };
+  // Log ratios where every value is > 0; else the plain differences over the baseline median.
+  const bool logs = positive(baseline.values) && positive(current.values);
+  const double scale = std::abs(out.baselineMedian);
+  if (!logs && scale == 0) {
+    out.note = "the baseline median is 0 and a value is not > 0: no relative change to test";
     return out;
   }
-  out.verdict = out.currentMedian > out.baselineMedian ? Verdict::kSlower : Verdict::kFaster;
-  // A zero baseline median that got slower is an unbounded regression.
-  out.regression =
-      out.verdict == Verdict::kSlower && (!out.change || *out.change > thresholds.maxRegression);
+  std::vector<double> differences;
+  for (std::size_t k = 0; k < baseline.values.size(); ++k) {
+    differences.push_back(logs ? std::log(current.values[k] / baseline.values[k])
+                               : (current.values[k] - baseline.values[k]) / scale);
+  }
+  const SignedRankResult test = wilcoxonSignedRank(differences);
+  out.pValue = test.pValue;
+  out.exact = test.exact;
+  const auto relative = [&](double d) { return logs ? std::expm1(d) : d; };
+  if (smallestPairedPValue(differences.size()) >= thresholds.alpha) {
+    std::size_t needed = 1;
+    while (smallestPairedPValue(needed) >= thresholds.alpha) ++needed;
+    out.note = fmt::format(
+        "too few rounds to decide: {}; the signed-rank test cannot reach p < {:g} with fewer "
+        "than {} (run more rounds)",
+        differences.size(), thresholds.alpha, needed);
+    return out;
+  }
+  const ShiftInterval shift = pairedShiftInterval(differences, 1 - thresholds.alpha);
+  out.changeEstimate = relative(shift.shift);
+  out.change = out.changeEstimate;
+  if (shift.bounded()) {
+    out.changeLow = relative(shift.lower);
+    out.changeHigh = relative(shift.upper);
+  }
+  decide(out, test.pValue, thresholds, true);
   return out;
 }
 
 Comparison compareSets(const SampleSet& baseline, const SampleSet& current,
-                       const Thresholds& thresholds, const std::string& metricGlob) {
+                       const Thresholds& thresholds, const std::string& metricGlob,
+                       const GateOptions& gate) {
   validate(thresholds);
   if (baseline.format != current.format) {
     throw ValueError(
@@ -279,6 +352,8 @@ Comparison compareSets(const SampleSet& baseline, const SampleSet& current,
                     toString(baseline.format), toString(current.format)));
   }
   Comparison out;
+  out.gate = gate;
+  const bool paired = gate.design == Design::kPaired;
   std::vector<double> ratios;
   auto keep = [&](const std::string& name) {
     return metricGlob.empty() || globMatch(metricGlob, name);
@@ -290,13 +365,34 @@ Comparison compareSets(const SampleSet& baseline, const SampleSet& current,
       out.onlyBaseline.push_back(name);
       continue;
     }
-    MetricComparison metric = compareSeries(name, series, other->second, thresholds);
+    MetricComparison metric = paired
+                                  ? comparePairedSeries(name, series, other->second, thresholds)
+                                  : compareSeries(name, series, other->second, thresholds);
+    metric.gated = gate.gateGlob.empty() || globMatch(gate.gateGlob, name);
     if (metric.baselineMedian > 0 && metric.currentMedian > 0) {
       ratios.push_back(metric.currentMedian / metric.baselineMedian);
     }
-    out.regression = out.regression || metric.regression;
     out.metrics.push_back(std::move(metric));
   }
+  // The gated metrics that reached a verdict on their p-value form the family of the correction.
+  std::vector<std::size_t> family;
+  for (std::size_t k = 0; k < out.metrics.size(); ++k) {
+    MetricComparison& m = out.metrics[k];
+    if (!m.gated) m.regression = false;
+    const bool tested = m.pValue && m.verdict != Verdict::kUndecided;
+    if (m.gated && tested) family.push_back(k);
+  }
+  out.gatedCount = family.size();
+  std::vector<double> raw;
+  for (std::size_t k : family) raw.push_back(*out.metrics[k].pValue);
+  const std::vector<double> adjusted =
+      gate.correction == Correction::kHolm ? holmAdjust(raw) : raw;
+  for (std::size_t i = 0; i < family.size(); ++i) {
+    MetricComparison& m = out.metrics[family[i]];
+    m.adjustedPValue = adjusted[i];
+    if (adjusted[i] != raw[i]) decide(m, adjusted[i], thresholds, paired);
+  }
+  for (const auto& m : out.metrics) out.regression = out.regression || m.regression;
   for (const auto& [name, series] : current.series) {
     if (keep(name) && baseline.series.count(name) == 0) out.onlyCurrent.push_back(name);
   }

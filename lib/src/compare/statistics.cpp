@@ -41,6 +41,27 @@ std::vector<double> exactCounts(std::size_t m, std::size_t n) {
   return f[m];
 }
 
+// counts[t] = number of the 2^n sign patterns of ranks 1..n whose positive rank sum is t.
+std::vector<double> signedRankCounts(std::size_t n) {
+  std::vector<double> counts(n * (n + 1) / 2 + 1, 0.0);
+  counts[0] = 1.0;
+  std::size_t top = 0;
+  for (std::size_t rank = 1; rank <= n; ++rank) {
+    top += rank;
+    for (std::size_t t = top + 1; t-- > rank;) counts[t] += counts[t - rank];
+  }
+  return counts;
+}
+
+void requireFiniteDifferences(const std::vector<double>& values, const char* what) {
+  if (values.empty()) throw ValueError(fmt::format("{}: no paired differences", what));
+  for (double v : values) {
+    if (!std::isfinite(v)) {
+      throw ValueError(fmt::format("{}: a paired difference is not finite ({})", what, v));
+    }
+  }
+}
+
 double binomial(std::size_t n, std::size_t k) {
   k = std::min(k, n - k);
   double result = 1;
@@ -184,6 +205,120 @@ ShiftInterval shiftInterval(const std::vector<double>& first, const std::vector<
   }
   out.lower = differences[cut - 1];
   out.upper = differences[count - cut];
+  return out;
+}
+
+std::vector<double> holmAdjust(const std::vector<double>& pValues) {
+  for (double p : pValues) {
+    if (!(p >= 0 && p <= 1)) {
+      throw ValueError(fmt::format("Holm adjustment: p-value {} is not in [0, 1]", p));
+    }
+  }
+  const std::size_t m = pValues.size();
+  std::vector<std::size_t> order(m);
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t a, std::size_t b) { return pValues[a] < pValues[b]; });
+  std::vector<double> adjusted(m, 1.0);
+  double running = 0;  // step-down: an adjusted p never falls below an earlier one
+  for (std::size_t k = 0; k < m; ++k) {
+    const double scaled = std::min(1.0, static_cast<double>(m - k) * pValues[order[k]]);
+    running = std::max(running, scaled);
+    adjusted[order[k]] = running;
+  }
+  return adjusted;
+}
+
+SignedRankResult wilcoxonSignedRank(const std::vector<double>& differences) {
+  requireFiniteDifferences(differences, "Wilcoxon signed-rank test");
+  std::vector<double> magnitudes;  // |d| of the nonzero differences, sign kept apart
+  std::vector<bool> positive;
+  std::vector<std::size_t> order;
+  for (double d : differences) {
+    if (d == 0) continue;
+    magnitudes.push_back(std::fabs(d));
+    positive.push_back(d > 0);
+  }
+  SignedRankResult result;
+  const std::size_t n = magnitudes.size();
+  result.used = n;
+  if (n == 0) return result;
+  order.resize(n);
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::sort(order.begin(), order.end(),
+            [&](std::size_t a, std::size_t b) { return magnitudes[a] < magnitudes[b]; });
+  double tieTerm = 0;
+  for (std::size_t start = 0; start < n;) {
+    std::size_t end = start + 1;
+    while (end < n && magnitudes[order[end]] == magnitudes[order[start]]) ++end;
+    const double t = static_cast<double>(end - start);
+    const double midrank = (static_cast<double>(start + 1) + static_cast<double>(end)) / 2.0;
+    for (std::size_t k = start; k < end; ++k) {
+      (positive[order[k]] ? result.tPlus : result.tMinus) += midrank;
+    }
+    tieTerm += t * t * t - t;
+    start = end;
+  }
+  const double t = std::max(result.tPlus, result.tMinus);
+  if (tieTerm == 0 && n <= kSignedRankExactMax) {
+    result.exact = true;
+    const std::vector<double> counts = signedRankCounts(n);
+    const double total = std::ldexp(1.0, static_cast<int>(n));
+    double tail = 0;
+    for (auto k = static_cast<std::size_t>(std::llround(t)); k < counts.size(); ++k) {
+      tail += counts[k];
+    }
+    result.pValue = std::min(1.0, 2.0 * tail / total);
+    return result;
+  }
+  const double dn = static_cast<double>(n);
+  const double variance = dn * (dn + 1) * (2 * dn + 1) / 24.0 - tieTerm / 48.0;
+  if (variance <= 0) return result;
+  const double z = (t - dn * (dn + 1) / 4.0 - 0.5) / std::sqrt(variance);
+  result.pValue = std::min(1.0, std::erfc(z / std::sqrt(2.0)));
+  return result;
+}
+
+double smallestPairedPValue(std::size_t pairs) {
+  return std::min(1.0, 2.0 / std::ldexp(1.0, static_cast<int>(std::min<std::size_t>(pairs, 1000))));
+}
+
+ShiftInterval pairedShiftInterval(const std::vector<double>& differences, double confidence) {
+  requireFiniteDifferences(differences, "paired shift interval");
+  if (!(confidence > 0 && confidence < 1)) {
+    throw ValueError(fmt::format("the confidence level must be in (0, 1), got {}", confidence));
+  }
+  const std::size_t n = differences.size();
+  std::vector<double> walsh;
+  walsh.reserve(n * (n + 1) / 2);
+  for (std::size_t i = 0; i < n; ++i) {
+    for (std::size_t j = i; j < n; ++j) walsh.push_back((differences[i] + differences[j]) / 2);
+  }
+  std::sort(walsh.begin(), walsh.end());
+  const std::size_t count = walsh.size();
+  ShiftInterval out;
+  out.shift = count % 2 == 1 ? walsh[count / 2] : (walsh[count / 2 - 1] + walsh[count / 2]) / 2;
+  const double tail = (1 - confidence) / 2;
+  std::size_t cut = 0;
+  if (n <= kSignedRankExactMax) {
+    const std::vector<double> counts = signedRankCounts(n);
+    const double total = std::ldexp(1.0, static_cast<int>(n));
+    double below = 0;  // P(T+ <= cut - 1)
+    while (cut < counts.size() && below + counts[cut] / total <= tail) below += counts[cut++] / total;
+  } else {
+    const double dn = static_cast<double>(n);
+    const double sigma = std::sqrt(dn * (dn + 1) * (2 * dn + 1) / 24.0);
+    const double c = std::floor(dn * (dn + 1) / 4.0 - normalUpperQuantile(tail) * sigma);
+    cut = c > 0 ? static_cast<std::size_t>(c) : 0;
+  }
+  cut = std::min(cut, count / 2);
+  if (cut == 0) {
+    out.lower = -std::numeric_limits<double>::infinity();
+    out.upper = std::numeric_limits<double>::infinity();
+    return out;
+  }
+  out.lower = walsh[cut - 1];
+  out.upper = walsh[count - cut];
   return out;
 }
 

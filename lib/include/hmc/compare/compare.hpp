@@ -73,6 +73,42 @@ struct Thresholds {
 // Throws ValueError unless 0 < alpha < 1 and 0 <= maxRegression.
 void validate(const Thresholds& thresholds);
 
+// How the gated metrics' p-values are read together. kHolm: Holm's step-down adjustment
+// (statistics.hpp, holmAdjust) over the gated metrics that have a p-value, so that the chance
+// that any unchanged gated metric reads as slower or faster is at most alpha; a metric's verdict
+// uses its adjusted p. kNone: each metric at alpha on its own (with 9 metrics about 1 - 0.95^9
+// = 37% of unchanged pairs have some metric significant).
+enum class Correction { kHolm, kNone };
+inline constexpr EnumName<Correction> kCorrectionNames[] = {{Correction::kHolm, "holm"},
+                                                            {Correction::kNone, "none"}};
+constexpr EnumTable<Correction> enumTable(Correction) { return {"correction", kCorrectionNames}; }
+inline std::string_view toString(Correction correction) noexcept {
+  return enumName(correction);
+}
+
+// How the two sides' samples relate.
+// kUnpaired: two independent sets (two files written at different times): Mann-Whitney U, the
+//   change as the two-sample Hodges-Lehmann shift of the log values.
+// kPaired: sample k of each side is one round of an A/B run (hmc-run compare --ab: the two
+//   builds' runs alternate, so each round's pair saw the same machine): Wilcoxon's signed-rank
+//   test of the rounds' log ratios log(current[k] / baseline[k]), the change as their one-sample
+//   Hodges-Lehmann estimate (exp(estimate) - 1) with its signed-rank interval. A drift of the
+//   machine that moves both runs of a round alike cancels in the ratio.
+enum class Design { kUnpaired, kPaired };
+inline constexpr EnumName<Design> kDesignNames[] = {{Design::kUnpaired, "unpaired"},
+                                                    {Design::kPaired, "paired"}};
+constexpr EnumTable<Design> enumTable(Design) { return {"design", kDesignNames}; }
+inline std::string_view toString(Design design) noexcept { return enumName(design); }
+
+struct GateOptions {
+  Correction correction = Correction::kHolm;
+  Design design = Design::kUnpaired;
+  // The metrics that can fail the gate (a glob as for compareSets' metricGlob; empty: every
+  // compared metric). The others are compared and shown as information: never a regression,
+  // and left out of the correction.
+  std::string gateGlob;
+};
+
 struct MetricComparison {
   std::string name;
   std::string unit;
@@ -83,6 +119,10 @@ struct MetricComparison {
   std::optional<double> change;  // (current - baseline) / baseline; none when baseline is 0
   std::optional<double> pValue;  // none when a side has no samples
   bool exact = false;            // p from the exact distribution
+  // The p-value the verdict used: Holm-adjusted over the gated metrics (GateOptions), else
+  // pValue. None where pValue is none or the metric is not gated.
+  std::optional<double> adjustedPValue;
+  bool gated = true;  // false: information only (GateOptions::gateGlob), never a regression
   Verdict verdict = Verdict::kUndecided;
   // verdict kSlower and change > maxRegression: this metric fails the gate.
   bool regression = false;
@@ -108,6 +148,11 @@ struct MetricComparison {
 MetricComparison compareSeries(const std::string& name, const Series& baseline,
                                const Series& current, const Thresholds& thresholds);
 
+// The same verdicts for paired samples (Design::kPaired): `change` is the paired estimate.
+// Throws ValueError unless both sides have the same number of samples.
+MetricComparison comparePairedSeries(const std::string& name, const Series& baseline,
+                                     const Series& current, const Thresholds& thresholds);
+
 struct Comparison {
   std::vector<MetricComparison> metrics;  // the names both sides have, in name order
   std::vector<std::string> onlyBaseline;
@@ -115,6 +160,8 @@ struct Comparison {
   // Geometric mean of current / baseline medians over the metrics with both medians > 0.
   std::optional<double> geometricMeanRatio;
   bool regression = false;  // any metric's regression, or a new leak across cycles
+  GateOptions gate;         // how the verdicts were reached
+  std::size_t gatedCount = 0;  // gated metrics with a p-value (the correction's family size)
   // Leaks across cycles (reports' leak_trends), as "<key>: <text>": in the current file only
   // (each a regression), in both, in the baseline only (gone).
   std::vector<std::string> newLeaks;
@@ -123,9 +170,12 @@ struct Comparison {
 };
 
 // Matches the series by name. `metricGlob` keeps only names that match it (shell-style `*`
-// and `?`; empty keeps all). Throws ValueError when the formats differ.
+// and `?`; empty keeps all). Each metric is compared (compareSeries, or comparePairedSeries
+// under Design::kPaired), then the gated ones' p-values are corrected together (GateOptions)
+// and their verdicts taken at the corrected p. Throws ValueError when the formats differ.
 Comparison compareSets(const SampleSet& baseline, const SampleSet& current,
-                       const Thresholds& thresholds, const std::string& metricGlob = "");
+                       const Thresholds& thresholds, const std::string& metricGlob = "",
+                       const GateOptions& gate = {});
 
 // Shell-style match of the whole text: `*` any run of characters, `?` one character.
 bool globMatch(std::string_view pattern, std::string_view text);

@@ -65,6 +65,42 @@ struct ShiftInterval {
 ShiftInterval shiftInterval(const std::vector<double>& first, const std::vector<double>& second,
                             double confidence);
 
+// Holm's step-down adjustment of m p-values (family-wise error rate at most alpha when a
+// hypothesis is rejected where its adjusted p < alpha, whatever the dependence between the
+// tests): sorted ascending p(1) <= ... <= p(m), adjusted p(k) = max over j <= k of
+// min(1, (m - j + 1) p(j)). Returned in the input's order. Throws ValueError on a value outside
+// [0, 1] (or NaN).
+std::vector<double> holmAdjust(const std::vector<double>& pValues);
+
+// Wilcoxon's signed-rank test of paired differences against a median of 0 (two-sided), as
+// scipy.stats.wilcoxon with zero_method="wilcox": zero differences are dropped, the rest ranked
+// by absolute value (ties get midranks); T+ is the rank sum of the positive ones. No ties and at
+// most kSignedRankExactMax differences: the exact null distribution (each sign equally likely),
+// p = 2 P(T >= max(T+, T-)), capped at 1; otherwise the normal approximation with the
+// tie-corrected variance n (n + 1) (2n + 1) / 24 - sum(t^3 - t) / 48 and a continuity correction
+// of 0.5. No nonzero difference: p = 1. Throws ValueError when empty or non-finite.
+inline constexpr std::size_t kSignedRankExactMax = 50;
+struct SignedRankResult {
+  double tPlus = 0;
+  double tMinus = 0;
+  std::size_t used = 0;  // nonzero differences
+  double pValue = 1;
+  bool exact = false;
+};
+SignedRankResult wilcoxonSignedRank(const std::vector<double>& differences);
+
+// 2 / 2^n, capped at 1: the smallest two-sided p-value the signed-rank test can reach with n
+// pairs.
+double smallestPairedPValue(std::size_t pairs);
+
+// The one-sample Hodges-Lehmann estimate of paired differences (the median of the N = n (n + 1)
+// / 2 Walsh averages (d[i] + d[j]) / 2, i <= j) and its signed-rank interval at `confidence`:
+// [W(c), W(N + 1 - c)] of the sorted Walsh averages, c the largest count with
+// P(T+ <= c - 1) <= (1 - confidence) / 2 under the null (exact up to kSignedRankExactMax pairs,
+// else the normal approximation). Too few pairs for that level: unbounded ends. Throws
+// ValueError when empty or non-finite, or unless 0 < confidence < 1.
+ShiftInterval pairedShiftInterval(const std::vector<double>& differences, double confidence);
+
 // z with P(Z > z) = tail for a standard normal Z (0 < tail < 1).
 double normalUpperQuantile(double tail);
 
