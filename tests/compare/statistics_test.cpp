@@ -507,3 +507,25 @@ TEST_SUITE("compare paired rounds") {
     CHECK(few.note.find("fewer than 6") != std::string::npos);
   }
 }
+
+TEST_SUITE("compare default gate") {
+  TEST_CASE("reports with labelled cycles gate on them alone; without, on every metric") {
+    SampleSet base;
+    SampleSet slow;
+    for (const char* name : {"s: repeat/cycle", "s: fresh_bind", "s: close"}) {
+      base.series[name] = Series{"s", {1.00, 1.01, 1.02, 1.03, 1.04}};
+      slow.series[name] = Series{"s", {1.30, 1.31, 1.32, 1.33, 1.34}};
+    }
+    const Comparison labelled = compareSets(base, slow, Thresholds{});
+    CHECK(labelled.gateGlob == "*: repeat/*");
+    CHECK(labelled.gatedCount == 1);
+    CHECK(labelled.regression);
+    for (const auto& m : labelled.metrics) CHECK(m.regression == (m.name == "s: repeat/cycle"));
+    base.series.erase("s: repeat/cycle");
+    slow.series.erase("s: repeat/cycle");
+    const Comparison every = compareSets(base, slow, Thresholds{});
+    CHECK(every.gateGlob == "*");
+    CHECK(every.gatedCount == 2);
+    CHECK(every.regression);  // 2 x 2 / 252 = 0.016 < 0.05
+  }
+}

@@ -235,8 +235,8 @@ def inconclusive_is_not_same():
     check(len(row) == 1 and "inconclusive" in row[0] and "[" in row[0], output(proc))
     check("# INCONCLUSIVE: 1 metric not significant" in proc.stdout, output(proc))
     check("samples per side would decide it" in proc.stdout, output(proc))
-    check("# OK: no metric slower by more than 10% with p < 0.05 (1 compared, 1 of them "
-          "inconclusive)" in proc.stdout, output(proc))
+    check("# OK: no metric slower by more than 10% with p < 0.05 (1 compared, 1 gated, 1 of "
+          "them inconclusive)" in proc.stdout, output(proc))
     proc = compare(base, cur, "--strict")
     expect_exit(proc, 1)
     check("# FAILED (--strict): 1 metric not significant" in proc.stdout, output(proc))
@@ -251,6 +251,106 @@ def inconclusive_is_not_same():
     proc = compare(base, cur, "--max-regression", "200%")
     expect_exit(proc, 0)
     check("inconclusive" not in proc.stdout and " same" in proc.stdout, output(proc))
+
+
+# ---- --ab: alternating rounds of two programs, paired ----------------------------------------
+
+# A stand-in for an hmc-run build: writes a report whose every value is the machine's speed in
+# this call (DRIFT, by how many times this program ran: the rounds) times FACTOR, with a noise
+# of a few tenths of a percent. Both programs see the same DRIFT in a round, as two builds run
+# back to back on one machine do; between rounds the machine's speed changes by up to 2x.
+FAKE_HMC_RUN = """#!/usr/bin/python3
+import json, os, sys
+FACTOR = {factor}
+EXIT = {exit}
+DRIFT = [1.0, 1.6, 0.9, 2.0, 1.1, 1.3, 1.8, 0.95, 1.4, 1.2, 1.5, 0.8]
+counter = os.path.abspath(__file__) + ".count"
+k = int(open(counter).read()) if os.path.exists(counter) else 0
+open(counter, "w").write(str(k + 1))
+if EXIT:
+    print("fake hmc-run: the scenario failed", file=sys.stderr)
+    sys.exit(EXIT)
+args = sys.argv[1:]
+n = int(args[args.index("--repetitions") + 1])
+noise = 1 + 0.002 * ((k * 7 + int(FACTOR * 10)) % 5 - 2)
+value = 0.001 * DRIFT[k % len(DRIFT)] * FACTOR * noise
+metrics = {{m: {{"unit": "s", "per_repetition": [[value * s] for _ in range(n)]}}
+           for m, s in (("repeat/cycle", 1.0), ("fresh_bind", 0.3), ("close", 0.2))}}
+report = {{"format": "hmc-report/1", "scenario": "fake", "outcome": "pass",
+          "samples": {{"repetitions": n, "warmup": 1, "metrics": metrics}}}}
+json.dump(report, open(args[args.index("--report") + 1], "w"))
+"""
+
+
+def fake_hmc_run(name, factor=1.0, exit_code=0):
+    path = os.path.join(WORK, name)
+    with open(path, "w") as fh:
+        fh.write(FAKE_HMC_RUN.format(factor=factor, exit=exit_code))
+    os.chmod(path, 0o755)
+    return path
+
+
+def ab_rounds_cancel_drift():
+    scenario = os.path.join(WORK, "ab-scenario.json")
+    with open(scenario, "w") as fh:
+        fh.write("{}")  # the fake programs do not read it
+    old, same, slow = fake_hmc_run("old"), fake_hmc_run("same"), fake_hmc_run("slow", 1.15)
+    proc = compare("--ab", old, same, scenario, "--json")
+    expect_exit(proc, 0)
+    doc = json.loads(proc.stdout)
+    check(doc["design"] == "paired" and doc["drift_control"]["method"] == "ab" and
+          doc["drift_control"]["rounds"] == 10 and doc["correction"] == "holm" and
+          doc["gate"] == "*: repeat/*" and doc["gated_metrics"] == 1, str(doc)[:600])
+    cycle = next(m for m in doc["metrics"] if m["name"] == "fake: repeat/cycle")
+    # The machine's speed varies 2x across rounds; paired, the change is within +/-1%.
+    check(cycle["verdict"] == "same" and cycle["baseline"]["samples"] == 10, str(cycle))
+    low, high = cycle["change_interval"]
+    check(-0.01 < low and high < 0.01, str(cycle))
+    info = next(m for m in doc["metrics"] if m["name"] == "fake: fresh_bind")
+    check(info["gated"] is False and info["p_adjusted"] is None, str(info))
+    # Each program ran once per round (the counters), alternating.
+    for path in (old, same):
+        with open(path + ".count") as fh:
+            check(fh.read() == "10", f"{path} ran {open(path + '.count').read()} times, not 10")
+    # A 15% slower build under the same drift fails (each program's rounds counted afresh).
+    proc = compare("--ab", fake_hmc_run("old-b"), slow, scenario)
+    expect_exit(proc, 1)
+    check("# drift control: A/B, 10 rounds" in proc.stdout, output(proc))
+    row = [l for l in proc.stdout.splitlines() if l.startswith("fake: repeat/cycle ")]
+    check(len(row) == 1 and "+15." in row[0] and "slower (regression)" in row[0], output(proc))
+    check("# FAILED: 1 metric slower by more than 10% with p < 0.05: fake: repeat/cycle"
+          in proc.stdout, output(proc))
+    # The same under markdown: the summary says how drift and the metrics were handled.
+    proc = compare("--ab", fake_hmc_run("old-c"), fake_hmc_run("slow-c", 1.15), scenario,
+                   "--format", "markdown")
+    expect_exit(proc, 1)
+    check("paired Wilcoxon signed-rank" in proc.stdout, output(proc))
+    check("Drift control: A/B: 10 rounds alternating" in proc.stdout, output(proc))
+    check("Gate: \\*: repeat/\\* (1 gated), p-values adjusted by Holm" in proc.stdout,
+          output(proc))
+    check("(information)" in proc.stdout, output(proc))
+
+
+def ab_refusals():
+    scenario = os.path.join(WORK, "ab-scenario.json")
+    with open(scenario, "w") as fh:
+        fh.write("{}")
+    old = fake_hmc_run("old2")
+    proc = compare("--ab", old, fake_hmc_run("broken", exit_code=3), scenario)
+    expect_exit(proc, 2)
+    check("exited 3" in proc.stderr and "fake hmc-run: the scenario failed" in proc.stderr,
+          output(proc))
+    proc = compare("--ab", old, old, scenario, "baseline.json")
+    expect_exit(proc, 2)
+    check("takes one scenario file" in proc.stderr, output(proc))
+    proc = compare("--ab", old, os.path.join(WORK, "no-such-program"), scenario)
+    expect_exit(proc, 2)
+    check("cannot start" in proc.stderr or "exited 127" in proc.stderr, output(proc))
+    # Unpaired files say they had no drift control; the markdown says it too.
+    proc = compare("baseline.json", "same.json", "--format", "markdown")
+    expect_exit(proc, 0)
+    check("Drift control: none" in proc.stdout and "two-sided Mann-Whitney U" in proc.stdout,
+          output(proc))
 
 
 # ---- live: hmc-run --repetitions, an injected stall --------------------------------------------
@@ -304,7 +404,7 @@ def main():
                      max_regression_and_metric_select, json_shape, single_report_against_set,
                      too_few_samples_refused, nothing_in_common_says_what_exists,
                      bad_input_exit_2, google_benchmark_files, inconclusive_is_not_same,
-                     live_injected_stall):
+                     ab_rounds_cancel_drift, ab_refusals, live_injected_stall):
         test(function)
     print(f"{RESULTS['passed']} passed, {RESULTS['failed']} failed, "
           f"{RESULTS['skipped']} skipped")

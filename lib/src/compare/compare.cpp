@@ -368,16 +368,25 @@ Comparison compareSets(const SampleSet& baseline, const SampleSet& current,
     MetricComparison metric = paired
                                   ? comparePairedSeries(name, series, other->second, thresholds)
                                   : compareSeries(name, series, other->second, thresholds);
-    metric.gated = gate.gateGlob.empty() || globMatch(gate.gateGlob, name);
     if (metric.baselineMedian > 0 && metric.currentMedian > 0) {
       ratios.push_back(metric.currentMedian / metric.baselineMedian);
     }
     out.metrics.push_back(std::move(metric));
   }
+  out.gateGlob = gate.gateGlob;
+  if (out.gateGlob.empty()) {
+    const bool labelled =
+        baseline.format == SourceFormat::kReport &&
+        std::any_of(out.metrics.begin(), out.metrics.end(), [](const MetricComparison& m) {
+          return globMatch(kLabelledGlob, m.name);
+        });
+    out.gateGlob = labelled ? std::string(kLabelledGlob) : "*";
+  }
   // The gated metrics that reached a verdict on their p-value form the family of the correction.
   std::vector<std::size_t> family;
   for (std::size_t k = 0; k < out.metrics.size(); ++k) {
     MetricComparison& m = out.metrics[k];
+    m.gated = globMatch(out.gateGlob, m.name);
     if (!m.gated) m.regression = false;
     const bool tested = m.pValue && m.verdict != Verdict::kUndecided;
     if (m.gated && tested) family.push_back(k);

@@ -137,4 +137,33 @@ CompareVerdict compareVerdict(const json& document) {
                             maxRegression * 100, alpha, compared)};
 }
 
+CompareMethod compareMethod(const nlohmann::json& document) {
+  CompareMethod out;
+  const bool paired = textOf(document, "design", "unpaired") == "paired";
+  out.test = paired ? "paired Wilcoxon signed-rank" : "two-sided Mann-Whitney U";
+  const nlohmann::json* drift = child(document, "drift_control");
+  if (drift != nullptr && drift->is_object() && textOf(*drift, "method") == "ab") {
+    out.drift = fmt::format(
+        "A/B: {} rounds alternating the two builds on {}, each round's pair one log ratio, so "
+        "machine drift between rounds cancels",
+        numberOf(*drift, "rounds").value_or(0), textOf(*drift, "scenario", "?"));
+  } else {
+    out.drift = "none: two files written apart, their samples unpaired";
+  }
+  const std::string gate = textOf(document, "gate", "*");
+  const auto gated = numberOf(document, "gated_metrics");
+  const std::string which = gate == "*" ? std::string("every metric") : gate;
+  const std::string count =
+      gated ? fmt::format(" ({} gated)", static_cast<long long>(*gated)) : std::string();
+  if (textOf(document, "correction", "none") == "holm") {
+    out.gate = fmt::format(
+        "{}{}, p-values adjusted by Holm's step-down over them; the other metrics are "
+        "information",
+        which, count);
+  } else {
+    out.gate = fmt::format("{}{}, each at alpha without correction", which, count);
+  }
+  return out;
+}
+
 }  // namespace hmc::render::detail

@@ -39,4 +39,15 @@ struct CompareVerdict {
 };
 CompareVerdict compareVerdict(const nlohmann::json& document);
 
+// How an hmc-compare/1 document reached its verdicts, in words: the test ("two-sided
+// Mann-Whitney U" or "paired Wilcoxon signed-rank"), the drift control (none, or the A/B
+// rounds) and the gate (which metrics, how their p-values are corrected). Documents written
+// before these fields read as unpaired, no drift control, every metric at alpha.
+struct CompareMethod {
+  std::string test;
+  std::string drift;
+  std::string gate;
+};
+CompareMethod compareMethod(const nlohmann::json& document);
+
 }  // namespace hmc::render::detail

@@ -145,10 +145,13 @@ std::string renderHtmlCompare(const json& document) {
   const json& current = objectOf(child(document, "current"));
   out += fmt::format(
       "<p class=\"sub\">baseline <code>{}</code> against candidate <code>{}</code> "
-      "({}) \u00b7 two-sided Mann-Whitney U, alpha {:g}, max regression {:g}%</p>\n",
+      "({}) \u00b7 {}, alpha {:g}, max regression {:g}%<br>drift control: {} \u00b7 gate: "
+      "{}</p>\n",
       esc(textOf(baseline, "file", "?")), esc(textOf(current, "file", "?")),
-      esc(textOf(baseline, "kind", "?")), numberOf(document, "alpha").value_or(0.05),
-      numberOf(document, "max_regression").value_or(0.1) * 100);
+      esc(textOf(baseline, "kind", "?")), esc(compareMethod(document).test),
+      numberOf(document, "alpha").value_or(0.05),
+      numberOf(document, "max_regression").value_or(0.1) * 100, esc(compareMethod(document).drift),
+      esc(compareMethod(document).gate));
   out += "<div class=\"callout " + esc(verdict.word) + "\" id=\"verdict\"><strong class=\"head\">" +
          esc(verdict.word) + "</strong>" + esc(clip(verdict.line, 2000));
   if (const auto ratio = numberOf(document, "geometric_mean_ratio")) {

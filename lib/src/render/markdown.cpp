@@ -66,13 +66,16 @@ std::string renderMarkdownCompare(const json& document) {
   const json empty = json::object();
   const json* baseline = child(document, "baseline");
   const json* current = child(document, "current");
+  const CompareMethod method = compareMethod(document);
   out += fmt::format(
-      "Baseline `{}`, candidate `{}`; two-sided Mann-Whitney U, alpha {:g}, max "
+      "Baseline `{}`, candidate `{}`; {}, alpha {:g}, max "
       "regression {:g}%.\n\n",
       cell(textOf(baseline ? *baseline : empty, "file", "?")),
-      cell(textOf(current ? *current : empty, "file", "?")),
+      cell(textOf(current ? *current : empty, "file", "?")), method.test,
       numberOf(document, "alpha").value_or(0.05),
       numberOf(document, "max_regression").value_or(0.10) * 100);
+  out += fmt::format("Drift control: {}.  \nGate: {}.\n\n", cell(method.drift),
+                     cell(method.gate));
   out += "| metric | baseline | candidate | change | interval | p | verdict |\n";
   out += "|---|---:|---:|---:|---:|---:|---|\n";
   const json* metrics = child(document, "metrics");
@@ -86,11 +89,15 @@ std::string renderMarkdownCompare(const json& document) {
       const bool failed =
           regression != nullptr && regression->is_boolean() && regression->get<bool>();
       word = failed ? "**" + cell(word) + " (regression)**" : cell(word);
+      const json* gated = child(m, "gated");
+      if (gated != nullptr && gated->is_boolean() && !gated->get<bool>()) word += " (information)";
+      std::string p = formatP(numberOf(m, "p_value"));
+      const auto adjusted = numberOf(m, "p_adjusted");
+      if (adjusted && p != formatP(adjusted)) p += " (Holm " + formatP(adjusted) + ")";
       out +=
           fmt::format("| {} | {} | {} | {} | {} | {} | {} |\n", cell(textOf(m, "name", "?")),
                       median(b ? *b : empty, unit), median(c ? *c : empty, unit),
-                      formatChange(numberOf(m, "change")), formatChangeInterval(m),
-                      formatP(numberOf(m, "p_value")), word);
+                      formatChange(numberOf(m, "change")), formatChangeInterval(m), p, word);
     }
   }
   out += fmt::format("\n**{}**: {}\n", verdict.word, cell(verdict.line));

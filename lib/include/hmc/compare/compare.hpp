@@ -79,6 +79,9 @@ void validate(const Thresholds& thresholds);
 // uses its adjusted p. kNone: each metric at alpha on its own (with 9 metrics about 1 - 0.95^9
 // = 37% of unchanged pairs have some metric significant).
 enum class Correction { kHolm, kNone };
+
+// The metrics of a labelled `repeat` step: what a scenario marks as the thing to time.
+inline constexpr std::string_view kLabelledGlob = "*: repeat/*";
 inline constexpr EnumName<Correction> kCorrectionNames[] = {{Correction::kHolm, "holm"},
                                                             {Correction::kNone, "none"}};
 constexpr EnumTable<Correction> enumTable(Correction) { return {"correction", kCorrectionNames}; }
@@ -103,9 +106,10 @@ inline std::string_view toString(Design design) noexcept { return enumName(desig
 struct GateOptions {
   Correction correction = Correction::kHolm;
   Design design = Design::kUnpaired;
-  // The metrics that can fail the gate (a glob as for compareSets' metricGlob; empty: every
-  // compared metric). The others are compared and shown as information: never a regression,
-  // and left out of the correction.
+  // The metrics that can fail the gate (a glob as for compareSets' metricGlob). The others are
+  // compared and shown as information: never a regression, and left out of the correction.
+  // Empty: the labelled cycles (kLabelledGlob) where two reports have any in common, else every
+  // compared metric.
   std::string gateGlob;
 };
 
@@ -161,6 +165,7 @@ struct Comparison {
   std::optional<double> geometricMeanRatio;
   bool regression = false;  // any metric's regression, or a new leak across cycles
   GateOptions gate;         // how the verdicts were reached
+  std::string gateGlob;     // the gate glob used ("*" for every metric)
   std::size_t gatedCount = 0;  // gated metrics with a p-value (the correction's family size)
   // Leaks across cycles (reports' leak_trends), as "<key>: <text>": in the current file only
   // (each a regression), in both, in the baseline only (gone).
