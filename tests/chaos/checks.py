@@ -97,7 +97,7 @@ def named_in_report(report, rank):
     for entry in report.get("ranks", []):
         if entry.get("rank") != rank:
             continue
-        if entry.get("crashed"):
+        if entry.get("crashed") or entry.get("stopped"):
             return True
         if any(not s.get("expected", True) for s in entry.get("steps") or []):
             return True

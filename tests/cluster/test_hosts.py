@@ -983,7 +983,7 @@ def mpirun_every_process_of_h2_killed_while_h3_runs_a_step_tcp(box):
         for rank in (4, 5):
             # Stopped while it ran step 2: from its heartbeat at rank 0's report, or its own
             # result where it came in time.
-            assert re.search(rf"^# ranks ({rank}|4-5) @h3: crashed: stopped by (the launcher's "
+            assert re.search(rf"^# ranks ({rank}|4-5) @h3: stopped by (the launcher's "
                              rf"teardown while running step 2 \(alive then|signal 15 \(Terminated\)"
                              rf" in step 2)", text, re.M), f"rank {rank}:\n{text}"
         assert_no_hmc_left(job)

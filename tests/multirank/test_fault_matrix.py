@@ -655,9 +655,9 @@ def check_report(cell, e, report, trigger, code, fault_index):
     ranks = {r["rank"]: r for r in report.get("ranks", [])}
     if e["stopped_or_done"]:
         # Each stopped rank, continued by the launcher's SIGTERM, either handles it in the step
-        # it was stopped in (crashed, "stopped by signal 15 (Terminated) in step S") or first
+        # it was stopped in (stopped, "stopped by signal 15 (Terminated) in step S") or first
         # goes on into the stage's step (a hang: its peers are gone or it is being stopped).
-        went_on = [r for r in e["stopped_or_done"] if r in ranks and not ranks[r].get("crashed")]
+        went_on = [r for r in e["stopped_or_done"] if r in ranks and not ranks[r].get("stopped")]
         crashed = {r: why for r, why in e["crashed"].items() if r not in went_on}
         e = dict(e, crashed=crashed,
                  trigger={**e["trigger"], **{r: ("hang", None, None) for r in went_on}})
@@ -694,11 +694,14 @@ def check_report(cell, e, report, trigger, code, fault_index):
         return problems + [f"report ranks {sorted(ranks)}, expected 0..{cell.world - 1}"]
     for r, reason in e["crashed"].items():
         entry = ranks[r]
-        if not entry.get("crashed"):
-            problems.append(f"rank {r} is not marked crashed: {entry.get('crash_reason')}")
-        elif reason not in entry.get("crash_reason", ""):
-            problems.append(f"rank {r} crash_reason {entry.get('crash_reason')!r}, expected to "
-                            f"contain {reason!r}")
+        # A rank the launcher stopped with a signal, alive until then, is `stopped`, not
+        # `crashed` (its reason says "stopped by signal 15 ..."); any other is crashed.
+        field = "stopped" if reason.startswith("stopped by ") else "crashed"
+        why = entry.get("stop_reason" if field == "stopped" else "crash_reason", "")
+        if not entry.get(field):
+            problems.append(f"rank {r} is not marked {field}: {entry.get('crash_reason')}")
+        elif reason not in why:
+            problems.append(f"rank {r} {field} reason {why!r}, expected to contain {reason!r}")
     for r, entry in ranks.items():
         if r not in e["crashed"] and entry.get("crashed"):
             problems.append(f"rank {r} reported crashed: {entry.get('crash_reason')!r}")

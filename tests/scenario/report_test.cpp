@@ -341,7 +341,8 @@ TEST_SUITE("report") {
       result.pid = 100 + index;
       result.hung = !crash;
       if (crash) {
-        result.crashed = true;
+        // Stopped from outside while alive (its reason says so), else crashed.
+        (crash->rfind("stopped by ", 0) == 0 ? result.stopped : result.crashed) = true;
         result.crashReason = *crash;
       }
       return result;
@@ -388,7 +389,7 @@ TEST_SUITE("report") {
     CAPTURE(stopped);
     CHECK(stopped.find("\n# host h2 (ranks 2-3): ") != std::string::npos);
     CHECK(stopped.find("# host h3") == std::string::npos);
-    CHECK(stopped.find("\n# ranks 4 @h3: crashed: stopped by the launcher's teardown while "
+    CHECK(stopped.find("\n# ranks 4 @h3: stopped by the launcher's teardown while "
                        "running step 2") != std::string::npos);
     // Every host lost: no host stands out, no host line.
     const std::string all = console(

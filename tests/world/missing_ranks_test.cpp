@@ -233,13 +233,26 @@ TEST_SUITE("missing ranks") {
       };
     };
     const auto stopped = fillMissing({{}}, 1, evidenceOf(true, false, RankState::kRunning, 2));
-    CHECK(stopped[0][0].crashed);
+    CHECK_FALSE(stopped[0][0].crashed);  // alive, stopped from outside: not a crash
+    CHECK(stopped[0][0].stopped);
     CHECK(stopped[0][0].crashReason ==
           "stopped by the launcher's teardown while running step 2 (alive then: its last "
           "heartbeat says running; its result did not come before the report)");
     const auto after = fillMissing({{}}, 1, evidenceOf(true, false, RankState::kRunning, -1));
     CHECK(after[0][0].crashReason->rfind("stopped by the launcher's teardown after its steps", 0) ==
           0);
+    // Done with its steps and handing on its result when the teardown came (a rank of h3 whose
+    // result went to a store that the teardown ended): alive, stopped.
+    const auto done = fillMissing({{}}, 1, evidenceOf(true, false, RankState::kDone, -1));
+    CHECK(done[0][0].stopped);
+    CHECK_FALSE(done[0][0].crashed);
+    CHECK(done[0][0].crashReason ==
+          "stopped by the launcher's teardown after its steps (alive then: its last heartbeat "
+          "says done; its result did not come before the report)");
+    // Waiting is not at work: never stopped by the teardown (with no collective in its heartbeat
+    // to wait in, a rank with no result is crashed).
+    const auto waiting = fillMissing({{}}, 1, evidenceOf(true, false, RankState::kWaiting, 2));
+    CHECK_FALSE(waiting[0][0].stopped);
     // Its process ended (a closed connection, a pid gone), or no teardown: as before.
     const auto ended = fillMissing({{}}, 1, evidenceOf(true, true, RankState::kRunning, 2));
     CHECK(ended[0][0].crashReason ==

@@ -412,7 +412,7 @@ std::vector<const json*> stepOutline(const json& ranks) {
 
 // Whether a rank's row has something to see: a crash, a part in the hang, a step that failed.
 bool hasProblem(const json& rank, const HangFacts& facts) {
-  if (flag(rank, "crashed")) return true;
+  if (flag(rank, "crashed") || flag(rank, "stopped")) return true;
   const long long r = integerOf(rank, "rank").value_or(-1);
   if (facts.roles.count(r) != 0 || facts.parts.of(r) != FailurePart::kNone) return true;
   for (const auto& step : objectOf(arrayOf(rank, "steps"))) {
@@ -673,6 +673,8 @@ void rowNote(std::string& out, const TimelineGrid& grid, const TimelineRow& row,
     note = facts.byRank.at(row.r);
   } else if (flag(row.rank, "crashed")) {
     note = "crashed: " + clip(textOf(row.rank, "crash_reason"), 400);
+  } else if (flag(row.rank, "stopped")) {
+    note = "stopped: " + clip(textOf(row.rank, "stop_reason"), 400);
   }
   const FailurePart part = facts.parts.of(row.r);
   if (part != FailurePart::kNone) {
@@ -737,7 +739,10 @@ void timelineRow(std::string& out, const TimelineGrid& grid, const TimelineRow& 
         "stroke=\"#57606a\"><title>{}</title></rect>",
         px(grid.labelW), px(row.y + 1), px(grid.gridW), px(grid.cellH - 2), id,
         esc(fmt::format("rank {}: no result ({})", row.r,
-                        clip(textOf(row.rank, "crash_reason", "no steps reported"), 400))));
+                        clip(flag(row.rank, "stopped")
+                                 ? textOf(row.rank, "stop_reason")
+                                 : textOf(row.rank, "crash_reason", "no steps reported"),
+                             400))));
   } else {
     timelineCells(out, grid, row, *steps, facts, drawn);
     if (flag(row.rank, "crashed")) crashMark(out, grid, row, *steps, drawn);

@@ -248,6 +248,7 @@ json toJson(const RankResult& result) {
           {"crashed", result.crashed},
           {"crash_reason", optionalJson(result.crashReason)},
           {"hung", result.hung},
+          {"stopped", result.stopped},
           {"steps", std::move(steps)},
           {"final",
            {{"groups", result.final.groups},
@@ -287,6 +288,7 @@ RankResult rankResultFromJson(const json& value) {
   result.crashed = in.get<bool>("crashed");
   result.crashReason = in.optional<std::string>("crash_reason");
   result.hung = in.get<bool>("hung");
+  result.stopped = in.optional<bool>("stopped").value_or(false);
   const json& steps = in.at("steps");
   for (std::size_t i = 0; i < steps.size(); ++i) {
     result.steps.push_back(stepFromJson(Reader(steps.at(i), fmt::format("/steps/{}", i))));

@@ -107,7 +107,7 @@ json rankJson(const RankResult& rank) {
   // A rank process that died left no result: like the reference, no steps and no final
   // state (zeros would read as a clean rank). Thread ranks that crashed keep theirs.
   // The same for a rank known only from its heartbeat (no steps, hung).
-  if (!rank.steps.empty() || !(rank.crashed || rank.hung)) {
+  if (!rank.steps.empty() || !(rank.crashed || rank.hung || rank.stopped)) {
     json steps = json::array();
     for (const auto& step : rank.steps) steps.push_back(reportStepJson(step));
     entry["steps"] = std::move(steps);
@@ -118,6 +118,10 @@ json rankJson(const RankResult& rank) {
   if (rank.crashed) {
     entry["crashed"] = true;
     entry["crash_reason"] = rank.crashReason.value_or("");
+  }
+  if (rank.stopped) {  // alive, stopped from outside before its result came: not crashed
+    entry["stopped"] = true;
+    entry["stop_reason"] = rank.crashReason.value_or("");
   }
   return entry;
 }
@@ -153,8 +157,9 @@ int exitCodeOf(Outcome outcome) noexcept {
 Outcome worse(Outcome a, Outcome b) noexcept { return severity(b) > severity(a) ? b : a; }
 
 Outcome computeOutcome(const Scenario& scenario, const std::vector<RankResult>& ranks) {
-  const bool anyCrash =
-      std::any_of(ranks.begin(), ranks.end(), [](const RankResult& r) { return r.crashed; });
+  // A rank stopped from outside while at work did not finish either: as a crash here.
+  const bool anyCrash = std::any_of(ranks.begin(), ranks.end(),
+                                    [](const RankResult& r) { return r.crashed || r.stopped; });
   const bool anyFaultStep = std::any_of(scenario.steps.begin(), scenario.steps.end(),
                                         [](const Step& s) { return s.op == Op::kFault; });
   // (hmc) A top-level crash that stands for a rank lost from outside (a killed rank's
@@ -222,6 +227,11 @@ std::optional<diagnostics::FailureView> rankFailure(const Scenario& scenario,
     view.message = rank.crashReason.value_or("exited");
     return view;
   }
+  if (rank.stopped) {
+    view.kind = std::string(diagnostics::kStopped);
+    view.message = rank.crashReason.value_or("stopped");
+    return view;
+  }
   if (rank.hung) {  // left waiting, with no step of its own that says so (a missing rank)
     for (auto it = rank.flight.rbegin(); it != rank.flight.rend(); ++it) {
       if (!diagnostics::isWaitStatus(it->status)) continue;
@@ -250,7 +260,7 @@ diagnostics::Diagnosis diagnoseRun(const Scenario& scenario, const std::vector<R
     // the crash is what the others met.
     if (auto view = rankFailure(scenario, rank)) {
       views.push_back(std::move(*view));
-    } else if (!rank.crashed && !rank.hung) {
+    } else if (!rank.crashed && !rank.hung && !rank.stopped) {
       const bool finished = !rank.steps.empty() && rank.steps.back().status != StepStatus::kNotRun;
       whereabouts[rank.rank] = finished ? "it finished its steps" : "it stopped early";
     }
@@ -268,7 +278,7 @@ std::string diagnoseHang(const std::vector<RankResult>& ranks) {
     place.host = rank.host;
     place.flight = rank.flight;
     place.hung = rank.hung;
-    if (rank.crashed) place.gone = rank.crashReason.value_or("exited");
+    if (rank.crashed || rank.stopped) place.gone = rank.crashReason.value_or("exited");
     const bool finished = !rank.steps.empty() && rank.steps.back().status != StepStatus::kNotRun;
     place.elsewhere = finished ? "finished its steps" : "stopped early";
     places.push_back(std::move(place));

@@ -94,13 +94,11 @@ std::vector<std::string> lostHostLines(
     const std::map<std::string, std::vector<const RankResult*>>& byHost) {
   std::vector<std::string> lines;
   if (byHost.size() < 2) return lines;
-  // A rank stopped from outside while it ran (its own snapshot at a signal, "stopped by signal
-  // 15 ...", or a live heartbeat at a launcher's teardown, "stopped by the launcher's
-  // teardown ...") was not lost with its host.
+  // A rank stopped from outside while it ran (`stopped`: its own snapshot at a signal, or a
+  // live heartbeat at a launcher's teardown) was not lost with its host.
   const auto allCrashed = [](const std::vector<const RankResult*>& members) {
     return std::all_of(members.begin(), members.end(), [](const RankResult* rank) {
-      const bool stopped = rank->crashReason && rank->crashReason->rfind("stopped by ", 0) == 0;
-      return rank->crashed && !stopped;
+      return rank->crashed;
     });
   };
   bool someLive = false;
@@ -266,11 +264,12 @@ class ConsoleReporter final : public Reporter {
     // by text and host ("# ranks 2-3 @h2: crashed: ...").
     std::map<std::pair<std::string, std::string>, std::vector<int>> problems;
     for (const auto& rank : report.ranks) {
-      if (rank.crashed) {
+      if (rank.crashed || rank.stopped) {
         const std::string where =
             byHost.size() >= 2 && !rank.host.empty() ? " @" + printable(rank.host) : "";
-        problems[{fmt::format("crashed: {}", printable(rank.crashReason.value_or("exited"))),
-                  where}]
+        // A stopped rank's reason says so ("stopped by the launcher's teardown ...").
+        const std::string reason = printable(rank.crashReason.value_or("exited"));
+        problems[{rank.stopped ? reason : "crashed: " + reason, where}]
             .push_back(rank.rank);
       }
       for (const auto& step : rank.steps) {

@@ -46,17 +46,21 @@ scenario::RankResult fromEvidence(int rank, MissingRankEvidence evidence,
       result.hung = true;
       return result;
     }
-    result.crashed = true;
     if (evidence.atTeardown && !evidence.ended && !evidence.silent &&
-        beat->state == diagnostics::RankState::kRunning) {
+        (beat->state == diagnostics::RankState::kRunning ||
+         beat->state == diagnostics::RankState::kDone)) {
+      // Alive when the teardown began (at work, or handing on its result after its steps),
+      // not crashed: the launcher stopped it before its result came.
+      result.stopped = true;
       result.crashReason = fmt::format(
-          "{} {} (alive then: its last heartbeat says running; its result did not come before "
-          "the report)",
-          "stopped by the launcher's teardown",
+          "stopped by the launcher's teardown {} (alive then: its last heartbeat says {}; its "
+          "result did not come before the report)",
           beat->step < 0 ? std::string("after its steps")
-                         : fmt::format("while running step {}", beat->step));
+                         : fmt::format("while running step {}", beat->step),
+          diagnostics::toString(beat->state));
       return result;
     }
+    result.crashed = true;
     result.crashReason = fmt::format(
         "{}; last heartbeat ({}): {}", evidence.reason, diagnostics::toString(beat->state),
         beat->step < 0 ? std::string("outside its steps") : fmt::format("in step {}", beat->step));

@@ -54,7 +54,7 @@ RankProgress::Snapshot RankProgress::snapshot(const scenario::Scenario& scenario
       return s.status == scenario::StepStatus::kHang;
     });
     if (!partial.hung) {
-      partial.crashed = true;
+      partial.stopped = true;  // alive until the signal: not crashed
       partial.crashReason =
           step < 0 ? by + " after its steps" : fmt::format("{} in step {}", by, step);
     }

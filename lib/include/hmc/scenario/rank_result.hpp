@@ -155,8 +155,11 @@ struct RankResult {
   std::string host;
   std::int64_t pid = 0;
   bool crashed = false;
+  // Why it crashed, or, when `stopped`, how it was stopped.
   std::optional<std::string> crashReason;
   bool hung = false;
+  // Alive and stopped from outside (a launcher's teardown) before its result came: not crashed.
+  bool stopped = false;
   std::vector<StepResult> steps;
   FinalState final;
   LeakCheck leaks;
