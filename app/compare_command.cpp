@@ -1,8 +1,7 @@
 #include "compare_command.hpp"
 
-#include <fmt/format.h>
-
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -104,7 +103,8 @@ int runProgram(const std::vector<std::string>& argv, const std::string& errPath)
   int status = 0;
   while (waitpid(pid, &status, 0) < 0) {
     if (errno != EINTR) {
-      throw hmc::ValueError(fmt::format("--ab: waiting for '{}': {}", argv[0], std::strerror(errno)));
+      throw hmc::ValueError(
+          fmt::format("--ab: waiting for '{}': {}", argv[0], std::strerror(errno)));
     }
   }
   if (WIFEXITED(status)) return WEXITSTATUS(status);
@@ -147,10 +147,12 @@ void runRounds(const CompareOptions& options, SampleSet& baseline, SampleSet& cu
     SampleSet sides[2];
     for (int turn = 0; turn < 2; ++turn) {
       const int side = round % 2 == 0 ? turn : 1 - turn;
-      const std::string stem = fmt::format("{}/round{}-{}", folder.path, round, side ? "new" : "old");
-      const std::vector<std::string> argv{options.ab[side], scenario, "--repetitions",
-                                          std::to_string(options.roundRepetitions), "--report",
-                                          stem + ".json"};
+      const std::string stem =
+          fmt::format("{}/round{}-{}", folder.path, round, side ? "new" : "old");
+      const std::vector<std::string> argv{
+          options.ab[side], scenario,
+          "--repetitions",  std::to_string(options.roundRepetitions),
+          "--report",       stem + ".json"};
       const int code = runProgram(argv, stem + ".log");
       if (code != 0) {
         throw hmc::ValueError(fmt::format(
@@ -163,15 +165,15 @@ void runRounds(const CompareOptions& options, SampleSet& baseline, SampleSet& cu
     }
     for (const auto& [name, series] : sides[0].series) {
       const auto other = sides[1].series.find(name);
-      if (series.values.empty() || other == sides[1].series.end() ||
-          other->second.values.empty()) {
+      if (series.values.empty() || other == sides[1].series.end() || other->second.values.empty()) {
         continue;
       }
       baseline.series[name].values.push_back(hmc::compare::median(series.values));
       current.series[name].values.push_back(hmc::compare::median(other->second.values));
     }
     for (int side = 0; side < 2; ++side) {
-      for (const auto& [key, text] : sides[side].leaks) (side ? current : baseline).leaks[key] = text;
+      for (const auto& [key, text] : sides[side].leaks)
+        (side ? current : baseline).leaks[key] = text;
     }
   }
 }
@@ -255,21 +257,18 @@ std::string gateWords(const Comparison& result) {
 
 void printTable(std::FILE* to, const Comparison& result, const CompareOptions& options,
                 const hmc::compare::Thresholds& thresholds) {
-  fmt::print(to,
-             "# hmc-run compare: {}; alpha {:g}, max regression {:g}%\n# {}\n# {}\n",
+  fmt::print(to, "# hmc-run compare: {}; alpha {:g}, max regression {:g}%\n# {}\n# {}\n",
              options.ab.empty()
-                 ? fmt::format("baseline {}, current {}", options.baselinePath,
-                               options.currentPath)
+                 ? fmt::format("baseline {}, current {}", options.baselinePath, options.currentPath)
                  : fmt::format("baseline (old) {}, current (new) {}, scenario {}", options.ab[0],
                                options.ab[1], options.baselinePath),
-             thresholds.alpha,
-             thresholds.maxRegression * 100, driftWords(options), gateWords(result));
+             thresholds.alpha, thresholds.maxRegression * 100, driftWords(options),
+             gateWords(result));
   std::size_t width = 6;
   for (const auto& m : result.metrics) width = std::max(width, m.name.size());
   fmt::print(to, "# {:<{}}  {:>8}  {:>12}  {:>12}  {:>8}  {:>17}  {:>7}  {:>7}  {}\n", "metric",
              width - 2, "samples", "baseline", "current", "change",
-             fmt::format("{:g}% interval", (1 - thresholds.alpha) * 100), "p", "adj p",
-             "verdict");
+             fmt::format("{:g}% interval", (1 - thresholds.alpha) * 100), "p", "adj p", "verdict");
   for (const auto& m : result.metrics) {
     const std::string change = m.change ? fmt::format("{:+.1f}%", *m.change * 100) : "n/a";
     const std::string interval =
@@ -277,8 +276,9 @@ void printTable(std::FILE* to, const Comparison& result, const CompareOptions& o
             ? fmt::format("[{:+.1f}%, {:+.1f}%]", *m.changeLow * 100, *m.changeHigh * 100)
             : "n/a";
     const std::string p = m.pValue ? fmt::format("{:.4f}", *m.pValue) : "n/a";
-    const std::string adjusted =
-        m.adjustedPValue ? fmt::format("{:.4f}", *m.adjustedPValue) : m.gated ? "n/a" : "info";
+    const std::string adjusted = m.adjustedPValue ? fmt::format("{:.4f}", *m.adjustedPValue)
+                                 : m.gated        ? "n/a"
+                                                  : "info";
     std::string verdict(hmc::compare::toString(m.verdict));
     if (m.regression) verdict += " (regression)";
     if (!m.gated) verdict += " (information)";
@@ -579,8 +579,8 @@ int runCompare(const CompareOptions& options) {
       baseline = load(options.baselinePath);
       current = load(options.currentPath);
     }
-    result = hmc::compare::compareSets(baseline, current, thresholds, options.metricGlob,
-                                       gateOptions);
+    result =
+        hmc::compare::compareSets(baseline, current, thresholds, options.metricGlob, gateOptions);
   } catch (const std::exception& error) {
     fmt::print(stderr, "hmc-run compare: {}\n", error.what());
     return kExitBadInput;

@@ -35,8 +35,8 @@ struct CompareOptions {
   // --ab OLD NEW: run the scenario (the one positional argument) with both hmc-run programs in
   // alternating rounds and compare the rounds paired.
   std::vector<std::string> ab;
-  std::size_t rounds = 10;            // --rounds
-  std::size_t roundRepetitions = 6;   // --round-repetitions (hmc-run's --repetitions per run)
+  std::size_t rounds = 10;           // --rounds
+  std::size_t roundRepetitions = 6;  // --round-repetitions (hmc-run's --repetitions per run)
 };
 
 // Registers the `compare` subcommand on `app`; the options land in `options`.

@@ -464,8 +464,8 @@ TEST_SUITE("compare paired rounds") {
   // both runs of a round) and a noise of +/-1% within a round.
   std::pair<Series, Series> rounds(double slowdown) {
     const double drift[10] = {1.0, 1.6, 0.9, 2.0, 1.1, 1.3, 1.8, 0.95, 1.4, 1.2};
-    const double noise[10] = {0.004, -0.008, 0.01, -0.002, 0.006, -0.01, 0.002, -0.004, 0.008,
-                              -0.006};
+    const double noise[10] = {0.004, -0.008, 0.01,   -0.002, 0.006,
+                              -0.01, 0.002,  -0.004, 0.008,  -0.006};
     Series base{"s", {}};
     Series cur{"s", {}};
     for (int k = 0; k < 10; ++k) {
@@ -501,8 +501,8 @@ TEST_SUITE("compare paired rounds") {
   TEST_CASE("paired sides must have as many samples; too few rounds are undecided") {
     CHECK_THROWS_AS(comparePairedSeries("m", Series{"s", {1, 2}}, Series{"s", {1}}, Thresholds{}),
                     hmc::ValueError);
-    const MetricComparison few = comparePairedSeries(
-        "m", Series{"s", {1, 1, 1, 1}}, Series{"s", {2, 2, 2, 2}}, Thresholds{});
+    const MetricComparison few = comparePairedSeries("m", Series{"s", {1, 1, 1, 1}},
+                                                     Series{"s", {2, 2, 2, 2}}, Thresholds{});
     CHECK(verdict(few) == "undecided");
     CHECK(few.note.find("fewer than 6") != std::string::npos);
   }

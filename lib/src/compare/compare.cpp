@@ -241,8 +241,7 @@ void decide(MetricComparison& out, double p, const Thresholds& thresholds, bool 
     decideInconclusive(out, std::min(out.baselineCount, out.currentCount), thresholds);
     return;
   }
-  const bool slower =
-      paired ? *out.changeEstimate > 0 : out.currentMedian > out.baselineMedian;
+  const bool slower = paired ? *out.changeEstimate > 0 : out.currentMedian > out.baselineMedian;
   out.verdict = slower ? Verdict::kSlower : Verdict::kFaster;
   // A zero baseline median that got slower is an unbounded regression.
   out.regression =
@@ -296,9 +295,9 @@ MetricComparison comparePairedSeries(const std::string& name, const Series& base
                                      const Series& current, const Thresholds& thresholds) {
   validate(thresholds);
   if (baseline.values.size() != current.values.size()) {
-    throw ValueError(fmt::format(
-        "{}: paired samples need as many on each side, got {} baseline and {} current", name,
-        baseline.values.size(), current.values.size()));
+    throw ValueError(
+        fmt::format("{}: paired samples need as many on each side, got {} baseline and {} current",
+                    name, baseline.values.size(), current.values.size()));
   }
   MetricComparison out;
   if (!describeSides(out, name, baseline, current)) return out;
@@ -365,9 +364,8 @@ Comparison compareSets(const SampleSet& baseline, const SampleSet& current,
       out.onlyBaseline.push_back(name);
       continue;
     }
-    MetricComparison metric = paired
-                                  ? comparePairedSeries(name, series, other->second, thresholds)
-                                  : compareSeries(name, series, other->second, thresholds);
+    MetricComparison metric = paired ? comparePairedSeries(name, series, other->second, thresholds)
+                                     : compareSeries(name, series, other->second, thresholds);
     if (metric.baselineMedian > 0 && metric.currentMedian > 0) {
       ratios.push_back(metric.currentMedian / metric.baselineMedian);
     }
@@ -377,9 +375,8 @@ Comparison compareSets(const SampleSet& baseline, const SampleSet& current,
   if (out.gateGlob.empty()) {
     const bool labelled =
         baseline.format == SourceFormat::kReport &&
-        std::any_of(out.metrics.begin(), out.metrics.end(), [](const MetricComparison& m) {
-          return globMatch(kLabelledGlob, m.name);
-        });
+        std::any_of(out.metrics.begin(), out.metrics.end(),
+                    [](const MetricComparison& m) { return globMatch(kLabelledGlob, m.name); });
     out.gateGlob = labelled ? std::string(kLabelledGlob) : "*";
   }
   // The gated metrics that reached a verdict on their p-value form the family of the correction.
@@ -394,8 +391,7 @@ Comparison compareSets(const SampleSet& baseline, const SampleSet& current,
   out.gatedCount = family.size();
   std::vector<double> raw;
   for (std::size_t k : family) raw.push_back(*out.metrics[k].pValue);
-  const std::vector<double> adjusted =
-      gate.correction == Correction::kHolm ? holmAdjust(raw) : raw;
+  const std::vector<double> adjusted = gate.correction == Correction::kHolm ? holmAdjust(raw) : raw;
   for (std::size_t i = 0; i < family.size(); ++i) {
     MetricComparison& m = out.metrics[family[i]];
     m.adjustedPValue = adjusted[i];

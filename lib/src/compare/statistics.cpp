@@ -304,7 +304,8 @@ ShiftInterval pairedShiftInterval(const std::vector<double>& differences, double
     const std::vector<double> counts = signedRankCounts(n);
     const double total = std::ldexp(1.0, static_cast<int>(n));
     double below = 0;  // P(T+ <= cut - 1)
-    while (cut < counts.size() && below + counts[cut] / total <= tail) below += counts[cut++] / total;
+    while (cut < counts.size() && below + counts[cut] / total <= tail)
+      below += counts[cut++] / total;
   } else {
     const double dn = static_cast<double>(n);
     const double sigma = std::sqrt(dn * (dn + 1) * (2 * dn + 1) / 24.0);

@@ -74,8 +74,7 @@ std::string renderMarkdownCompare(const json& document) {
       cell(textOf(current ? *current : empty, "file", "?")), method.test,
       numberOf(document, "alpha").value_or(0.05),
       numberOf(document, "max_regression").value_or(0.10) * 100);
-  out += fmt::format("Drift control: {}.  \nGate: {}.\n\n", cell(method.drift),
-                     cell(method.gate));
+  out += fmt::format("Drift control: {}.  \nGate: {}.\n\n", cell(method.drift), cell(method.gate));
   out += "| metric | baseline | candidate | change | interval | p | verdict |\n";
   out += "|---|---:|---:|---:|---:|---:|---|\n";
   const json* metrics = child(document, "metrics");
@@ -94,10 +93,9 @@ std::string renderMarkdownCompare(const json& document) {
       std::string p = formatP(numberOf(m, "p_value"));
       const auto adjusted = numberOf(m, "p_adjusted");
       if (adjusted && p != formatP(adjusted)) p += " (Holm " + formatP(adjusted) + ")";
-      out +=
-          fmt::format("| {} | {} | {} | {} | {} | {} | {} |\n", cell(textOf(m, "name", "?")),
-                      median(b ? *b : empty, unit), median(c ? *c : empty, unit),
-                      formatChange(numberOf(m, "change")), formatChangeInterval(m), p, word);
+      out += fmt::format("| {} | {} | {} | {} | {} | {} | {} |\n", cell(textOf(m, "name", "?")),
+                         median(b ? *b : empty, unit), median(c ? *c : empty, unit),
+                         formatChange(numberOf(m, "change")), formatChangeInterval(m), p, word);
     }
   }
   out += fmt::format("\n**{}**: {}\n", verdict.word, cell(verdict.line));

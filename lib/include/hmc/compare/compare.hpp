@@ -85,9 +85,7 @@ inline constexpr std::string_view kLabelledGlob = "*: repeat/*";
 inline constexpr EnumName<Correction> kCorrectionNames[] = {{Correction::kHolm, "holm"},
                                                             {Correction::kNone, "none"}};
 constexpr EnumTable<Correction> enumTable(Correction) { return {"correction", kCorrectionNames}; }
-inline std::string_view toString(Correction correction) noexcept {
-  return enumName(correction);
-}
+inline std::string_view toString(Correction correction) noexcept { return enumName(correction); }
 
 // How the two sides' samples relate.
 // kUnpaired: two independent sets (two files written at different times): Mann-Whitney U, the
