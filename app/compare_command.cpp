@@ -427,6 +427,32 @@ void printVerdicts(std::FILE* to, const CompareOptions& options,
                thresholds.maxRegression * 100, thresholds.alpha, joinNames(regressions),
                holmNote(result));
   }
+  // Holm asks the smallest p of m gated metrics to reach alpha / m: with few samples the test
+  // cannot get there, and the gate passes whatever happened. Say so rather than pass in silence.
+  if (result.gate.correction == hmc::compare::Correction::kHolm && result.gatedCount > 1) {
+    std::vector<std::string> powerless;
+    double best = 1;
+    for (const auto& m : result.metrics) {
+      if (!m.gated || !m.adjustedPValue) continue;
+      const double smallest = result.gate.design == hmc::compare::Design::kPaired
+                                  ? hmc::compare::smallestPairedPValue(m.baselineCount)
+                                  : hmc::compare::smallestPValue(m.baselineCount, m.currentCount);
+      if (smallest * static_cast<double>(result.gatedCount) >= thresholds.alpha) {
+        powerless.push_back(m.name);
+        best = std::min(best, smallest);
+      }
+    }
+    if (!powerless.empty()) {
+      fmt::print(stderr,
+                 "hmc-run compare: with Holm over {} gated metrics a metric needs p < {:g} / {} "
+                 "= {:.4f} to fail, but these samples reach at best p = {:.4f}, so the gate "
+                 "cannot fail on {}. Take more samples (--repetitions, --rounds) or gate fewer "
+                 "metrics (--gate).\n",
+                 result.gatedCount, thresholds.alpha, result.gatedCount,
+                 thresholds.alpha / static_cast<double>(result.gatedCount), best,
+                 joinNames(powerless));
+    }
+  }
   if (!undecided.empty()) {
     fmt::print(stderr,
                "hmc-run compare: too few samples to decide {}: at least {} per side are needed "

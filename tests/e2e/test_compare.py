@@ -101,6 +101,22 @@ def injected_stall_fails():
     check(proc.stdout.count("(regression)") == 1, output(proc))
 
 
+def every_metric_gated_needs_samples():
+    # Holm over 12 gated metrics asks p < 0.05 / 12 of the smallest; 5 samples a side reach at
+    # best 2 / 252 = 0.0079: the 30% slower cycle cannot fail, and compare says so.
+    proc = compare("baseline.json", "slow.json", "--gate", "*")
+    expect_exit(proc, 0)
+    check("with Holm over 12 gated metrics a metric needs p < 0.05 / 12 = 0.0042 to fail, but "
+          "these samples reach at best p = 0.0079" in proc.stderr, output(proc))
+    check("# gate: every metric (12 gated metrics)" in proc.stdout, output(proc))
+    # Without the correction each metric is tested at 0.05 and the cycle fails.
+    expect_exit(compare("baseline.json", "slow.json", "--gate", "*", "--correction", "none"), 1)
+    # The default gate (the 2 labelled cycles) needs p < 0.025: reached, no warning.
+    proc = compare("baseline.json", "slow.json")
+    expect_exit(proc, 1)
+    check("cannot fail" not in proc.stderr, output(proc))
+
+
 def max_regression_and_metric_select():
     expect_exit(compare("baseline.json", "slow.json", "--max-regression", "40%"), 0)
     expect_exit(compare("baseline.json", "slow.json", "--max-regression", "25"), 1)
@@ -401,6 +417,7 @@ def main():
         print(__doc__)
         return 2
     for function in (unchanged_reports_pass, injected_stall_fails,
+                     every_metric_gated_needs_samples,
                      max_regression_and_metric_select, json_shape, single_report_against_set,
                      too_few_samples_refused, nothing_in_common_says_what_exists,
                      bad_input_exit_2, google_benchmark_files, inconclusive_is_not_same,
