@@ -412,6 +412,22 @@ def live_injected_stall():
     expect_exit(proc, 0)
 
 
+def live_ab_rounds():
+    # The real hmc-run under --ab (6 rounds, 2 repetitions a run: ~12 runs of ~1 s): the argv
+    # contract (SCENARIO --repetitions K --report FILE) and one paired sample per round.
+    scenario = os.path.join(WORK, "ab-live.json")
+    with open(scenario, "w") as fh:
+        json.dump(churn(0), fh)
+    proc = compare("--ab", HMC_RUN, HMC_RUN, scenario, "--rounds", "6", "--round-repetitions",
+                   "2", "--max-regression", "1000%", "--json", timeout=240)
+    expect_exit(proc, 0)
+    doc = json.loads(proc.stdout)
+    check(doc["drift_control"]["rounds"] == 6 and doc["design"] == "paired", str(doc)[:400])
+    cycle = next(m for m in doc["metrics"] if m["name"] == "churn: repeat/cycles")
+    check(cycle["gated"] and cycle["baseline"]["samples"] == 6 and
+          cycle["current"]["samples"] == 6, str(cycle))
+
+
 def main():
     if HMC_RUN is None or not os.path.exists(HMC_RUN):
         print(__doc__)
@@ -421,7 +437,8 @@ def main():
                      max_regression_and_metric_select, json_shape, single_report_against_set,
                      too_few_samples_refused, nothing_in_common_says_what_exists,
                      bad_input_exit_2, google_benchmark_files, inconclusive_is_not_same,
-                     ab_rounds_cancel_drift, ab_refusals, live_injected_stall):
+                     ab_rounds_cancel_drift, ab_refusals, live_injected_stall,
+                     live_ab_rounds):
         test(function)
     print(f"{RESULTS['passed']} passed, {RESULTS['failed']} failed, "
           f"{RESULTS['skipped']} skipped")
