@@ -27,12 +27,33 @@ struct alignas(64) SharedExchange::Header {
 };
 
 struct alignas(64) SharedExchange::Slot {
-  std::uint64_t arrived;  // the last exchange (round) this rank has published
+  // The last exchange (round) this rank has published, or a gave-up mark (below) of the
+  // round it had not arrived at when another rank gave up.
+  std::uint64_t arrived;
   std::uint64_t sequence[2];
   std::uint64_t length[2];
 };
 
 namespace {
+
+// A gave-up mark: the top bit, the rank that gave up in bits 40-62, the round in bits 0-39.
+constexpr std::uint64_t kGaveUpBit = std::uint64_t{1} << 63;
+constexpr int kRoundBits = 40;
+constexpr std::uint64_t kRoundMask = (std::uint64_t{1} << kRoundBits) - 1;
+
+std::uint64_t gaveUpMark(int by, std::uint64_t round) {
+  return kGaveUpBit | (static_cast<std::uint64_t>(by) << kRoundBits) | (round & kRoundMask);
+}
+bool isMarkOf(std::uint64_t value, std::uint64_t round) {
+  return (value & kGaveUpBit) != 0 && (value & kRoundMask) == (round & kRoundMask);
+}
+int markedBy(std::uint64_t value) {
+  return static_cast<int>((value & ~kGaveUpBit) >> kRoundBits);
+}
+// Whether a slot's `arrived` word says its rank has arrived at `round`.
+bool hasArrived(std::uint64_t value, std::uint64_t round) {
+  return (value & kGaveUpBit) == 0 && value >= round;
+}
 
 std::size_t regionSize(int world) {
   return sizeof(SharedExchange::Header) + static_cast<std::size_t>(world) * 64 +
@@ -128,25 +149,74 @@ const char* SharedExchange::bytes(int peer, std::uint64_t round) const noexcept 
 // the single order of these operations, either the waiter sees the last arrival (and does
 // not sleep) or the last arriving rank sees the waiter's `sleepers` (and wakes it); an arrival
 // between the waiter's read and its FUTEX_WAIT changes `arrivals`, so the wait returns at once.
-bool SharedExchange::publish(int rank, std::uint64_t round, std::uint64_t sequence,
-                             const std::string& envelope) {
+// Arriving and giving up are one compare-and-swap each on the arriving rank's `arrived`: the
+// rank arrives only where no mark of its round is there, and a rank gives up on it only where
+// it has not arrived, so every rank sees the same outcome of the exchange.
+SharedExchange::Published SharedExchange::publish(int rank, std::uint64_t round,
+                                                  std::uint64_t sequence,
+                                                  const std::string& envelope) {
   Slot& own = *slot(rank);
+  Published out;
+  std::uint64_t before = __atomic_load_n(&own.arrived, __ATOMIC_SEQ_CST);
+  if (isMarkOf(before, round)) {
+    out.lateAfter = markedBy(before);
+    return out;
+  }
   const int parity = static_cast<int>(round % 2);
-  const bool inSlot = envelope.size() <= kSlotBytes;
-  if (inSlot) std::memcpy(const_cast<char*>(bytes(rank, round)), envelope.data(), envelope.size());
+  out.inSlot = envelope.size() <= kSlotBytes;
+  if (out.inSlot) {
+    std::memcpy(const_cast<char*>(bytes(rank, round)), envelope.data(), envelope.size());
+  }
   own.sequence[parity] = sequence;
-  own.length[parity] = inSlot ? envelope.size() : kOnSocket;
-  __atomic_store_n(&own.arrived, round, __ATOMIC_SEQ_CST);
+  own.length[parity] = out.inSlot ? envelope.size() : kOnSocket;
+  if (!__atomic_compare_exchange_n(&own.arrived, &before, round, false, __ATOMIC_SEQ_CST,
+                                   __ATOMIC_SEQ_CST)) {
+    out.lateAfter = markedBy(before);  // only a giving-up rank writes another's word
+    return out;
+  }
   __atomic_fetch_add(&header()->arrivals, 1, __ATOMIC_SEQ_CST);
   if (allArrived(round) && __atomic_load_n(&header()->sleepers, __ATOMIC_SEQ_CST) != 0) {
     ::syscall(SYS_futex, &header()->arrivals, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
   }
-  return inSlot;
+  return out;
+}
+
+std::vector<int> SharedExchange::giveUp(int rank, std::uint64_t round) {
+  std::vector<int> marked;
+  for (int peer = 0; peer < world_; ++peer) {
+    if (peer == rank) continue;
+    std::uint64_t seen = __atomic_load_n(&slot(peer)->arrived, __ATOMIC_SEQ_CST);
+    for (;;) {
+      if (hasArrived(seen, round)) break;
+      if (isMarkOf(seen, round)) {  // another rank gave up on it first
+        marked.push_back(peer);
+        break;
+      }
+      if (__atomic_compare_exchange_n(&slot(peer)->arrived, &seen, gaveUpMark(rank, round), false,
+                                      __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+        marked.push_back(peer);
+        break;
+      }
+    }
+  }
+  if (!marked.empty()) {  // the ranks that sleep wake to find the marks
+    __atomic_fetch_add(&header()->arrivals, 1, __ATOMIC_SEQ_CST);
+    ::syscall(SYS_futex, &header()->arrivals, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+  }
+  return marked;
+}
+
+std::optional<int> SharedExchange::gaveUpOn(std::uint64_t round) const noexcept {
+  for (int rank = 0; rank < world_; ++rank) {
+    const std::uint64_t value = __atomic_load_n(&slot(rank)->arrived, __ATOMIC_SEQ_CST);
+    if (isMarkOf(value, round)) return markedBy(value);
+  }
+  return std::nullopt;
 }
 
 bool SharedExchange::allArrived(std::uint64_t round) const noexcept {
   for (int rank = 0; rank < world_; ++rank) {
-    if (__atomic_load_n(&slot(rank)->arrived, __ATOMIC_SEQ_CST) < round) return false;
+    if (!hasArrived(__atomic_load_n(&slot(rank)->arrived, __ATOMIC_SEQ_CST), round)) return false;
   }
   return true;
 }
@@ -154,7 +224,9 @@ bool SharedExchange::allArrived(std::uint64_t round) const noexcept {
 std::vector<int> SharedExchange::missing(std::uint64_t round) const {
   std::vector<int> out;
   for (int rank = 0; rank < world_; ++rank) {
-    if (__atomic_load_n(&slot(rank)->arrived, __ATOMIC_SEQ_CST) < round) out.push_back(rank);
+    if (!hasArrived(__atomic_load_n(&slot(rank)->arrived, __ATOMIC_SEQ_CST), round)) {
+      out.push_back(rank);
+    }
   }
   return out;
 }

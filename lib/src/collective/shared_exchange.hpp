@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -49,8 +50,21 @@ class SharedExchange {
 
   // Puts this rank's envelope of exchange `round` (1, 2, ...) in its slot (kOnSocket when
   // larger than kSlotBytes) with the caller's sequence, then marks the rank arrived and
-  // wakes the ranks that sleep when it was the last. Returns whether it went in the slot.
-  bool publish(int rank, std::uint64_t round, std::uint64_t sequence, const std::string& envelope);
+  // wakes the ranks that sleep when it was the last. `inSlot`: whether it went in the slot.
+  // `lateAfter`: a rank gave up on `round` before this one arrived (giveUp marked its slot):
+  // it has not arrived, and the exchange has failed.
+  struct Published {
+    bool inSlot = false;
+    std::optional<int> lateAfter;
+  };
+  Published publish(int rank, std::uint64_t round, std::uint64_t sequence,
+                    const std::string& envelope);
+  // At `rank`'s deadline: marks the slot of every rank that has not arrived at `round`, so that
+  // its arrival fails as late (one atomic step per slot decides: arrived, or marked), wakes
+  // the ranks that sleep, and returns the ranks marked (empty: every rank arrived after all).
+  std::vector<int> giveUp(int rank, std::uint64_t round);
+  // The rank that gave up on `round` first, where one did.
+  std::optional<int> gaveUpOn(std::uint64_t round) const noexcept;
   // Whether every rank has arrived at exchange `round`.
   bool allArrived(std::uint64_t round) const noexcept;
   // The ranks that have not arrived at exchange `round`.

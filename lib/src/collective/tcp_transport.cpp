@@ -802,15 +802,23 @@ std::vector<Bytes> TcpTransport::gather(std::uint64_t sequence, std::string_view
   // below: where ranks outnumber cores, a peer on this core runs now), then on the futex, in
   // slices of kSharedCheck after each of which a closed socket (closedPeers()) of a rank that
   // has not arrived raises RankFailure, as its EOF does on the sockets.
+  // A rank that gave up first marked the ranks it did not see: this rank fails with it.
   const auto waitShared = [&](std::uint64_t round) {
     if (s.shared.allArrived(round)) return;
     sched_yield();
     while (!s.shared.allArrived(round)) {
+      if (const auto by = s.shared.gaveUpOn(round)) {
+        throw TimeoutError(hmc::detail::timedOutText(
+            stage, sequence, self, timeout(),
+            fmt::format("{} (rank {} gave up waiting first)",
+                        hmc::detail::notArrivedText(s.shared.missing(round)), *by)));
+      }
       const auto now = Clock::now();
       if (now >= deadline) {
-        throw TimeoutError(
-            hmc::detail::timedOutText(stage, sequence, self, timeout(),
-                                      hmc::detail::notArrivedText(s.shared.missing(round))));
+        const std::vector<int> absent = s.shared.giveUp(self, round);
+        if (absent.empty()) continue;  // the last ones arrived as this rank gave up
+        throw TimeoutError(hmc::detail::timedOutText(stage, sequence, self, timeout(),
+                                                     hmc::detail::notArrivedText(absent)));
       }
       if (s.shared.waitForArrival(
               round, std::min<Clock::duration>(deadline - now, hmc::detail::kSharedCheck))) {
@@ -829,7 +837,13 @@ std::vector<Bytes> TcpTransport::gather(std::uint64_t sequence, std::string_view
     if (s.shared) {
       // Through shared memory; the sockets carry only envelopes too large for a slot.
       const std::uint64_t round = ++s.round;
-      if (s.shared.publish(self, round, sequence, envelope)) {
+      const auto published = s.shared.publish(self, round, sequence, envelope);
+      if (published.lateAfter) {
+        const int by = *published.lateAfter;
+        throw TimeoutError(hmc::detail::arrivedLateText(
+            stage, sequence, self, {by}, fmt::format("rank {} gave up waiting first", by)));
+      }
+      if (published.inSlot) {
         s.frame.clear();
       } else {
         makeFrame();
