@@ -526,6 +526,10 @@ def host_named(doc, rank, host, lost=False):
     ff = doc.get("first_failure") or {}
     if rank in (ff.get("ranks") or []) and host in (ff.get("hosts") or []):
         return True
+    if ff.get("stage") == "join" and rank in (ff.get("ranks") or []):
+        # A world that did not form names the ranks that had not joined its store: such a rank
+        # never told anyone its host (mpirun's own output names it), so by rank alone.
+        return True
     entry = end_entry(doc, rank)
     if entry is None or entry.get("host") != host:
         return False

@@ -411,13 +411,16 @@ def check_mpirun_killed_in_join(transport):
         text = run.text()
         assert code != 0, f"exit 0 after a rank was killed:\n{run}"
         assert len(re.findall(r"^# (OK|FAILED|HUNG|STOPPED)\b", text, re.M)) == 1, run
+        # The rank that never joined is named (read from rank 0's store), not rank 0.
         assert re.search(r"^# first failure: stopped in the world's join: rank 0 was stopped by "
-                         r"signal 15 \(Terminated\) while the world formed; mpirun stops every "
-                         r"rank", text, re.M), run
+                         r"signal 15 \(Terminated\) while the world formed; rank 1 had not joined "
+                         rf"the store at 127\.0\.0\.1:{port}; mpirun stops every rank", text,
+                         re.M), run
         document = json.load(open(report))
         assert document["exit_code"] == 143, document
         assert document["first_failure"]["kind"] == "stopped", document
         assert document["first_failure"]["stage"] == "join", document
+        assert document["first_failure"]["ranks"] == [1], document
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -23,6 +23,7 @@
 
 #include "c10d_compat.hpp"
 #include "hmc/error.hpp"
+#include "hmc/host.hpp"
 #include "socket_guards.hpp"
 #include "store_transport_state.hpp"
 #include "wait_text.hpp"
@@ -401,7 +402,9 @@ void joinWorld(c10d::Store& store, const StoreTransportOptions& options,
     return missing;
   };
   try {
-    store.set(joinedKey(options.rank), {1});
+    // Its host as the value: a report of a world that did not form says where the ranks that
+    // joined are (world.cpp).
+    store.set(joinedKey(options.rank), c10d_compat::toVector(hostName()));
     std::int64_t joined = store.add(countKey, 1);
     // One key polled whatever the world size; rank by rank only to name who is missing.
     auto pause = std::chrono::milliseconds(1);

@@ -1134,21 +1134,55 @@ void reportFailedJoin(const JoinOptions& options, const world::RankPlacement& pl
                        fmt::format("HUNG: the world did not form, {}", namedRanks(missing)), 3);
 }
 
+// The ranks that had not joined rank 0's store (the transports' "joined/<rank>" keys), read
+// from rank 0's own store while the world forms; nullopt when it cannot be read in a second.
+std::optional<std::vector<int>> ranksNotJoined(const JoinOptions& options,
+                                               const world::RankPlacement& placement) {
+  if (placement.masterPort == 0 || placement.worldSize < 2) return std::nullopt;
+  try {
+    collective::StoreTransportOptions client;
+    client.host = placement.masterAddr;
+    client.port = placement.masterPort;
+    client.rank = placement.rank;
+    client.worldSize = placement.worldSize;
+    client.timeout = std::chrono::seconds(1);
+    client.joinTimeout = std::chrono::seconds(1);
+    const auto kv = collective::connectKeyValueStore(client);
+    std::vector<int> missing;
+    for (int rank = 0; rank < placement.worldSize; ++rank) {
+      if (!kv->check({collective::joinedRankKey(rank)})) missing.push_back(rank);
+    }
+    return missing;
+  } catch (const std::exception& error) {
+    spdlog::warn("hmc world '{}': cannot read which ranks joined the store at {}:{}: {}",
+                 options.name, placement.masterAddr, placement.masterPort, error.what());
+    return std::nullopt;
+  }
+}
+
 // Rank 0's report of a world whose join a launcher's signal stopped: mpirun and torchrun tear a
-// job down when one of its processes ends, which may be a rank killed before it joined.
+// job down when one of its processes ends, which may be a rank killed before it joined. The
+// ranks that had not joined are named (their hosts are not known: they never said).
 void reportStoppedJoin(const JoinOptions& options, const world::RankPlacement& placement,
                        int signal) {
   const std::string launcher = placement.launcher.empty() ? "the launcher" : placement.launcher;
+  const std::optional<std::vector<int>> missing = ranksNotJoined(options, placement);
   diagnostics::FirstFailure first;
   first.kind = std::string(diagnostics::kStopped);
   first.stage = "join";
-  first.ranks = {placement.rank};
+  first.ranks = missing && !missing->empty() ? *missing : std::vector<int>{placement.rank};
   first.seenBy = {placement.rank};
   first.line = fmt::format(
       "stopped in the world's join: rank {} was stopped by signal {} ({}) while the world "
-      "formed; {} stops every rank when one of its processes ends: its output names the one "
-      "that ended first",
-      placement.rank, signal, strsignal(signal), launcher);
+      "formed; {}; {} stops every rank when one of its processes ends: its output names the "
+      "one that ended first",
+      placement.rank, signal, strsignal(signal),
+      !missing ? std::string("which ranks had joined is not known (the store did not answer)")
+      : missing->empty()
+          ? std::string("every rank had joined the store")
+          : fmt::format("{} had not joined the store at {}:{}", namedRanks(*missing),
+                        placement.masterAddr, placement.masterPort),
+      launcher);
   reportWorldNotFormed(
       options, placement, first,
       fmt::format("STOPPED: the world did not form: rank {} was stopped by signal {} ({}) while "
