@@ -63,6 +63,24 @@ TEST_SUITE("evidence folder") {
     CHECK_FALSE(fs::exists(zero.path()));
   }
 
+  TEST_CASE("a rank 0 that ended before the others joined its folder leaves an orphan, found") {
+    // joinWorld's stand-in (world.cpp, reportRank0LostAtJoin): rank 0 created its folder,
+    // tagged with its store's port, and ended before rank 1 read the announcement.
+    const std::string tag = "orphan-test-" + std::to_string(::getpid());
+    const EvidenceFolder live = EvidenceFolder::create(0, tag);
+    REQUIRE(live.usable());
+    CHECK(fs::path(live.path()).filename().string().rfind("hmc-evidence-" + tag + "-", 0) == 0);
+    CHECK(EvidenceFolder::orphans(tag, 1).empty());  // rank 0 (this process) is alive
+    writePid(live, 0, deadPid());
+    const auto found = EvidenceFolder::orphans(tag, 1);
+    REQUIRE(found.size() == 1);
+    CHECK(found[0].path() == live.path());
+    CHECK(EvidenceFolder::orphans(tag + "-other", 1).empty());  // another world's port
+    CHECK(EvidenceFolder::orphans("", 1).empty());              // untagged: never guessed
+    found[0].remove();
+    CHECK_FALSE(fs::exists(live.path()));
+  }
+
   TEST_CASE("a folder that is not safe to join, or not on this host, is not joined") {
     MemoryStore kv;
     CHECK_FALSE(EvidenceFolder::join(kv, 1, 0ms).usable());  // nothing announced

@@ -39,10 +39,21 @@ bool processAlive(pid_t pid) {
 
 }  // namespace
 
-EvidenceFolder EvidenceFolder::create(int rank) {
+namespace {
+
+fs::path temporaryFolder() {
   const char* tmp = std::getenv("TMPDIR");
-  std::string pattern =
-      (fs::path(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") / "hmc-evidence-XXXXXX").string();
+  return fs::path(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp");
+}
+
+std::string folderPrefix(const std::string& tag) {
+  return tag.empty() ? std::string("hmc-evidence-") : "hmc-evidence-" + tag + "-";
+}
+
+}  // namespace
+
+EvidenceFolder EvidenceFolder::create(int rank, const std::string& tag) {
+  std::string pattern = (temporaryFolder() / (folderPrefix(tag) + "XXXXXX")).string();
   if (mkdtemp(pattern.data()) == nullptr) {  // mode 0700
     spdlog::warn(
         "rank {}: no local evidence folder (mkdtemp {}: {}); a launcher's teardown "
@@ -53,6 +64,20 @@ EvidenceFolder EvidenceFolder::create(int rank) {
   EvidenceFolder folder(pattern, rank);
   folder.writePid();
   return folder;
+}
+
+std::vector<EvidenceFolder> EvidenceFolder::orphans(const std::string& tag, int rank) {
+  std::vector<EvidenceFolder> found;
+  if (tag.empty()) return found;
+  const std::string prefix = folderPrefix(tag);
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(temporaryFolder(), ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(prefix, 0) != 0 || name.size() != prefix.size() + 6) continue;  // XXXXXX
+    EvidenceFolder folder(entry.path().string(), rank);
+    if (folder.ended(0)) found.push_back(std::move(folder));
+  }
+  return found;
 }
 
 void EvidenceFolder::announce(collective::KeyValueStore& kv) const {

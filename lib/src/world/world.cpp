@@ -238,6 +238,10 @@ std::optional<diagnostics::FlightEntry> firstHang(const diagnostics::FlightRecor
 // forwarder before it looked) ends the process too, once the program's handlers are back.
 void reportStoppedJoin(const JoinOptions& options, const world::RankPlacement& placement,
                        int signal);
+bool standsInAtJoin(const world::RankPlacement& placement);
+std::string folderTag(const world::RankPlacement& placement);
+void reportRank0LostAtJoin(const JoinOptions& options, const world::RankPlacement& placement,
+                           const std::string& seen);
 
 class TerminationSignals {
  public:
@@ -640,10 +644,17 @@ void World::Impl::onSignal(int signal) {
   std::lock_guard<std::mutex> guard(reportMutex);
   if (reported) return;
   if (!signalKv) {
-    // While the world forms: rank 0 says that it did not, before the signal ends the process.
+    // While the world forms: rank 0 says that it did not, before the signal ends the process;
+    // where rank 0 has ended (a crash right after its own join), the rank that stands in.
     if (placement.rank == 0) {
       reported = true;
       reportStoppedJoin(options, placement, signal);
+    } else if (standsInAtJoin(placement)) {
+      reported = true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));  // rank 0's own report first
+      reportRank0LostAtJoin(options, placement,
+                            fmt::format("it was stopped by signal {} ({}) while the world formed",
+                                        signal, strsignal(signal)));
     }
     return;
   }
@@ -662,7 +673,9 @@ void World::Impl::onWarning() {
   std::unique_lock<std::mutex> guard(reportMutex, std::try_to_lock);
   if (!guard.owns_lock() || reported || !signalKv) return;
   const RankEnd own = stoppedEnd(0);
-  if (placement.rank != 0) {
+  // The rank that reports in rank 0's place (rank 0's process on this node ended) reports now,
+  // as rank 0 would: the SIGKILL comes 50 ms after the SIGTERM, too soon for a report then.
+  if (placement.rank != 0 && !reportsForRank0()) {
     const std::string document = own.toJson().dump();
     (void)folder.writeResults(document, /*early=*/true);
     try {
@@ -1191,6 +1204,65 @@ void reportStoppedJoin(const JoinOptions& options, const world::RankPlacement& p
       128 + signal);
 }
 
+// The evidence folder's tag: the store's port, so that a rank of rank 0's node finds the folder
+// of a rank 0 that ended before the others joined it.
+std::string folderTag(const world::RankPlacement& placement) {
+  return placement.masterPort == 0 ? std::string() : std::to_string(placement.masterPort);
+}
+
+// The rank's index on its node, from the launcher's environment.
+std::optional<int> localRank() {
+  for (const char* name : {"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"}) {
+    if (const char* value = std::getenv(name); value != nullptr && *value != '\0') {
+      return std::atoi(value);
+    }
+  }
+  return std::nullopt;
+}
+
+// Under a launcher, the rank that reports in rank 0's place when rank 0 ended while the world
+// formed: local rank 1 of the node that hosts rank 0's store.
+bool standsInAtJoin(const world::RankPlacement& placement) {
+  if (placement.rank == 0 || !placement.underLauncher() ||
+      placement.storeHost != world::StoreHost::kRankZero || placement.masterPort == 0) {
+    return false;
+  }
+  const std::string& host = placement.masterAddr;
+  const bool storeHere = host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0 ||
+                         host == hostName();
+  const auto local = localRank();
+  return storeHere && local && *local == 1;
+}
+
+// The rank standing in: reports the world that did not form because rank 0 ended after its own
+// join (its evidence folder is there and its process has ended: it neither reported nor
+// removed it), and removes that folder. A rank 0 that is alive, or that a signal stopped in
+// its join, reports itself. `seen`: what this rank met ("c10d store ... went away", a signal).
+void reportRank0LostAtJoin(const JoinOptions& options, const world::RankPlacement& placement,
+                           const std::string& seen) {
+  const auto orphans = world::EvidenceFolder::orphans(folderTag(placement), placement.rank);
+  if (orphans.empty()) return;
+  diagnostics::FirstFailure first;
+  first.kind = std::string(diagnostics::kCrash);
+  first.stage = "join";
+  first.ranks = {0};
+  first.hosts = {hostName()};
+  first.seenBy = {placement.rank};
+  first.line = fmt::format(
+      "crash in the world's join: rank 0 (host {}, the store's host) ended right after its own "
+      "join, while the others joined; rank {}: {}",
+      hostName(), placement.rank, printable(seen));
+  fmt::print(stderr,
+             "# hmc: rank 0's process has ended while the world formed; rank {}, of rank 0's "
+             "node, reports in its place\n",
+             placement.rank);
+  reportWorldNotFormed(options, placement, first,
+                       "HUNG: the world did not form: rank 0 (the store's host) ended while it "
+                       "formed",
+                       3);
+  for (const auto& folder : orphans) folder.remove();
+}
+
 }  // namespace
 
 World::World(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -1289,9 +1361,12 @@ World joinWorld(JoinOptions options) {
         collective::makeTransport(resolved.transport, launch.transportOptions(resolved.timeout));
   } catch (const std::exception& error) {
     std::lock_guard<std::mutex> guard(impl->reportMutex);
-    if (placement.rank == 0 && !impl->reported) {
+    if (!impl->reported && placement.rank == 0) {
       impl->reported = true;
       reportFailedJoin(resolved, placement, error);
+    } else if (!impl->reported && standsInAtJoin(placement)) {
+      impl->reported = true;
+      reportRank0LostAtJoin(resolved, placement, error.what());
     }
     throw;
   }
@@ -1300,9 +1375,19 @@ World joinWorld(JoinOptions options) {
   }
   impl->storeAddress =
       fmt::format("{}:{}", impl->transport.control->host(), impl->transport.control->port());
-  impl->kv = impl->transport.control->keyValueStore();
+  try {
+    impl->kv = impl->transport.control->keyValueStore();
+  } catch (const std::exception& error) {
+    // Rank 0 (the store's host) ended right after its own join, while this rank joined.
+    std::lock_guard<std::mutex> guard(impl->reportMutex);
+    if (!impl->reported && standsInAtJoin(placement)) {
+      impl->reported = true;
+      reportRank0LostAtJoin(resolved, placement, error.what());
+    }
+    throw;
+  }
   if (placement.rank == 0) {
-    impl->folder = world::EvidenceFolder::create(0);
+    impl->folder = world::EvidenceFolder::create(0, folderTag(placement));
     impl->folder.announce(*impl->kv);
   } else {
     impl->folder = world::EvidenceFolder::join(*impl->kv, placement.rank, resolved.joinTimeout);
@@ -1348,10 +1433,19 @@ World joinWorld(JoinOptions options) {
                  collective::toString(resolved.transport), impl->storeAddress, control.host(),
                  control.port());
     }
-  } catch (...) {
+  } catch (const std::exception& error) {
     // A world that never started (HMC_RECORD names no folder, ...): its folder holds only
-    // rank 0's pid and nobody else would remove it.
-    if (placement.rank == 0) impl->folder.remove();
+    // rank 0's pid and nobody else would remove it. Elsewhere: rank 0 may have ended right
+    // after its join (its store gone while this rank set up its watchdog).
+    if (placement.rank == 0) {
+      impl->folder.remove();
+    } else {
+      std::lock_guard<std::mutex> guard(impl->reportMutex);
+      if (!impl->reported && standsInAtJoin(placement)) {
+        impl->reported = true;
+        reportRank0LostAtJoin(resolved, placement, error.what());
+      }
+    }
     throw;
   }
   return World(std::move(impl));

@@ -18,6 +18,7 @@
 #include <chrono>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "hmc/collective/key_value_store.hpp"
 
@@ -27,9 +28,12 @@ class EvidenceFolder {
  public:
   EvidenceFolder() = default;  // no folder: every method does nothing
 
-  // Rank 0: creates the folder. A folder that cannot be created leaves no local evidence
-  // (logged), never an error.
-  static EvidenceFolder create(int rank);
+  // Rank 0: creates the folder ("$TMPDIR/hmc-evidence-[<tag>-]XXXXXX"). A folder that cannot
+  // be created leaves no local evidence (logged), never an error.
+  static EvidenceFolder create(int rank, const std::string& tag = "");
+  // The folders with `tag` in this node's TMPDIR whose rank 0 wrote its pid and has ended (a
+  // world whose rank 0 died before the others joined its folder), as rank `rank` sees them.
+  static std::vector<EvidenceFolder> orphans(const std::string& tag, int rank);
   // Rank 0 announces the folder (or that it has none) in `kv`; the others read the announcement
   // (waiting up to `timeout`, as for any rendezvous key) and join it. Logged, never thrown.
   void announce(collective::KeyValueStore& kv) const;
