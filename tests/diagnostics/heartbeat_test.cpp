@@ -10,6 +10,7 @@
 #include <chrono>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -166,6 +167,36 @@ TEST_SUITE("heartbeat") {
     CHECK(store->writes(dx::heartbeatKey(1)) == 3);
     CHECK(dx::JobMeta::fromJson(nlohmann::json::parse(store->get(dx::kJobMetaKey, 1s))).scenario ==
           "unit");
+  }
+
+  TEST_CASE("the heartbeat carries the rank's first failure once it has one, written at once") {
+    // What a world's report knows of a rank whose own end does not come (world.cpp,
+    // missingView): the error it met, from its last heartbeat.
+    auto store = std::make_shared<MemoryStore>();
+    auto recorder = std::make_shared<dx::FlightRecorder>(8, Clock::now());
+    std::mutex mutex;
+    std::optional<nlohmann::json> failure;
+    dx::WatchdogOptions options;
+    options.rank = 2;
+    options.period = 10ms;
+    options.keepalive = 10s;  // only a change writes
+    options.firstFailure = [&] {
+      std::lock_guard<std::mutex> lock(mutex);
+      return failure;
+    };
+    dx::Watchdog watchdog(recorder, store, options);
+    REQUIRE(eventually([&] { return store->check({dx::heartbeatKey(2)}); }));
+    CHECK_FALSE(readBeat(*store, 2).firstFailure);
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      failure = nlohmann::json{{"rank", 2}, {"kind", "error"}, {"message", "boom"}};
+    }
+    REQUIRE(eventually([&] { return readBeat(*store, 2).firstFailure.has_value(); }));
+    const auto beat = readBeat(*store, 2);
+    CHECK(beat.firstFailure->at("message") == "boom");
+    CHECK(stateOf(beat) == "starting");  // nothing else moved: the failure wrote it
+    const auto round = dx::Heartbeat::fromJson(nlohmann::json::parse(beat.toJson().dump()));
+    CHECK(round.toJson() == beat.toJson());
   }
 
   TEST_CASE("a rank that moves on every collective is written at most once per period") {

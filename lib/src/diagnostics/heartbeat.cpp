@@ -21,7 +21,7 @@ std::optional<FlightEntry> entryFrom(const nlohmann::json& value) {
 }  // namespace
 
 nlohmann::json Heartbeat::toJson() const {
-  return {{"format", kHeartbeatFormat},
+  nlohmann::json out = {{"format", kHeartbeatFormat},
           {"rank", rank},
           {"state", toString(state)},
           {"step", step},
@@ -33,6 +33,8 @@ nlohmann::json Heartbeat::toJson() const {
           {"beat", beat},
           {"host", host},
           {"pid", pid}};
+  if (firstFailure) out["first_failure"] = *firstFailure;
+  return out;
 }
 
 Heartbeat Heartbeat::fromJson(const nlohmann::json& value) {
@@ -52,6 +54,9 @@ Heartbeat Heartbeat::fromJson(const nlohmann::json& value) {
   out.beat = value.at("beat").get<std::uint64_t>();
   out.host = value.value("host", std::string());
   out.pid = value.value("pid", std::int64_t{0});
+  if (const auto found = value.find("first_failure"); found != value.end() && found->is_object()) {
+    out.firstFailure = *found;
+  }
   return out;
 }
 

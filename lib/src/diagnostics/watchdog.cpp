@@ -62,9 +62,11 @@ std::size_t Watchdog::heartbeats() const {
 bool Watchdog::beat(bool force) {
   const auto now = Clock::now();
   Heartbeat heartbeat = heartbeatOf(*recorder_, options_.rank, now);
+  if (options_.firstFailure) heartbeat.firstFailure = options_.firstFailure();
   BeatKey key{heartbeat.state, heartbeat.step,
               heartbeat.current ? heartbeat.current->sequence : 0,
-              heartbeat.current ? heartbeat.current->status : std::string()};
+              heartbeat.current ? heartbeat.current->status : std::string(),
+              heartbeat.firstFailure.has_value()};
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (storeFailed_) return false;

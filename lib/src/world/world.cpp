@@ -901,8 +901,22 @@ diagnostics::FailureView missingView(int rank, const json& entry,
   const std::string where = entry.at("where").get<std::string>();
   if (where != "host unknown") view.host = where.substr(0, where.rfind(':'));
   view.kind = std::string(ended ? diagnostics::kCrash : diagnostics::kMissing);
-  if (ended || !status || rank >= static_cast<int>(status->ranks.size())) return view;
+  if (!status || rank >= static_cast<int>(status->ranks.size())) return view;
   const auto& beat = status->ranks[rank].heartbeat;
+  if (beat && beat->firstFailure) {
+    // Its own first failure, from its heartbeat: what it met before its end failed to come
+    // (killed later, or still at work past the wait).
+    try {
+      diagnostics::FailureView own = diagnostics::FailureView::fromJson(*beat->firstFailure);
+      own.rank = rank;
+      if (own.host.empty()) own.host = view.host;
+      return own;
+    } catch (const json::exception& error) {
+      spdlog::warn("hmc world: rank {}'s heartbeat has an unreadable first failure: {}", rank,
+                   error.what());
+    }
+  }
+  if (ended) return view;
   if (beat && beat->current && diagnostics::isWaitStatus(beat->current->status) &&
       !status->ranks[rank].dead) {
     view.kind = "timeout";
@@ -1409,6 +1423,13 @@ World joinWorld(JoinOptions options) {
                                         diagnostics::unixNow()};
     }
     watch.dumpSignal = SIGUSR1;
+    // Created before the watchdog, whose thread reads its first failure for the heartbeat.
+    impl->manager = std::make_shared<lifecycle::ResourceManager>(impl->transport.collective);
+    watch.firstFailure = [raw]() -> std::optional<json> {
+      const auto view = raw->programFailure();
+      if (!view) return std::nullopt;
+      return view->toJson();
+    };
     impl->watchdog = std::make_unique<diagnostics::Watchdog>(
         impl->recorder, impl->transport.control->keyValueStore(), watch);
 
@@ -1417,7 +1438,6 @@ World joinWorld(JoinOptions options) {
       impl->signalKv = impl->transport.control->keyValueStore();
     }
 
-    impl->manager = std::make_shared<lifecycle::ResourceManager>(impl->transport.collective);
     impl->processScope = std::make_unique<lifecycle::ResourceManager::ProcessScope>(impl->manager);
     if (resolved.recordDirectory) {
       impl->manager->setRecorder(record::openRankRecording(

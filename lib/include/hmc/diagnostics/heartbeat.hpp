@@ -56,6 +56,9 @@ struct Heartbeat {
   std::uint64_t beat = 0;    // how many heartbeats this rank wrote before this one
   std::string host;          // where the rank runs (hostName()); "" in a heartbeat without it
   std::int64_t pid = 0;      // its process id; 0 when unknown
+  // The rank's first failure so far (a FailureView's JSON, diagnosis.hpp), caught or not: what
+  // a report knows of a rank whose own end does not come (killed, or still at work).
+  std::optional<nlohmann::json> firstFailure;
 
   nlohmann::json toJson() const;
   // Throws nlohmann::json::exception for a malformed document.

@@ -32,6 +32,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -70,6 +71,9 @@ struct WatchdogOptions {
   std::chrono::milliseconds keepalive{1000};  // rewrite an unchanged heartbeat this often
   std::optional<JobMeta> meta;                // written once under "meta" (rank 0)
   int dumpSignal = 0;  // dump the flight record to stderr on this signal (0: none)
+  // The rank's first failure so far, for its heartbeat (Heartbeat::firstFailure); called on
+  // the watchdog's thread at each beat, so it must be cheap and thread-safe.
+  std::function<std::optional<nlohmann::json>()> firstFailure;
 };
 
 class Watchdog {
@@ -93,7 +97,7 @@ class Watchdog {
 
  private:
   using Position = std::tuple<std::uint64_t, std::string, int>;  // sequence, status, step
-  using BeatKey = std::tuple<RankState, int, std::uint64_t, std::string>;
+  using BeatKey = std::tuple<RankState, int, std::uint64_t, std::string, bool>;
   void run();
   Position position() const;
   // Writes the heartbeat when it changed or `force`; false when the store failed.
