@@ -21,8 +21,8 @@ busy pairs run as one block with the busy loop on.
 
 The hmc-run programs are copied to a temporary folder first, so that rebuilding the tree while
 this runs does not change what is measured. Standard library only; prints `# ` lines while it
-runs and one summary table at the end, with the command line. Exit 0 (it measures, it does not
-judge).
+runs and one summary table at the end, with the command line (Ctrl-C prints the table of the
+pairs done so far). Exit 0 (it measures, it does not judge).
 """
 import argparse
 import json
@@ -255,6 +255,8 @@ def main():
                   f"cycle {result.get('verdict', '?')} {100 * (result.get('change') or 0):+.1f}%"
                   f" p {result.get('p') if result.get('p') is not None else float('nan'):.4f}"
                   f" ({time.monotonic() - started:.0f} s)", flush=True)
+    except KeyboardInterrupt:  # Ctrl-C: the figures of the pairs done so far
+        print(f"# interrupted after {sum(len(r) for r in results.values())} pairs", flush=True)
     finally:
         if busy is not None:
             busy.terminate()
