@@ -74,6 +74,25 @@ constexpr int kWorlds[] = {2, 3, 4, 8};
 }  // namespace
 
 TEST_SUITE("lifecycle") {
+  TEST_CASE("the first noted failure is kept, and onFirstFailure runs once, after it is kept") {
+    // A world writes its heartbeat there (world.cpp): a rank that dies a moment later has said
+    // what it met. The callback sees the failure already kept.
+    auto world = hmc::collective::ThreadWorld::create(1);
+    ResourceManager manager(world->collective(0, 1000ms));
+    int calls = 0;
+    std::string seen;
+    manager.onFirstFailure([&] {
+      ++calls;
+      seen = manager.firstFailure() ? manager.firstFailure()->message : "none";
+    });
+    manager.noteFailure("forward", hmc::RuntimeError("first"), 0);
+    manager.noteFailure("close", hmc::RuntimeError("second"), 0);
+    CHECK(calls == 1);
+    CHECK(seen.find("first") != std::string::npos);
+    CHECK(manager.firstFailure()->message.find("first") != std::string::npos);
+    CHECK(manager.failureCount() == 2);
+  }
+
   TEST_CASE("a dropped module's idle workspace is reused by the next compatible module") {
     for (int world : kWorlds) {
       CAPTURE(world);

@@ -383,9 +383,12 @@ void ResourceManager::noteFailure(std::string_view op, const std::exception& err
                                   std::uint64_t sequenceAtCall) noexcept {
   ++failureCount_;
   try {
-    std::lock_guard<std::mutex> lock(failureMutex_);
-    if (firstFailure_) return;
-    firstFailure_ = describeFailure(op, error, sequenceAtCall);
+    {
+      std::lock_guard<std::mutex> lock(failureMutex_);
+      if (firstFailure_) return;
+      firstFailure_ = describeFailure(op, error, sequenceAtCall);
+    }
+    if (onFirstFailure_) onFirstFailure_();
   } catch (...) {
     // Out of memory while noting: the failure itself still reaches the caller.
   }

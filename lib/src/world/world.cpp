@@ -1432,6 +1432,9 @@ World joinWorld(JoinOptions options) {
     };
     impl->watchdog = std::make_unique<diagnostics::Watchdog>(
         impl->recorder, impl->transport.control->keyValueStore(), watch);
+    impl->manager->onFirstFailure([raw] {
+      if (raw->watchdog) raw->watchdog->beatNow();  // gone after close()
+    });
 
     {
       std::lock_guard<std::mutex> guard(impl->reportMutex);

@@ -156,6 +156,10 @@ class ResourceManager {
   // first and counts the rest. Never throws.
   void noteFailure(std::string_view op, const std::exception& error,
                    std::uint64_t sequenceAtCall) noexcept;
+  // Called on the rank's thread once, right after the first failure is noted (a world writes
+  // its heartbeat then: a rank that dies a moment later has said what it met). Set before the
+  // rank's calls start; it must not throw.
+  void onFirstFailure(std::function<void()> callback) { onFirstFailure_ = std::move(callback); }
   // Runs `call`, one of the rank's lifecycle calls (`op`), and notes its failure (noteFailure)
   // before the error goes on to the caller.
   template <class Fn>
@@ -215,6 +219,7 @@ class ResourceManager {
   std::optional<nlohmann::json> lastMismatch_;
   mutable std::mutex failureMutex_;  // firstFailure_, read by other threads
   std::optional<NotedFailure> firstFailure_;
+  std::function<void()> onFirstFailure_;
   std::atomic<std::uint64_t> failureCount_{0};
   Agreement agreement_ = Agreement::kDigest;
 };
