@@ -38,6 +38,7 @@
 #include "hmc/world/result_gatherer.hpp"
 #include "hmc/world/run_keys.hpp"
 #include "hmc/world/signals.hpp"
+#include "../collective/store_connection.hpp"
 
 namespace hmc {
 namespace {
@@ -239,9 +240,10 @@ std::optional<diagnostics::FlightEntry> firstHang(const diagnostics::FlightRecor
 void reportStoppedJoin(const JoinOptions& options, const world::RankPlacement& placement,
                        int signal);
 bool standsInAtJoin(const world::RankPlacement& placement);
+bool storeRefuses(const world::RankPlacement& placement);
 std::string folderTag(const world::RankPlacement& placement);
 void reportRank0LostAtJoin(const JoinOptions& options, const world::RankPlacement& placement,
-                           const std::string& seen);
+                           const std::string& seen, bool storeRefused = false);
 
 class TerminationSignals {
  public:
@@ -671,7 +673,18 @@ void World::Impl::onWarning() {
   recordStop(0);
   // The main thread reporting already finishes within the warning's second by itself.
   std::unique_lock<std::mutex> guard(reportMutex, std::try_to_lock);
-  if (!guard.owns_lock() || reported || !signalKv) return;
+  if (!guard.owns_lock() || reported) return;
+  if (!signalKv) {
+    // The world is forming. At the warning nothing of the teardown has ended yet: where
+    // nothing listens at rank 0's store any more, rank 0 is what ended, and the rank standing
+    // in for it reports (rank 0 alive reports itself at the SIGTERM).
+    if (standsInAtJoin(placement) && storeRefuses(placement)) {
+      reported = true;
+      reportRank0LostAtJoin(options, placement, "mpirun began tearing the job down while the "
+                                                "world formed (its SIGCONT)", true);
+    }
+    return;
+  }
   const RankEnd own = stoppedEnd(0);
   // The rank that reports in rank 0's place (rank 0's process on this node ended) reports now,
   // as rank 0 would: the SIGKILL comes 50 ms after the SIGTERM, too soon for a report then.
@@ -1252,10 +1265,20 @@ bool standsInAtJoin(const world::RankPlacement& placement) {
 // join (its evidence folder is there and its process has ended: it neither reported nor
 // removed it), and removes that folder. A rank 0 that is alive, or that a signal stopped in
 // its join, reports itself. `seen`: what this rank met ("c10d store ... went away", a signal).
+// Whether a new connection to rank 0's store is refused (nothing listens there any more).
+bool storeRefuses(const world::RankPlacement& placement) {
+  const std::string why = hmc::detail::handshakeFails(
+      hmc::detail::resolveAddresses(placement.masterAddr, placement.masterPort),
+      std::chrono::milliseconds(300));
+  return why.find("refused") != std::string::npos;
+}
+
+// `storeRefused`: known at Open MPI's warning, when nothing of the teardown has ended yet, so
+// that rank 0 itself is what ended, with or without a folder.
 void reportRank0LostAtJoin(const JoinOptions& options, const world::RankPlacement& placement,
-                           const std::string& seen) {
+                           const std::string& seen, bool storeRefused) {
   const auto orphans = world::EvidenceFolder::orphans(folderTag(placement), placement.rank);
-  if (orphans.empty()) return;
+  if (orphans.empty() && !storeRefused) return;
   diagnostics::FirstFailure first;
   first.kind = std::string(diagnostics::kCrash);
   first.stage = "join";
@@ -1263,9 +1286,10 @@ void reportRank0LostAtJoin(const JoinOptions& options, const world::RankPlacemen
   first.hosts = {hostName()};
   first.seenBy = {placement.rank};
   first.line = fmt::format(
-      "crash in the world's join: rank 0 (host {}, the store's host) ended right after its own "
-      "join, while the others joined; rank {}: {}",
-      hostName(), placement.rank, printable(seen));
+      "crash in the world's join: rank 0 (host {}, the store's host) ended {}, while the others "
+      "joined; rank {}: {}",
+      hostName(), orphans.empty() ? "in its join" : "right after its own join", placement.rank,
+      printable(seen));
   fmt::print(stderr,
              "# hmc: rank 0's process has ended while the world formed; rank {}, of rank 0's "
              "node, reports in its place\n",
