@@ -398,6 +398,27 @@ def skipped_close_is_diagnosed():
     assert_no_rank_left(run)
 
 
+@test
+def rank_at_work_past_the_deadline_at_the_end_is_waited_for_store_and_tcp():
+    """A rank that stalls past the deadline in its last step (a checkpoint saved by one rank)
+    is no hang: the end-of-run vote waits for it while its heartbeat says it is at work, as a
+    collective close and the thread ranks' vote do, and every rank's automatic shutdown closes
+    its groups. Before, the others gave up the vote at the deadline and left their groups
+    (leaked), and the reference and the program's world end pass (chaos --run-seed
+    1807191922)."""
+    steps = [{"op": "create", "module": "a"}, {"op": "forward", "module": "a"},
+             {"op": "fault", "kind": "stall", "seconds": 3.5, "ranks": [1]}]
+    for transport in ("store", "tcp"):
+        run = hmc([scenario(f"stall-at-end-{transport}", steps, timeout_s=2),
+                   "--transport", transport])
+        assert run.returncode == 0, run
+        assert run.report["outcome"] == "pass", run.report
+        leaks = run.report["leaks"]
+        assert not leaks["leaked"], leaks
+        assert all(r["groups"] == 0 for r in leaks["ranks"]), leaks
+        assert_no_rank_left(run)
+
+
 # (d) each process a rank of an external launcher (its variables simulated here).
 def launch_pair(env_of, args=(), bound=60):
     """Starts ranks 0 and 1 with env_of(rank, port) and args ("{port}" filled in) on a free port

@@ -167,8 +167,27 @@ bool RankRun::agreeOnShutdown(int repetition, bool clean) {
     kv_->set(keys::vote(repetition, placement_.rank), clean ? "1" : "0");
     // A dead rank never votes: stop waiting for it (it cannot shut down cleanly anyway).
     const auto voteOf = [repetition](int rank) { return keys::vote(repetition, rank); };
-    everyoneClean_ = waitForRanks(*kv_, voteOf, placement_.worldSize, Clock::now() + timeout_,
-                                  &local_, placement_.rank, silent_ ? &*silent_ : nullptr);
+    // A rank that has not voted by the deadline but is at work outside any collective (its
+    // heartbeat says running: a stall, a checkpoint) is waited for, as a collective close and
+    // the thread ranks' vote wait for it, up to the join timeout: not left with its groups.
+    const auto began = Clock::now();
+    for (auto deadline = began + timeout_;;) {
+      everyoneClean_ = waitForRanks(*kv_, voteOf, placement_.worldSize, deadline, &local_,
+                                    placement_.rank, silent_ ? &*silent_ : nullptr);
+      if (everyoneClean_ || Clock::now() < deadline ||
+          Clock::now() - began >= launch_.joinTimeout) {
+        break;
+      }
+      std::vector<int> absent;
+      for (int rank = 0; rank < placement_.worldSize; ++rank) {
+        if (!kv_->check({voteOf(rank)})) absent.push_back(rank);
+      }
+      if (!ranksAtWork(*kv_, fmt::format("{}:{}", placement_.masterAddr, placement_.masterPort),
+                       absent, timeout_)) {
+        break;
+      }
+      deadline = Clock::now() + timeout_;
+    }
     for (int rank = 0; rank < placement_.worldSize && everyoneClean_; ++rank) {
       everyoneClean_ = kv_->get(voteOf(rank), timeout_) == "1";
     }

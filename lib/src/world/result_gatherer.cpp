@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "hmc/diagnostics/heartbeat.hpp"
+#include "hmc/diagnostics/job_status.hpp"
 #include "hmc/diagnostics/watchdog.hpp"
 #include "hmc/host.hpp"
 #include "hmc/world/missing_ranks.hpp"
@@ -111,6 +112,24 @@ bool waitForRanks(collective::KeyValueStore& kv, const std::function<std::string
     }
     if (Clock::now() >= deadline) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+bool ranksAtWork(collective::KeyValueStore& kv, const std::string& endpoint,
+                 const std::vector<int>& ranks, std::chrono::milliseconds request) {
+  try {
+    const diagnostics::JobStatus status = diagnostics::readJobStatus(kv, endpoint, request);
+    for (const int rank : ranks) {
+      if (rank >= static_cast<int>(status.ranks.size())) return false;
+      const auto& each = status.ranks[rank];
+      if (each.dead || each.stale || !each.heartbeat ||
+          each.heartbeat->state != diagnostics::RankState::kRunning) {
+        return false;
+      }
+    }
+    return !ranks.empty();
+  } catch (const std::exception&) {
+    return false;
   }
 }
 

@@ -419,21 +419,7 @@ json World::Impl::openGroups() const {
 
 bool World::Impl::stillAtWork(collective::KeyValueStore& store,
                               const std::vector<int>& ranks) const {
-  try {
-    const diagnostics::JobStatus status =
-        diagnostics::readJobStatus(store, storeAddress, kStoreRequest);
-    for (const int rank : ranks) {
-      if (rank >= static_cast<int>(status.ranks.size())) return false;
-      const auto& each = status.ranks[rank];
-      if (each.dead || each.stale || !each.heartbeat ||
-          each.heartbeat->state != diagnostics::RankState::kRunning) {
-        return false;
-      }
-    }
-    return true;
-  } catch (const std::exception&) {
-    return false;
-  }
+  return world::ranksAtWork(store, storeAddress, ranks, kStoreRequest);
 }
 
 // Every rank meets at the world's end before the collective close of what is left, out of

@@ -93,6 +93,13 @@ bool waitForRanks(collective::KeyValueStore& kv, const std::function<std::string
                   int worldSize, Clock::time_point deadline, const EvidenceFolder* folder, int self,
                   SilentRanks* silent = nullptr);
 
+// Whether every one of `ranks` is alive and at work outside any collective: its heartbeat (in
+// `kv`, read with `request` per call) says running, fresh, not announced dead. An end that
+// waits for ranks (a world's end, the end-of-run vote) waits on for those, as a collective close
+// would: a rank saving a checkpoint at the end is no hang. `endpoint` names the store in errors.
+bool ranksAtWork(collective::KeyValueStore& kv, const std::string& endpoint,
+                 const std::vector<int>& ranks, std::chrono::milliseconds request);
+
 // The results the other ranks wrote to the local evidence folder: polls until every rank of
 // this node that is still alive wrote its own, or `deadline` passes. With `earlyAfter`, a rank
 // whose final file is still missing that long after the call is taken from its early snapshot
