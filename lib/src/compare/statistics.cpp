@@ -69,6 +69,21 @@ double binomial(std::size_t n, std::size_t k) {
   return result;
 }
 
+// The interval from the cut-th smallest to the cut-th largest of `sorted` (cut at most half of
+// them), unbounded when cut is 0: the confidence bounds of a rank test's shift estimate.
+ShiftInterval intervalAtCut(const std::vector<double>& sorted, std::size_t cut) {
+  ShiftInterval out;
+  cut = std::min(cut, sorted.size() / 2);
+  if (cut == 0) {
+    out.lower = -std::numeric_limits<double>::infinity();
+    out.upper = std::numeric_limits<double>::infinity();
+    return out;
+  }
+  out.lower = sorted[cut - 1];
+  out.upper = sorted[sorted.size() - cut];
+  return out;
+}
+
 }  // namespace
 
 UTestResult mannWhitneyU(const std::vector<double>& first, const std::vector<double>& second) {
@@ -197,14 +212,9 @@ ShiftInterval shiftInterval(const std::vector<double>& first, const std::vector<
     const double c = std::floor(d1 * d2 / 2.0 - normalUpperQuantile(tail) * sigma);
     cut = c > 0 ? static_cast<std::size_t>(c) : 0;
   }
-  cut = std::min(cut, count / 2);
-  if (cut == 0) {
-    out.lower = -std::numeric_limits<double>::infinity();
-    out.upper = std::numeric_limits<double>::infinity();
-    return out;
-  }
-  out.lower = differences[cut - 1];
-  out.upper = differences[count - cut];
+  const ShiftInterval bounds = intervalAtCut(differences, cut);
+  out.lower = bounds.lower;
+  out.upper = bounds.upper;
   return out;
 }
 
@@ -312,14 +322,9 @@ ShiftInterval pairedShiftInterval(const std::vector<double>& differences, double
     const double c = std::floor(dn * (dn + 1) / 4.0 - normalUpperQuantile(tail) * sigma);
     cut = c > 0 ? static_cast<std::size_t>(c) : 0;
   }
-  cut = std::min(cut, count / 2);
-  if (cut == 0) {
-    out.lower = -std::numeric_limits<double>::infinity();
-    out.upper = std::numeric_limits<double>::infinity();
-    return out;
-  }
-  out.lower = walsh[cut - 1];
-  out.upper = walsh[count - cut];
+  const ShiftInterval bounds = intervalAtCut(walsh, cut);
+  out.lower = bounds.lower;
+  out.upper = bounds.upper;
   return out;
 }
 
