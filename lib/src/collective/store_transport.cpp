@@ -62,6 +62,71 @@ std::optional<int> gaveUpBy(const std::vector<std::uint8_t>& value) {
   return rank;
 }
 
+// This rank's arrival at an exchange, atomic against a peer giving up on it: its key is
+// written only where it is absent; a gave-up mark there means the others left the exchange
+// before it came (TimeoutError, as the threads transport's late rank). compareSet wakes no
+// waiter, so the set that follows (the same value) does.
+void arrive(hmc::detail::StoreTransportState& s, const std::string& key,
+            const std::vector<std::uint8_t>& envelope, std::string_view stage,
+            std::uint64_t sequence, int self, const std::string& context) {
+  const std::vector<std::uint8_t> stored = s.client->compareSet(key, {}, envelope);
+  if (stored != envelope) {
+    if (const auto by = gaveUpBy(stored)) {
+      throw TimeoutError(hmc::detail::arrivedLateText(
+          stage, sequence, self, {*by}, fmt::format("rank {} gave up waiting first", *by)));
+    }
+    throw BackendError(fmt::format(
+        "{}: the c10d store at {} already held a value under this rank's exchange key '{}' "
+        "({} bytes): is another job using the same store prefix '{}'?",
+        context, s.endpoint(), key, stored.size(), s.options.prefix));
+  }
+  s.client->set(key, envelope);
+}
+
+// The peers whose key of exchange `sequence` is not in the store.
+std::vector<int> absentPeers(hmc::detail::StoreTransportState& s, const std::vector<int>& peers,
+                             std::uint64_t sequence) {
+  std::vector<int> missing;
+  for (int peer : peers) {
+    if (!s.client->check({s.exchangeKey(sequence, peer)})) missing.push_back(peer);
+  }
+  return missing;
+}
+
+// At the deadline: marks the key of each peer that has not arrived (where it is still absent)
+// and returns those peers; a peer whose key turns out written arrived in time. Empty: every
+// rank arrived after all, and the exchange completes.
+std::vector<int> giveUpOn(hmc::detail::StoreTransportState& s, const std::vector<int>& peers,
+                          std::uint64_t sequence, int self) {
+  std::vector<int> absent;
+  for (int peer : absentPeers(s, peers, sequence)) {
+    const std::vector<std::uint8_t> stored =
+        s.client->compareSet(s.exchangeKey(sequence, peer), {}, gaveUpMark(self));
+    if (gaveUpBy(stored)) absent.push_back(peer);
+  }
+  return absent;
+}
+
+// The peers' values of an exchange every rank's key is in: a peer that gave up first left its
+// mark under the keys of the ranks it did not see, and this rank fails with it.
+void failIfOneGaveUp(const std::vector<int>& peers,
+                     const std::vector<std::vector<std::uint8_t>>& values, std::string_view stage,
+                     std::uint64_t sequence, int self, std::chrono::milliseconds timeout) {
+  std::vector<int> marked;
+  std::optional<int> firstToGiveUp;
+  for (std::size_t i = 0; i < peers.size(); ++i) {
+    if (const auto by = gaveUpBy(values[i])) {
+      marked.push_back(peers[i]);
+      if (!firstToGiveUp) firstToGiveUp = by;
+    }
+  }
+  if (marked.empty()) return;
+  throw TimeoutError(hmc::detail::timedOutText(
+      stage, sequence, self, timeout,
+      fmt::format("{} (rank {} gave up waiting first)", hmc::detail::notArrivedText(marked),
+                  *firstToGiveUp)));
+}
+
 }  // namespace
 
 void StoreTransportOptions::validate() const {
@@ -684,25 +749,8 @@ std::vector<Bytes> StoreTransport::gather(std::uint64_t sequence, std::string_vi
                                                   hmc::detail::notArrivedText(missing)));
   };
 
-  const auto missingPeers = [&] {
-    std::vector<int> missing;
-    for (int peer : peers) {
-      if (!s.client->check({s.exchangeKey(sequence, peer)})) missing.push_back(peer);
-    }
-    return missing;
-  };
-  // At the deadline: marks the key of each rank that has not arrived (where it is still
-  // absent) and returns those ranks; a rank whose key turns out written arrived in time.
-  // Empty: every rank arrived after all, and the exchange completes.
-  const auto giveUp = [&] {
-    std::vector<int> absent;
-    for (int peer : missingPeers()) {
-      const std::vector<std::uint8_t> stored =
-          s.client->compareSet(s.exchangeKey(sequence, peer), {}, gaveUpMark(self));
-      if (gaveUpBy(stored)) absent.push_back(peer);
-    }
-    return absent;
-  };
+  const auto missingPeers = [&] { return absentPeers(s, peers, sequence); };
+  const auto giveUp = [&] { return giveUpOn(s, peers, sequence, self); };
   bool waiting = false;
   try {
     // Key names are reused every keySlots exchanges. Before this rank's key of `sequence` is
@@ -722,23 +770,8 @@ std::vector<Bytes> StoreTransport::gather(std::uint64_t sequence, std::string_vi
       }
       if (!*deleted) s.client->deleteKey(s.exchangeKey(stale, self));
     }
-    // Arriving is atomic against a peer giving up: this rank's key is written only where it
-    // is absent; a gave-up mark there means the others left this exchange before it came.
-    // compareSet wakes no waiter, so the set that follows (the same value) does.
-    const std::string ownKey = s.exchangeKey(sequence, self);
-    const std::vector<std::uint8_t> mine = compat::toVector(envelope);
-    const std::vector<std::uint8_t> stored = s.client->compareSet(ownKey, {}, mine);
-    if (stored != mine) {
-      if (const auto by = gaveUpBy(stored)) {
-        throw TimeoutError(hmc::detail::arrivedLateText(
-            stage, sequence, self, {*by}, fmt::format("rank {} gave up waiting first", *by)));
-      }
-      throw BackendError(fmt::format(
-          "{}: the c10d store at {} already held a value under this rank's exchange key '{}' "
-          "({} bytes): is another job using the same store prefix '{}'?",
-          context(), s.endpoint(), ownKey, stored.size(), s.options.prefix));
-    }
-    s.client->set(ownKey, mine);
+    arrive(s, s.exchangeKey(sequence, self), compat::toVector(envelope), stage, sequence, self,
+           context());
     std::vector<Bytes> out(world);
     out[self] = envelope;
     if (world > 1) {
@@ -780,23 +813,9 @@ std::vector<Bytes> StoreTransport::gather(std::uint64_t sequence, std::string_vi
         std::this_thread::sleep_for(std::min(remainingUntil(deadline), kPollInterval));
       }
       waiting = false;
-      auto values = compat::getExisting(*s.client, peerKeys);
-      // A peer that gave up first left its mark under the keys of the ranks it did not see.
-      std::vector<int> marked;
-      std::optional<int> firstToGiveUp;
-      for (std::size_t i = 0; i < peers.size(); ++i) {
-        if (const auto by = gaveUpBy(values[i])) {
-          marked.push_back(peers[i]);
-          if (!firstToGiveUp) firstToGiveUp = by;
-        }
-        out[peers[i]] = compat::toBytes(values[i]);
-      }
-      if (!marked.empty()) {
-        throw TimeoutError(hmc::detail::timedOutText(
-            stage, sequence, self, timeout(),
-            fmt::format("{} (rank {} gave up waiting first)", hmc::detail::notArrivedText(marked),
-                        *firstToGiveUp)));
-      }
+      const auto values = compat::getExisting(*s.client, peerKeys);
+      failIfOneGaveUp(peers, values, stage, sequence, self, timeout());
+      for (std::size_t i = 0; i < peers.size(); ++i) out[peers[i]] = compat::toBytes(values[i]);
     }
     // Every rank has entered this exchange, so every rank has finished reading the previous
     // one: our key of it can go.

@@ -239,6 +239,8 @@ std::optional<diagnostics::FlightEntry> firstHang(const diagnostics::FlightRecor
 // forwarder before it looked) ends the process too, once the program's handlers are back.
 void reportStoppedJoin(const JoinOptions& options, const world::RankPlacement& placement,
                        int signal);
+void reportFailedJoin(const JoinOptions& options, const world::RankPlacement& placement,
+                      const std::exception& error);
 bool standsInAtJoin(const world::RankPlacement& placement);
 bool storeRefuses(const world::RankPlacement& placement);
 std::string folderTag(const world::RankPlacement& placement);
@@ -374,6 +376,9 @@ struct World::Impl {
                                     collective::KeyValueStore& store, bool early);
   // The signal's thread: hand on what this rank did before the signal ends the process.
   void onSignal(int signal);
+  // joinWorld failed with `error` before the world formed: rank 0 reports it (once), or the
+  // rank standing in for a rank 0 that ended in or right after its join.
+  void joinFailed(const std::exception& error);
   // A rank stopped by `signal` (0: Open MPI's warning, which a SIGCONT after a SIGSTOP also
   // looks like) while at work outside any collective: its recording says so, as a sleep past
   // the deadline (and ends, at a signal), so that the merged replay has it at work where the
@@ -652,6 +657,18 @@ void World::Impl::onSignal(int signal) {
   }
   handOn(stoppedEnd(signal), *signalKv);
   std::fflush(stderr);
+}
+
+void World::Impl::joinFailed(const std::exception& error) {
+  std::lock_guard<std::mutex> guard(reportMutex);
+  if (reported) return;
+  if (placement.rank == 0) {
+    reported = true;
+    reportFailedJoin(options, placement, error);
+  } else if (standsInAtJoin(placement)) {
+    reported = true;
+    reportRank0LostAtJoin(options, placement, error.what());
+  }
 }
 
 void World::Impl::onWarning() {
@@ -1384,14 +1401,7 @@ World joinWorld(JoinOptions options) {
     impl->transport =
         collective::makeTransport(resolved.transport, launch.transportOptions(resolved.timeout));
   } catch (const std::exception& error) {
-    std::lock_guard<std::mutex> guard(impl->reportMutex);
-    if (!impl->reported && placement.rank == 0) {
-      impl->reported = true;
-      reportFailedJoin(resolved, placement, error);
-    } else if (!impl->reported && standsInAtJoin(placement)) {
-      impl->reported = true;
-      reportRank0LostAtJoin(resolved, placement, error.what());
-    }
+    impl->joinFailed(error);
     throw;
   }
   if (!impl->transport.control) {
@@ -1402,12 +1412,7 @@ World joinWorld(JoinOptions options) {
   try {
     impl->kv = impl->transport.control->keyValueStore();
   } catch (const std::exception& error) {
-    // Rank 0 (the store's host) ended right after its own join, while this rank joined.
-    std::lock_guard<std::mutex> guard(impl->reportMutex);
-    if (!impl->reported && standsInAtJoin(placement)) {
-      impl->reported = true;
-      reportRank0LostAtJoin(resolved, placement, error.what());
-    }
+    impl->joinFailed(error);  // rank 0, the store's host, ended right after its own join
     throw;
   }
   if (placement.rank == 0) {
@@ -1473,11 +1478,7 @@ World joinWorld(JoinOptions options) {
     if (placement.rank == 0) {
       impl->folder.remove();
     } else {
-      std::lock_guard<std::mutex> guard(impl->reportMutex);
-      if (!impl->reported && standsInAtJoin(placement)) {
-        impl->reported = true;
-        reportRank0LostAtJoin(resolved, placement, error.what());
-      }
+      impl->joinFailed(error);
     }
     throw;
   }
