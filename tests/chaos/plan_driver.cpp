@@ -215,6 +215,9 @@ int main(int argc, char** argv) {
   }
   hmc::JoinOptions options;
   options.name = plan.name;
+  // The campaign's mark that hmc's code runs in this process (checks.one_verdict): a job torn
+  // down before any rank got here (LibTorch loads for about a second) can have no verdict.
+  std::fprintf(stderr, "# driver: joining the world\n");
   hmc::World world = hmc::joinWorld(options);
   Program(plan, world).run();
   return world.close().exitCode;

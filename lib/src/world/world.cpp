@@ -642,12 +642,15 @@ void World::Impl::onSignal(int signal) {
     if (placement.rank == 0) {
       reported = true;
       reportStoppedJoin(options, placement, signal);
-    } else if (standsInAtJoin(placement)) {
+    } else if (standsInAtJoin(placement) && storeRefuses(placement)) {
+      // At once: mpirun's SIGKILL comes 50 ms after its SIGTERM. Nothing listens at rank 0's
+      // store as the teardown's signal arrives: rank 0 had ended before it (a rank 0 stopped by
+      // the same signal keeps its store while it reports, and reports itself).
       reported = true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));  // rank 0's own report first
       reportRank0LostAtJoin(options, placement,
                             fmt::format("it was stopped by signal {} ({}) while the world formed",
-                                        signal, strsignal(signal)));
+                                        signal, strsignal(signal)),
+                            true);
     }
     return;
   }
@@ -1291,7 +1294,8 @@ void reportRank0LostAtJoin(const JoinOptions& options, const world::RankPlacemen
   first.line = fmt::format(
       "crash in the world's join: rank 0 (host {}, the store's host) ended {}, while the others "
       "joined; rank {}: {}",
-      hostName(), orphans.empty() ? "in its join" : "right after its own join", placement.rank,
+      hostName(), orphans.empty() ? "before it had finished joining" : "right after its own join",
+      placement.rank,
       printable(seen));
   fmt::print(stderr,
              "# hmc: rank 0's process has ended while the world formed; rank {}, of rank 0's "
