@@ -1279,32 +1279,45 @@ bool storeRefuses(const world::RankPlacement& placement) {
   return why.find("refused") != std::string::npos;
 }
 
-// `storeRefused`: known at Open MPI's warning, when nothing of the teardown has ended yet, so
-// that rank 0 itself is what ended, with or without a folder.
+// `storeRefused`: nothing listens at rank 0's store (at Open MPI's warning or the teardown's
+// signal). Without rank 0's folder that does not tell a rank 0 that ended from one that had not
+// started its store yet (still loading): the report says the world was stopped and what is
+// known of rank 0, not that it crashed.
 void reportRank0LostAtJoin(const JoinOptions& options, const world::RankPlacement& placement,
                            const std::string& seen, bool storeRefused) {
   const auto orphans = world::EvidenceFolder::orphans(folderTag(placement), placement.rank);
   if (orphans.empty() && !storeRefused) return;
+  const bool ended = !orphans.empty();
   diagnostics::FirstFailure first;
-  first.kind = std::string(diagnostics::kCrash);
+  first.kind = std::string(ended ? diagnostics::kCrash : diagnostics::kStopped);
   first.stage = "join";
   first.ranks = {0};
   first.hosts = {hostName()};
   first.seenBy = {placement.rank};
-  first.line = fmt::format(
-      "crash in the world's join: rank 0 (host {}, the store's host) ended {}, while the others "
-      "joined; rank {}: {}",
-      hostName(), orphans.empty() ? "before it had finished joining" : "right after its own join",
-      placement.rank,
-      printable(seen));
+  first.line =
+      ended ? fmt::format("crash in the world's join: rank 0 (host {}, the store's host) ended "
+                          "right after its own join, while the others joined; rank {}: {}",
+                          hostName(), placement.rank, printable(seen))
+            : fmt::format("stopped in the world's join: rank {}: {}; nothing listens at rank 0's "
+                          "store at {}:{} (host {}): rank 0 ended before it had finished "
+                          "joining, or had not started its store yet",
+                          placement.rank, printable(seen), placement.masterAddr,
+                          placement.masterPort, hostName());
   fmt::print(stderr,
-             "# hmc: rank 0's process has ended while the world formed; rank {}, of rank 0's "
-             "node, reports in its place\n",
+             "# hmc: rank 0 has not reported while the world formed; rank {}, of rank 0's node, "
+             "reports in its place\n",
              placement.rank);
-  reportWorldNotFormed(options, placement, first,
-                       "HUNG: the world did not form: rank 0 (the store's host) ended while it "
-                       "formed",
-                       3);
+  if (ended) {
+    reportWorldNotFormed(options, placement, first,
+                         "HUNG: the world did not form: rank 0 (the store's host) ended while it "
+                         "formed",
+                         3);
+  } else {
+    reportWorldNotFormed(options, placement, first,
+                         "STOPPED: the world did not form: the launcher stopped it while rank 0's "
+                         "store was not there",
+                         128 + SIGTERM);
+  }
   for (const auto& folder : orphans) folder.remove();
 }
 
