@@ -107,7 +107,7 @@ json rankJson(const RankResult& rank) {
   // A rank process that died left no result: like the reference, no steps and no final
   // state (zeros would read as a clean rank). Thread ranks that crashed keep theirs.
   // The same for a rank known only from its heartbeat (no steps, hung).
-  if (!rank.steps.empty() || !(rank.crashed || rank.hung || rank.stopped)) {
+  if (!rank.steps.empty() || !rank.unfinished()) {
     json steps = json::array();
     for (const auto& step : rank.steps) steps.push_back(reportStepJson(step));
     entry["steps"] = std::move(steps);
@@ -260,7 +260,7 @@ diagnostics::Diagnosis diagnoseRun(const Scenario& scenario, const std::vector<R
     // the crash is what the others met.
     if (auto view = rankFailure(scenario, rank)) {
       views.push_back(std::move(*view));
-    } else if (!rank.crashed && !rank.hung && !rank.stopped) {
+    } else if (!rank.unfinished()) {
       const bool finished = !rank.steps.empty() && rank.steps.back().status != StepStatus::kNotRun;
       whereabouts[rank.rank] = finished ? "it finished its steps" : "it stopped early";
     }

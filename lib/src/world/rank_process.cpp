@@ -47,7 +47,7 @@ void recordLostStore(scenario::RankResult& result, const std::string& host,
 // show one (or a crash), else a failed expectation (the run's report is incomplete).
 scenario::Outcome unreportedOutcome(const std::vector<scenario::RankResult>& own) {
   for (const auto& result : own) {
-    if (result.hung || result.crashed || result.stopped) return scenario::Outcome::kHang;
+    if (result.unfinished()) return scenario::Outcome::kHang;
   }
   return scenario::Outcome::kFail;
 }

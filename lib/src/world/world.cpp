@@ -38,6 +38,7 @@
 #include "hmc/world/result_gatherer.hpp"
 #include "hmc/world/run_keys.hpp"
 #include "hmc/world/signals.hpp"
+#include "../collective/socket_guards.hpp"
 #include "../collective/store_connection.hpp"
 
 namespace hmc {
@@ -1260,17 +1261,12 @@ bool standsInAtJoin(const world::RankPlacement& placement) {
       placement.storeHost != world::StoreHost::kRankZero || placement.masterPort == 0) {
     return false;
   }
-  const std::string& host = placement.masterAddr;
-  const bool storeHere = host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0 ||
-                         host == hostName();
+  const bool storeHere = hmc::detail::loopbackListenAddress(placement.masterAddr).has_value() ||
+                         placement.masterAddr == hostName();
   const auto local = localRank();
   return storeHere && local && *local == 1;
 }
 
-// The rank standing in: reports the world that did not form because rank 0 ended after its own
-// join (its evidence folder is there and its process has ended: it neither reported nor
-// removed it), and removes that folder. A rank 0 that is alive, or that a signal stopped in
-// its join, reports itself. `seen`: what this rank met ("c10d store ... went away", a signal).
 // Whether a new connection to rank 0's store is refused (nothing listens there any more).
 bool storeRefuses(const world::RankPlacement& placement) {
   const std::string why = hmc::detail::handshakeFails(
@@ -1279,8 +1275,11 @@ bool storeRefuses(const world::RankPlacement& placement) {
   return why.find("refused") != std::string::npos;
 }
 
-// `storeRefused`: nothing listens at rank 0's store (at Open MPI's warning or the teardown's
-// signal). Without rank 0's folder that does not tell a rank 0 that ended from one that had not
+// The rank standing in: reports the world that did not form because rank 0 ended after its own
+// join (its evidence folder is there and its process has ended: it neither reported nor
+// removed it), and removes that folder; a rank 0 that is alive reports itself. `seen`: what
+// this rank met ("c10d store ... went away", a signal). `storeRefused`: nothing listens at
+// rank 0's store (at Open MPI's warning or the teardown's signal). Without rank 0's folder that does not tell a rank 0 that ended from one that had not
 // started its store yet (still loading): the report says the world was stopped and what is
 // known of rank 0, not that it crashed.
 void reportRank0LostAtJoin(const JoinOptions& options, const world::RankPlacement& placement,

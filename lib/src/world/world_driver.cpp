@@ -117,9 +117,7 @@ class LauncherRankWorld final : public WorldDriver {
 
 bool worldEnds(const std::vector<scenario::RankResult>& ranks) {
   return std::any_of(ranks.begin(), ranks.end(),
-                     [](const scenario::RankResult& rank) {
-                       return rank.hung || rank.crashed || rank.stopped;
-                     });
+                     [](const scenario::RankResult& rank) { return rank.unfinished(); });
 }
 
 std::unique_ptr<WorldDriver> makeWorldDriver(WorldOptions options) {

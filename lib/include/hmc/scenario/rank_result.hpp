@@ -160,6 +160,8 @@ struct RankResult {
   bool hung = false;
   // Alive and stopped from outside (a launcher's teardown) before its result came: not crashed.
   bool stopped = false;
+  // Whether the rank did not come to the end of its steps: it hung, crashed or was stopped.
+  bool unfinished() const noexcept { return hung || crashed || stopped; }
   std::vector<StepResult> steps;
   FinalState final;
   LeakCheck leaks;
