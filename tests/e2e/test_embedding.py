@@ -5,8 +5,9 @@ program that joins its world with hmc::joinWorld (hmc/world/world.hpp).
     test_embedding.py EXAMPLE HMC_RUN SOURCE_DIR
 
 Cases (torchrun and mpirun, as users start them, on 127.0.0.1):
-  - a clean run at 2 and 4 ranks: every rank ends cleanly, rank 0's report says so, exit 0,
-    and no `[info]` line is printed (the library logs at warn, as hmc-run does by default);
+  - a clean run at 2 ranks (torchrun, mpirun) and at 4 (mpirun; torchrun's agent costs 2.4 s
+    of CPU to start): every rank ends cleanly, rank 0's report says so, exit 0, and no
+    `[info]` line is printed (the library logs at warn, as hmc-run does by default);
   - HMC_LOG_LEVEL=info: every rank's transport set-up lines are back, on stderr;
   - one rank skips its module's close (--skip-close): rank 0 waits in 'close validation' until
     the deadline; its report comes within the deadline + 2 s of its close, names the rank that
@@ -468,7 +469,6 @@ def check_rank0_crash_in(tmp):
 
 CASES = [
     ("torchrun_2_clean", lambda: check_clean("torchrun", 2)),
-    ("torchrun_4_clean", lambda: check_clean("torchrun", 4)),
     ("mpirun_2_clean", lambda: check_clean("mpirun", 2)),
     ("mpirun_4_clean", lambda: check_clean("mpirun", 4)),
     ("torchrun_2_log_level_info", check_log_level),

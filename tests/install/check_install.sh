@@ -3,7 +3,8 @@
 # program that finds hmc with find_package(hmc CONFIG) and binds and closes a module; and
 # checks that the installed hmc-run (bin/, torch-free) finds its runner (libexec/) for a run;
 # and builds the embedding example (examples/, hmc::world) against the installed package, outside
-# the source tree, and runs it as a world of one rank (HMC_RANK, HMC_WORLD_SIZE).
+# the source tree (in the consumer's configure), and runs it as a world of one rank (HMC_RANK,
+# HMC_WORLD_SIZE).
 # usage: check_install.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build="$1"
@@ -12,7 +13,8 @@ work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 cmake --install "$build" --prefix "$work/prefix" > "$work/install.log"
 cmake -S "$source/tests/install/consumer" -B "$work/consumer" -G Ninja \
-  -DCMAKE_PREFIX_PATH="$work/prefix" > "$work/configure.log" 2>&1 \
+  -DCMAKE_PREFIX_PATH="$work/prefix" -DHMC_EXAMPLES_DIR="$source/examples" \
+  > "$work/configure.log" 2>&1 \
   || { cat "$work/configure.log"; exit 1; }
 cmake --build "$work/consumer" > "$work/build.log" 2>&1 || { cat "$work/build.log"; exit 1; }
 "$work/consumer/consumer"
@@ -25,12 +27,10 @@ if [ -x "$hmc_run" ]; then  # a build with HMC_WITH_TORCH=OFF installs no hmc-ru
   grep -q "^# OK" "$work/run.log" \
     || { echo "installed hmc-run printed no '# OK':"; cat "$work/run.log"; exit 1; }
   echo "installed hmc-run ran the quickstart scenario through its runner"
-  cmake -S "$source/examples" -B "$work/example" -G Ninja -DCMAKE_PREFIX_PATH="$work/prefix" \
-    > "$work/example-configure.log" 2>&1 || { cat "$work/example-configure.log"; exit 1; }
-  cmake --build "$work/example" > "$work/example-build.log" 2>&1 \
-    || { cat "$work/example-build.log"; exit 1; }
+  example="$work/consumer/examples/hmc-train-loop"
+  [ -x "$example" ] || { echo "the embedding example was not built against the installed package (no hmc::world?):"; cat "$work/configure.log"; exit 1; }
   HMC_RANK=0 HMC_WORLD_SIZE=1 HMC_MASTER_PORT=0 HMC_NAME=installed \
-    "$work/example/hmc-train-loop" --steps 3 > "$work/example.log" 2>&1 \
+    "$example" --steps 3 > "$work/example.log" 2>&1 \
     || { echo "the example built against the installed package failed:"; cat "$work/example.log"; exit 1; }
   grep -q "^# OK: every rank of 1 ended cleanly" "$work/example.log" \
     || { echo "the installed example printed no clean end:"; cat "$work/example.log"; exit 1; }
