@@ -543,13 +543,31 @@ def expected_outcome(a_doc, meta, program):
     return expected_program_outcome(a_doc, meta) if program == "driver" else a_doc.get("outcome")
 
 
+def ended_before_fault(doc, ranks, steps):
+    """Whether the document shows every one of `ranks` at its end: an hmc-report/1 entry with
+    its `steps` results and its final state, neither crashed nor stopped (its result came
+    before the fault); a world end's entry with status ok."""
+    for rank in ranks:
+        entry = end_entry(doc, rank)
+        if entry is None:
+            return False
+        if doc.get("format") == "hmc-world-end/1":
+            if entry.get("status") != "ok":
+                return False
+        elif entry.get("crashed") or entry.get("stopped") or "final" not in entry or \
+                len(entry.get("steps") or []) < steps:
+            return False
+    return True
+
+
 def fault_mattered(f, baseline, meta, program):
-    """Whether the fault from outside changed the verdict: a lost node always (its ranks are
-    gone); a partition or a stop when the outcome is not the baseline's, or the first failure
-    names a rank it touched."""
+    """Whether the fault from outside changed the verdict: a lost node unless its ranks had
+    ended, their results in (the loss then came during the job's own end: the launcher's
+    exit says so, the program's verdict stands); a partition or a stop when the outcome is not
+    the baseline's, or the first failure names a rank it touched."""
     fault, doc = f.fault or {}, f.document or {}
     if fault.get("kind") == "lost_node":
-        return True
+        return not ended_before_fault(doc, fault.get("ranks") or [], meta.get("steps", 0))
     want = expected_outcome(baseline.document, meta, program) if baseline.document else None
     ff = doc.get("first_failure") or {}
     return doc.get("outcome") != want or bool(set(ff.get("ranks") or []) &

@@ -223,6 +223,7 @@ def generate(seed, world=None):
             "rank": None if divergence == "none" else rank, "what": what,
             "oracle": divergence in ORACLE_EXPRESSES, "stall_s": stall,
             "crash_rank": rank if divergence == "crash" else None,
+            "steps": len(program.steps),
             "collective_steps": sum(1 for s in program.steps
                                     if s["op"] in ("forward", "close", "close_all", "repeat"))}
     return plan, meta

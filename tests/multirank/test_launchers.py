@@ -533,7 +533,44 @@ if TEARDOWN:
 # later, SIGKILL about 50 ms after that. The survivors therefore stop waiting for a rank whose
 # process they see gone (the evidence folder's pid files) and report within that second, before
 # any signal; the SIGTERM path alone (50 ms) lost the report at 4 ranks in 4 of 10 runs here.
+def check_killed_before_its_join(transport):
+    """kill -9 of rank 2 of 3 under mpirun once rank 0's store accepts connections, before rank
+    2 joined it: mpirun tears the job down while rank 0 forms the world. Rank 0's report names
+    the rank that never joined (read from its store), as stopped in the join, not every rank as
+    crashed."""
+    before = set(hmc_processes())
+    path = report_path(f"killed-before-join-{transport}")
+    port = reserved_port()
+    wrapper = ("if [ \"$OMPI_COMM_WORLD_RANK\" = 2 ]; then for i in $(seq 1200); do "
+               f"(exec 3<>/dev/tcp/127.0.0.1/{port}) 2>/dev/null && kill -9 $$; sleep 0.05; "
+               "done; fi; exec \"$@\"")
+    command = mpirun_command(3, [QUICKSTART, "--transport", transport, "--report", path,
+                                 "--master-addr", "127.0.0.1", "--master-port", str(port)])
+    at = command.index(HMC_RUN)
+    command[at:at] = ["/bin/bash", "-c", wrapper, "join-killer"]
+    run = launch(command, report=path)
+    assert run.returncode != 0, run
+    assert run.report is not None, f"no report was written:\n{run}"
+    first = run.report["first_failure"]
+    assert first["kind"] == "stopped" and first["stage"] == "join", first
+    # Rank 2 never joined; rank 1 may not have either (it loads LibTorch as rank 0 does).
+    assert 2 in first["ranks"] and 0 not in first["ranks"], first
+    assert re.search(r"^# first failure: stopped in the world's join: ranks? \[[12, ]+\] had "
+                     rf"not joined the store at 127\.0\.0\.1:{port} when rank 0 was stopped by "
+                     r"signal 15", run.stdout, re.M), run
+    ranks = run.report["ranks"]
+    assert not any(r.get("crashed") for r in ranks), ranks  # nobody is known to have crashed
+    assert ranks[2].get("joined") is False and ranks[2].get("stopped"), ranks[2]
+    assert ranks[0].get("stopped") and "joined" not in ranks[0], ranks[0]
+    assert_no_hmc_left(before)
+
+
 if TEARDOWN:
+    @test
+    def mpirun_rank_killed_before_its_join_is_named_store_and_tcp():
+        check_killed_before_its_join("store")
+        check_killed_before_its_join("tcp")
+
     @test
     def mpirun_crash_is_diagnosed_and_reported_at_2_and_4():
         for world in (2, 4):

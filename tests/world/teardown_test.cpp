@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "hmc/diagnostics/flight_recorder.hpp"
+#include "hmc/scenario/report.hpp"
 #include "hmc/world/result_files.hpp"
 #include "hmc/world/result_gatherer.hpp"
 #include "hmc/world/run_keys.hpp"
@@ -251,6 +252,59 @@ TEST_SUITE("teardown") {
     CHECK(reports.modes.empty());  // rank 0 reported at the warning
     CHECK(fs::exists(zero.path()) == stale);
     zero.remove();  // the stale case's folder, or where a check failed
+  }
+
+  TEST_CASE("a signal before the world formed: the ranks that had not joined come first") {
+    RankPlacement placement{0, 4, "127.0.0.1", 29510, 0, StoreHost::kRankZero, "mpirun"};
+    hmc::world::JoinState join;
+    join.missing = {0, 2, 3};  // rank 0 itself in its join: not listed among the others
+    join.hosts = {{1, "h1"}};
+    const auto ranks = hmc::world::worldNotFormedResults(placement, SIGTERM, join, "");
+    REQUIRE(ranks.size() == 4);
+    for (const RankResult& rank : ranks) {
+      CHECK(rank.stopped);
+      CHECK_FALSE(rank.crashed);  // nobody is known to have crashed
+    }
+    CHECK_FALSE(ranks[0].notJoined);
+    CHECK(ranks[0].crashReason->find("ranks [2, 3] had not joined the store at "
+                                     "127.0.0.1:29510") != std::string::npos);
+    CHECK_FALSE(ranks[1].notJoined);
+    CHECK(ranks[1].host == "h1");
+    CHECK(ranks[2].notJoined);
+    CHECK(ranks[3].notJoined);
+    CHECK(ranks[2].host.empty());
+    // The report's first failure: the ranks that never joined, stopped in the join; rank 0's
+    // and rank 1's stops follow from it.
+    static const hmc::scenario::Scenario fourRanks = hmc::scenario::parseScenarioText(
+        R"({"format": "hmc-scenario/1", "name": "t", "world_size": 4, "device": "cpu",
+            "steps": [{"op": "create", "module": "a"}, {"op": "close_all"}]})",
+        "t.json");
+    const auto report = hmc::scenario::buildReport(fourRanks, ranks, {});
+    REQUIRE(report.diagnosis.first);
+    CHECK(report.diagnosis.first->kind == "stopped");
+    CHECK(report.diagnosis.first->stage == "join");
+    CHECK(report.diagnosis.first->ranks == std::vector<int>{2, 3});
+    CHECK(report.diagnosis.first->line.rfind(
+              "stopped in the world's join: ranks [2, 3] had not joined the store at "
+              "127.0.0.1:29510 when rank 0 was stopped by signal 15",
+              0) == 0);
+  }
+
+  TEST_CASE("a signal before the world formed, its store unreadable: nobody called crashed") {
+    RankProgress progress(true);
+    Reports reports;
+    RankLaunch launch = underLauncher(0, "mpirun");
+    launch.placement.masterPort = 1;  // nothing listens: who had joined is not known
+    TerminationHandOff handOff(twoRanks(), launch, progress, reports.callback());
+    CHECK(handOff.onSignal(SIGTERM));  // no store set: the world had not formed
+    REQUIRE(reports.merged.size() == 1);
+    REQUIRE(reports.merged[0].size() == 2);
+    CHECK(reports.merged[0][0].stopped);
+    CHECK(reports.merged[0][1].stopped);
+    CHECK_FALSE(reports.merged[0][1].crashed);
+    CHECK_FALSE(reports.merged[0][1].notJoined);
+    CHECK(reports.merged[0][1].crashReason->rfind("unknown: the world was stopped before it "
+                                                  "formed", 0) == 0);
   }
 
   TEST_CASE("once the main thread claimed the end of the run, a signal leaves it to it") {

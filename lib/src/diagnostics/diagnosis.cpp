@@ -411,7 +411,10 @@ class Builder {
   }
 
   void other(const FailureView& first, FirstFailure& failure) const {
-    failure.kind = first.kind == kMissing ? std::string(kHang)
+    // Ranks that never joined a world stopped while it formed: the stop, in the join.
+    const bool notJoined = first.kind == kMissing && first.stage == "join";
+    failure.kind = notJoined             ? std::string(kStopped)
+                   : first.kind == kMissing ? std::string(kHang)
                    : first.kind == kCrash || first.kind == kStopped || first.kind == kLeak ||
                            first.kind == "unmet"
                        ? first.kind
@@ -433,6 +436,9 @@ class Builder {
     if (failure.kind == kError) {
       failure.line = fmt::format("error{} on {}: {}", where, ranksWithHosts(failure.seenBy),
                                  printable(first.message));
+    } else if (notJoined) {
+      failure.line = fmt::format("stopped in the world's join: {} {}",
+                                 ranksWithHosts(failure.seenBy), printable(first.message));
     } else if (first.kind == kMissing) {
       failure.line = fmt::format("hang: {} did not reach the world's end: {}",
                                  ranksWithHosts(failure.seenBy), printable(first.message));

@@ -249,6 +249,7 @@ json toJson(const RankResult& result) {
           {"crash_reason", optionalJson(result.crashReason)},
           {"hung", result.hung},
           {"stopped", result.stopped},
+          {"not_joined", result.notJoined},
           {"steps", std::move(steps)},
           {"final",
            {{"groups", result.final.groups},
@@ -289,6 +290,7 @@ RankResult rankResultFromJson(const json& value) {
   result.crashReason = in.optional<std::string>("crash_reason");
   result.hung = in.get<bool>("hung");
   result.stopped = in.optional<bool>("stopped").value_or(false);
+  result.notJoined = in.optional<bool>("not_joined").value_or(false);
   const json& steps = in.at("steps");
   for (std::size_t i = 0; i < steps.size(); ++i) {
     result.steps.push_back(stepFromJson(Reader(steps.at(i), fmt::format("/steps/{}", i))));

@@ -123,6 +123,7 @@ json rankJson(const RankResult& rank) {
     entry["stopped"] = true;
     entry["stop_reason"] = rank.crashReason.value_or("");
   }
+  if (rank.notJoined) entry["joined"] = false;  // a world that did not form: never joined
   return entry;
 }
 
@@ -225,6 +226,14 @@ std::optional<diagnostics::FailureView> rankFailure(const Scenario& scenario,
   if (rank.crashed) {
     view.kind = std::string(diagnostics::kCrash);
     view.message = rank.crashReason.value_or("exited");
+    return view;
+  }
+  if (rank.notJoined) {
+    // Never joined the world that a launcher stopped while it formed: what the teardown most
+    // likely followed, named before the ranks it stopped (the diagnosis's 'missing' order).
+    view.kind = std::string(diagnostics::kMissing);
+    view.stage = "join";
+    view.message = rank.crashReason.value_or("had not joined the world");
     return view;
   }
   if (rank.stopped) {

@@ -6,8 +6,12 @@
 #include <algorithm>
 #include <csignal>
 #include <cstdlib>
+#include <cstring>
+#include <iterator>
 #include <thread>
 
+#include "hmc/collective/store_transport.hpp"
+#include "hmc/host.hpp"
 #include "hmc/scenario/output_file.hpp"
 #include "hmc/world/result_files.hpp"
 #include "hmc/world/result_gatherer.hpp"
@@ -21,6 +25,95 @@ namespace {
 constexpr std::chrono::seconds kEarlyReportFresh{3};
 
 }  // namespace
+
+std::optional<JoinState> readJoinState(const RankPlacement& placement, std::string* problem) {
+  const auto fail = [problem](std::string why) -> std::optional<JoinState> {
+    if (problem != nullptr) *problem = std::move(why);
+    return std::nullopt;
+  };
+  if (placement.worldSize < 2) return fail("a world of one rank has no store to join");
+  if (placement.masterPort == 0) return fail("the store's port is not known");
+  try {
+    collective::StoreTransportOptions client;
+    client.host = placement.masterAddr;
+    client.port = placement.masterPort;
+    client.rank = placement.rank;
+    client.worldSize = placement.worldSize;
+    client.timeout = std::chrono::seconds(1);
+    client.joinTimeout = std::chrono::seconds(1);
+    const auto kv = collective::connectKeyValueStore(client);
+    JoinState state;
+    for (int rank = 0; rank < placement.worldSize; ++rank) {
+      const std::string key = collective::joinedRankKey(rank);
+      if (!kv->check({key})) {
+        state.missing.push_back(rank);
+        continue;
+      }
+      const collective::Bytes host = kv->get(key, std::chrono::seconds(1));
+      state.hosts[rank] = std::string(host.begin(), host.end());
+    }
+    return state;
+  } catch (const std::exception& error) {
+    return fail(error.what());
+  }
+}
+
+std::vector<scenario::RankResult> worldNotFormedResults(const RankPlacement& placement,
+                                                        int signal,
+                                                        const std::optional<JoinState>& join,
+                                                        const std::string& problem) {
+  const int self = placement.rank;
+  const std::string store = fmt::format("{}:{}", placement.masterAddr, placement.masterPort);
+  const std::string launcher = placement.launcher.empty() ? "the launcher" : placement.launcher;
+  const std::string stop = fmt::format("stopped by signal {} ({})", signal, strsignal(signal));
+  std::vector<int> others;  // the ranks, this one aside, that had not joined
+  if (join) {
+    std::copy_if(join->missing.begin(), join->missing.end(), std::back_inserter(others),
+                 [self](int rank) { return rank != self; });
+  }
+  std::string known;
+  if (!join) {
+    known = fmt::format("which ranks had joined is not known: the store at {} could not be read ({})",
+                        store, problem);
+  } else if (others.empty()) {
+    known = fmt::format("every other rank had joined the store at {}", store);
+  } else {
+    known = fmt::format("{} {} had not joined the store at {}",
+                        others.size() == 1 ? "rank" : "ranks", collective::formatRankList(others),
+                        store);
+  }
+  std::vector<scenario::RankResult> results(static_cast<std::size_t>(placement.worldSize));
+  for (int rank = 0; rank < placement.worldSize; ++rank) {
+    scenario::RankResult& result = results[static_cast<std::size_t>(rank)];
+    result.rank = rank;
+    result.stopped = true;
+    result.leaks.reason = "the world did not form";
+    const bool missing = std::find(others.begin(), others.end(), rank) != others.end();
+    if (rank == self) {
+      result.host = hostName();
+      result.pid = processId();
+      result.crashReason = fmt::format("{} while the world formed (in its join); {}", stop, known);
+    } else if (missing) {
+      result.notJoined = true;
+      result.crashReason = fmt::format(
+          "had not joined the store at {} when rank {} was {} while the world formed: its "
+          "process ended, never started, or is on a host that went down; {} stops every rank "
+          "when one of its processes ends: its output names the one that ended first",
+          store, self, stop, launcher);
+    } else if (join) {
+      result.host = join->hosts.count(rank) != 0 ? join->hosts.at(rank) : std::string();
+      result.crashReason = fmt::format(
+          "had joined the store at {}; the world was stopped before it formed (rank {} {})",
+          store, self, stop);
+    } else {
+      result.crashReason = fmt::format(
+          "unknown: the world was stopped before it formed (rank {} {}), and the store at {} "
+          "could not be read ({}): whether it had joined is not known",
+          self, stop, store, problem);
+    }
+  }
+  return results;
+}
 
 HandOff decideHandOff(const HandOffFacts& facts) noexcept {
   if (!facts.underLauncher) return HandOff::kOwnFile;
@@ -174,6 +267,23 @@ void TerminationHandOff::report(int signal, bool early,
                                 const EvidenceFolder& folder, std::string storeProblem,
                                 const collective::Collective::ClosedPeers& closedPeers) {
   const RankPlacement placement = launch_.placement;
+  if (!kv) {
+    // The world had not formed: no rank has a result or a folder but this one's, and the store
+    // says who had joined it (a rank that never did is what a launcher's teardown follows).
+    std::string problem;
+    const std::optional<JoinState> join = readJoinState(placement, &problem);
+    std::vector<std::vector<scenario::RankResult>> merged{
+        worldNotFormedResults(placement, signal, join, problem)};
+    if (early) {
+      onInterrupted_(std::move(merged), signal, InterruptMode::kEarly);
+      earlyReportAt_ = Clock::now();
+      folder.markReported();
+    } else {
+      folder.remove();
+      onInterrupted_(std::move(merged), signal, InterruptMode::kReport);
+    }
+    return;
+  }
   const InterruptWaits waits = interruptWaits(placement.launcher, early);
   const int self = placement.rank;
   GatherPlan plan;

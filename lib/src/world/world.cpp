@@ -38,6 +38,7 @@
 #include "hmc/world/result_gatherer.hpp"
 #include "hmc/world/run_keys.hpp"
 #include "hmc/world/signals.hpp"
+#include "hmc/world/teardown.hpp"
 #include "../collective/socket_guards.hpp"
 #include "../collective/store_connection.hpp"
 
@@ -1186,25 +1187,14 @@ void reportFailedJoin(const JoinOptions& options, const world::RankPlacement& pl
 std::optional<std::vector<int>> ranksNotJoined(const JoinOptions& options,
                                                const world::RankPlacement& placement) {
   if (placement.masterPort == 0 || placement.worldSize < 2) return std::nullopt;
-  try {
-    collective::StoreTransportOptions client;
-    client.host = placement.masterAddr;
-    client.port = placement.masterPort;
-    client.rank = placement.rank;
-    client.worldSize = placement.worldSize;
-    client.timeout = std::chrono::seconds(1);
-    client.joinTimeout = std::chrono::seconds(1);
-    const auto kv = collective::connectKeyValueStore(client);
-    std::vector<int> missing;
-    for (int rank = 0; rank < placement.worldSize; ++rank) {
-      if (!kv->check({collective::joinedRankKey(rank)})) missing.push_back(rank);
-    }
-    return missing;
-  } catch (const std::exception& error) {
+  std::string problem;
+  const std::optional<world::JoinState> state = world::readJoinState(placement, &problem);
+  if (!state) {
     spdlog::warn("hmc world '{}': cannot read which ranks joined the store at {}:{}: {}",
-                 options.name, placement.masterAddr, placement.masterPort, error.what());
+                 options.name, placement.masterAddr, placement.masterPort, problem);
     return std::nullopt;
   }
+  return state->missing;
 }
 
 // Rank 0's report of a world whose join a launcher's signal stopped: mpirun and torchrun tear a

@@ -160,6 +160,10 @@ struct RankResult {
   bool hung = false;
   // Alive and stopped from outside (a launcher's teardown) before its result came: not crashed.
   bool stopped = false;
+  // With `stopped`: the world did not form, and this rank had not joined its store when it was
+  // stopped (its host and process unknown: it never said). The report's first failure names
+  // such ranks, the ones a launcher's teardown most likely followed (world/teardown.hpp).
+  bool notJoined = false;
   // Whether the rank did not come to the end of its steps: it hung, crashed or was stopped.
   bool unfinished() const noexcept { return hung || crashed || stopped; }
   std::vector<StepResult> steps;

@@ -23,6 +23,7 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -83,6 +84,26 @@ struct InterruptWaits {
   std::chrono::milliseconds earlySnapshotAfter;
 };
 InterruptWaits interruptWaits(const std::string& launcher, bool early);
+
+// Which ranks had joined rank 0's store while the world formed (the transports'
+// "joined/<rank>" keys, whose values are the ranks' hosts), read through a connection of its
+// own, each request bounded by 1 s. nullopt, with `problem` set, where the store cannot be
+// read (or there is none to read: a world of one, no port known).
+struct JoinState {
+  std::vector<int> missing;            // the ranks that had not joined, in order
+  std::map<int, std::string> hosts;    // the ranks that had, with the host each gave
+};
+std::optional<JoinState> readJoinState(const RankPlacement& placement, std::string* problem);
+
+// hmc-run's report of a world that a launcher's signal stopped while it formed (rank 0 in
+// its join, no store of its own yet): one repetition's results, every rank unfinished. The
+// ranks that had not joined are `notJoined` (stopped, their host unknown: the report's first
+// failure names them); the others, rank `self` among them, are stopped in the join.
+// `join` nullopt: the store could not be read (`problem`): who had joined is not known.
+std::vector<scenario::RankResult> worldNotFormedResults(const RankPlacement& placement,
+                                                        int signal,
+                                                        const std::optional<JoinState>& join,
+                                                        const std::string& problem);
 
 class TerminationHandOff {
  public:
