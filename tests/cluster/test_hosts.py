@@ -931,7 +931,7 @@ def mpirun_node_loss_h3_powered_off_while_ranks_wait_tcp(box):
 
 
 @test
-def mpirun_every_process_of_h2_killed_while_ranks_wait_tcp(box):
+def mpirun_every_process_of_h2_killed_while_ranks_wait_tcp_and_store(box):
     """power_cut without the cable cut: h2's orted and ranks die, their sockets close (the
     others see FIN/RST at once) and mpirun loses a daemon, so Open MPI tears the job down
     within 0.3 s, long before any deadline: the report, made at its warning, must tell ranks
@@ -947,6 +947,11 @@ def mpirun_every_process_of_h2_killed_while_ranks_wait_tcp(box):
             assert f"\n# ranks {rank} @h2: crashed: " in text, f"rank {rank}'s host:\n{text}"
 
     fault_case(box, "mpi-kill-h2", "mpirun", "barrier", "tcp", "kill", "h2", [2, 3],
+               arrivals=False, more=console_names_the_lost_host)
+
+    # The store transport: no connection between ranks, but each rank's to rank 0's store,
+    # whose ends rank 0 reads from its TCP table (StoreTransport::closedPeers).
+    fault_case(box, "mpi-kill-h2-store", "mpirun", "barrier", "store", "kill", "h2", [2, 3],
                arrivals=False, more=console_names_the_lost_host)
 
 

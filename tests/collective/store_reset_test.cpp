@@ -19,11 +19,14 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>  // defines a glog CHECK: doctest macros are spelt DOCTEST_*
 
 #include "collective/socket_guards.hpp"
+#include "collective/store_connection.hpp"
 #include "hmc/collective/store_transport.hpp"
 #include "hmc/collective/store_wire.hpp"
 #include "hmc/error.hpp"
@@ -366,4 +369,43 @@ TEST_CASE("a store paused past a request's deadline is asked again, not given up
 TEST_CASE("hmc's wire client and c10d's client read each other's keys") {
   DOCTEST_REQUIRE(hmc::collective::storeWireClientAvailable());
   againstAServer(speakBothClients);
+}
+
+// StoreTransport::closedPeers's two halves: the address a rank reaches the store from, and the
+// peers of the store port's established connections (this network namespace's TCP table).
+TEST_CASE("the TCP table shows a connection to a port until its process closes it") {
+  const int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  DOCTEST_REQUIRE(listener >= 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  DOCTEST_REQUIRE(::bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0);
+  DOCTEST_REQUIRE(::listen(listener, 4) == 0);
+  socklen_t length = sizeof(address);
+  DOCTEST_REQUIRE(::getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length) == 0);
+  const int port = ntohs(address.sin_port);
+  DOCTEST_CHECK(hmc::detail::sourceAddressTo("127.0.0.1", port) == "127.0.0.1");
+  const auto before = hmc::detail::establishedPeersOf(port);
+  DOCTEST_REQUIRE(before.has_value());
+  DOCTEST_CHECK(before->empty());
+  const int client = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  DOCTEST_REQUIRE(::connect(client, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0);
+  const int accepted = ::accept(listener, nullptr, nullptr);
+  DOCTEST_REQUIRE(accepted >= 0);
+  const auto during = hmc::detail::establishedPeersOf(port);
+  DOCTEST_REQUIRE(during.has_value());
+  DOCTEST_CHECK(during->count("127.0.0.1") == 1);
+  // The peer's process ends (its socket closes): the server's end leaves ESTABLISHED (for
+  // CLOSE_WAIT) as the FIN arrives, at once on loopback; asked for up to 2 s.
+  ::close(client);
+  std::optional<std::set<std::string>> after;
+  for (int round = 0; round < 200; ++round) {
+    after = hmc::detail::establishedPeersOf(port);
+    if (!after || after->empty()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  DOCTEST_REQUIRE(after.has_value());
+  DOCTEST_CHECK(after->empty());
+  ::close(accepted);
+  ::close(listener);
 }

@@ -191,6 +191,48 @@ TEST_SUITE("diagnosis") {
           "had left");
   }
 
+  TEST_CASE("ranks that waited in the hang and then ended with their node are not its cause") {
+    // Ranks 0 and 1 wait in 'close validation' #4 for rank 2, which skipped its close; ranks 3
+    // and 4 waited there too (their heartbeats said so) and were killed with their host.
+    std::vector<dx::FailureView> views = {
+        view(0, "rank_failure", "close validation", 4, "stopped by signal 15 while waiting"),
+        view(1, "rank_failure", "close validation", 4, "stopped by signal 15 while waiting"),
+        view(2, "stopped", "", std::nullopt, "stopped by the launcher's teardown after its steps"),
+    };
+    views[0].host = views[1].host = "h1";
+    views[2].host = "h2";
+    for (const int rank : {3, 4}) {
+      dx::FailureView lost = view(rank, "crash", "", std::nullopt,
+                                  "its connection with rank 0 had closed");
+      lost.host = "h3";
+      lost.waitedIn = std::make_pair(std::string("close validation"), std::uint64_t{4});
+      views.push_back(lost);
+    }
+    const auto diagnosis = dx::diagnose(views, 5);
+    REQUIRE(diagnosis.first);
+    CHECK(diagnosis.first->kind == "hang");
+    CHECK(diagnosis.first->ranks == std::vector<int>{2});
+    CHECK(contains(diagnosis.first->line, "rank 2 (host h2) never arrived"));
+    CHECK(contains(diagnosis.first->line,
+                   "ranks [3 (host h3), 4 (host h3)] waited there too, then ended (rank 3: its "
+                   "connection with rank 0 had closed"));
+    // In another collective, or with no other rank missing, they are what did not arrive.
+    views[3].waitedIn->second = 3;
+    views[4].waitedIn->second = 3;
+    const auto elsewhere = dx::diagnose(views, 5);
+    REQUIRE(elsewhere.first);
+    CHECK(elsewhere.first->ranks == std::vector<int>{2, 3, 4});
+    // Rank 2 waited there too: the lost ranks are all that is missing, and what the others
+    // waited for.
+    views[2] = view(2, "rank_failure", "close validation", 4, "stopped by signal 15 while waiting");
+    views[3].waitedIn->second = 4;
+    views[4].waitedIn->second = 4;
+    const auto alone = dx::diagnose(views, 5);
+    REQUIRE(alone.first);
+    CHECK(alone.first->kind == "crash");
+    CHECK(alone.first->ranks == std::vector<int>{3, 4});
+  }
+
   TEST_CASE("a crash comes before the stops of the launcher's teardown that follow it") {
     std::vector<dx::FailureView> views;
     for (const int rank : {0, 1, 3}) {

@@ -1,7 +1,9 @@
 #include "store_connection.hpp"
 
 #include <fmt/format.h>
+#include <arpa/inet.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
@@ -9,10 +11,15 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
+#include <sstream>
 #include <thread>
 
 #include "hmc/error.hpp"
@@ -72,6 +79,89 @@ std::vector<SocketAddress> resolveAddresses(const std::string& host, int port) {
   std::vector<SocketAddress> out = addressesOf(found);
   ::freeaddrinfo(found);
   return out;
+}
+
+std::string sourceAddressTo(const std::string& host, int port) {
+  for (const SocketAddress& address : resolveAddresses(host, port)) {
+    Fd socket{::socket(address.family, SOCK_DGRAM | SOCK_CLOEXEC, 0)};
+    if (socket.fd < 0) continue;
+    if (::connect(socket.fd, reinterpret_cast<const sockaddr*>(&address.address),
+                  address.length) != 0) {
+      continue;
+    }
+    sockaddr_storage local{};
+    socklen_t length = sizeof(local);
+    if (::getsockname(socket.fd, reinterpret_cast<sockaddr*>(&local), &length) != 0) continue;
+    char text[INET6_ADDRSTRLEN] = {};
+    const void* raw = local.ss_family == AF_INET
+                          ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr)
+                          : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr);
+    if (::inet_ntop(local.ss_family, raw, text, sizeof(text)) != nullptr) return text;
+  }
+  return {};
+}
+
+namespace {
+
+// One /proc/net/tcp{,6} address ("0100007F:1F90", or 32 hex digits and a port): its text and
+// port; nullopt when malformed. The kernel prints each 32-bit word of the address as a number
+// in this host's byte order, so the words are copied back as they are.
+std::optional<std::pair<std::string, int>> procAddress(const std::string& field, bool six) {
+  const auto colon = field.find(':');
+  const std::size_t digits = six ? 32 : 8;
+  if (colon != digits) return std::nullopt;
+  std::uint32_t words[4] = {};
+  for (std::size_t word = 0; word < digits / 8; ++word) {
+    char* end = nullptr;
+    const std::string part = field.substr(word * 8, 8);
+    words[word] = static_cast<std::uint32_t>(std::strtoul(part.c_str(), &end, 16));
+    if (end != part.c_str() + 8) return std::nullopt;
+  }
+  char* end = nullptr;
+  const long port = std::strtol(field.c_str() + colon + 1, &end, 16);
+  if (end == field.c_str() + colon + 1) return std::nullopt;
+  char text[INET6_ADDRSTRLEN] = {};
+  if (!six) {
+    in_addr address{};
+    std::memcpy(&address, words, 4);
+    if (::inet_ntop(AF_INET, &address, text, sizeof(text)) == nullptr) return std::nullopt;
+  } else {
+    in6_addr address{};
+    std::memcpy(&address, words, 16);
+    if (IN6_IS_ADDR_V4MAPPED(&address)) {
+      in_addr four{};
+      std::memcpy(&four, address.s6_addr + 12, 4);
+      if (::inet_ntop(AF_INET, &four, text, sizeof(text)) == nullptr) return std::nullopt;
+    } else if (::inet_ntop(AF_INET6, &address, text, sizeof(text)) == nullptr) {
+      return std::nullopt;
+    }
+  }
+  return std::make_pair(std::string(text), static_cast<int>(port));
+}
+
+}  // namespace
+
+std::optional<std::set<std::string>> establishedPeersOf(int port) {
+  std::set<std::string> peers;
+  bool read = false;
+  for (const bool six : {false, true}) {
+    std::ifstream table(six ? "/proc/net/tcp6" : "/proc/net/tcp");
+    if (!table) continue;
+    read = true;
+    std::string line;
+    std::getline(table, line);  // the header
+    while (std::getline(table, line)) {
+      std::istringstream fields(line);
+      std::string slot, local, remote, state;
+      if (!(fields >> slot >> local >> remote >> state)) continue;
+      if (state != "01") continue;  // TCP_ESTABLISHED
+      const auto here = procAddress(local, six);
+      const auto there = procAddress(remote, six);
+      if (here && there && here->second == port) peers.insert(there->first);
+    }
+  }
+  if (!read) return std::nullopt;
+  return peers;
 }
 
 std::string handshakeFails(const std::vector<SocketAddress>& addresses,

@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -88,6 +90,17 @@ std::vector<SocketAddress> resolveAddresses(const std::string& host, int port);
 // handshake with it within 0.5 s", "a new connection to it fails (Connection refused)".
 std::string handshakeFails(const std::vector<SocketAddress>& addresses,
                            std::chrono::milliseconds within);
+
+// The numeric address (inet_ntop's text) this host would send from to host:port: a UDP socket
+// connected to its first address and read back with getsockname (no packet is sent); "" when
+// it does not resolve or there is no route.
+std::string sourceAddressTo(const std::string& host, int port);
+
+// The numeric addresses of the peers of this network namespace's established TCP connections
+// whose local port is `port` (/proc/net/tcp and /proc/net/tcp6; an IPv4-mapped IPv6 peer as its
+// IPv4 text, so that both compare with sourceAddressTo's); nullopt when neither file can be
+// read.
+std::optional<std::set<std::string>> establishedPeersOf(int port);
 
 // A connected, non-blocking TCP socket to one of `addresses` (tried in order until `deadline`),
 // or -1 with `why` saying what the last attempt met.

@@ -25,6 +25,7 @@
 #include "hmc/error.hpp"
 #include "hmc/host.hpp"
 #include "socket_guards.hpp"
+#include "store_connection.hpp"
 #include "store_transport_state.hpp"
 #include "wait_text.hpp"
 
@@ -467,6 +468,12 @@ void joinWorld(c10d::Store& store, const StoreTransportOptions& options,
     return missing;
   };
   try {
+    // The address it reaches the store from: the hosting rank tells from its connections
+    // which host's ranks are gone (StoreTransport::closedPeers).
+    const std::string source = sourceAddressTo(options.host, options.port);
+    if (!source.empty()) {
+      store.set(kv + collective::addressKey(options.rank), c10d_compat::toVector(source));
+    }
     // Its host as the value: a report of a world that did not form says where the ranks that
     // joined are (world.cpp).
     store.set(joinedKey(options.rank), c10d_compat::toVector(hostName()));
@@ -614,9 +621,71 @@ void StoreTransportState::reconnectWaiter(std::string_view context) {
   waiter = freshConnection(*this, context);
 }
 
+// The hosting rank's view of which hosts' ranks are gone: each rank's address (read from the
+// store once, at the first question) against the peers of the store port's established
+// connections. A rank process holds several connections to the store; when every process of a
+// host has ended (a node lost, its ranks killed), none from that host's address is left.
+struct PeerAddressBook {
+  int self = 0;
+  int worldSize = 0;
+  int port = 0;
+  std::function<std::shared_ptr<collective::KeyValueStore>()> connect;
+  std::atomic<bool> alive{true};  // false once the transport (and its server) is gone
+  std::mutex mutex;
+  std::map<int, std::string> addresses;  // by rank, as read
+  bool complete = false;
+
+  std::vector<int> closed() {
+    if (!alive) return {};
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!complete) read();
+    const auto peers = establishedPeersOf(port);
+    if (!peers || !alive) return {};
+    const auto own = addresses.find(self);
+    std::vector<int> out;
+    for (const auto& [rank, address] : addresses) {
+      // The hosting rank's own host (its own connections come from there too) and loopback
+      // cannot be told apart by address: the evidence folder knows those ranks.
+      if (rank == self || (own != addresses.end() && address == own->second)) continue;
+      if (address.rfind("127.", 0) == 0 || address == "::1") continue;
+      if (peers->count(address) == 0) out.push_back(rank);
+    }
+    return out;
+  }
+
+ private:
+  void read() {
+    try {
+      const auto kv = connect();
+      for (int rank = 0; rank < worldSize; ++rank) {
+        if (addresses.count(rank) != 0) continue;
+        const std::string key = collective::addressKey(rank);
+        if (!kv->check({key})) continue;
+        const collective::Bytes value = kv->get(key, std::chrono::milliseconds(500));
+        addresses[rank] = std::string(value.begin(), value.end());
+      }
+      complete = static_cast<int>(addresses.size()) == worldSize;
+    } catch (const std::exception& error) {
+      spdlog::debug("rank {}: cannot read the ranks' addresses: {}", self, error.what());
+    }
+  }
+};
+
 }  // namespace hmc::detail
 
 namespace hmc::collective {
+
+namespace {
+// A new connection to the store of a formed world (keyValueStore()'s), from a copy of what it
+// needs: usable where the transport may be gone (PeerAddressBook's first question).
+std::shared_ptr<KeyValueStore> formedKeyValueStore(StoreTransportOptions formed, int port);
+}  // namespace
+
+Collective::ClosedPeers StoreTransport::closedPeers() const {
+  const std::shared_ptr<hmc::detail::PeerAddressBook> book = state_->addressBook;
+  if (!book) return nullptr;
+  return [book] { return book->closed(); };
+}
 
 StoreTransport::StoreTransport(const StoreTransportOptions& options)
     : Collective(options.rank, options.worldSize, options.timeout),
@@ -638,10 +707,20 @@ StoreTransport::StoreTransport(const StoreTransportOptions& options)
   s.janitor = std::make_unique<hmc::detail::KeyJanitor>(
       hmc::detail::connectTcpStore(options, false, true, s.port));
   hmc::detail::joinWorld(*s.client, options, s.endpoint(), deadline);
+  if (options.hostsServer() && options.worldSize > 1) {
+    s.addressBook = std::make_shared<hmc::detail::PeerAddressBook>();
+    s.addressBook->self = options.rank;
+    s.addressBook->worldSize = options.worldSize;
+    s.addressBook->port = s.port;
+    s.addressBook->connect = [options = s.options, port = s.port] {
+      return formedKeyValueStore(options, port);
+    };
+  }
 }
 
 StoreTransport::~StoreTransport() {
   auto& s = *state_;
+  if (s.addressBook) s.addressBook->alive = false;
   s.janitor.reset();
   hmc::detail::leaveStore(*s.client, s.server.defined(), s.options);
 }
@@ -718,16 +797,19 @@ std::shared_ptr<KeyValueStore> connectKeyValueStore(const StoreTransportOptions&
 }
 
 std::shared_ptr<KeyValueStore> StoreTransport::keyValueStore() {
-  auto& s = *state_;
-  StoreTransportOptions formed = s.options;
+  return formedKeyValueStore(state_->options, state_->port);
+}
+
+namespace {
+std::shared_ptr<KeyValueStore> formedKeyValueStore(StoreTransportOptions formed, int port) {
   formed.joinTimeout.reset();  // the world has formed: the server is there
-  const int port = s.port;
   return c10dKeyValueStore(
       [formed, port](std::chrono::milliseconds reads) {
         return hmc::detail::connectTcpStore(formed, false, false, port, reads);
       },
       formed.timeout, formed.prefix + "/kv/", formed.host, port);
 }
+}  // namespace
 
 std::vector<Bytes> StoreTransport::gather(std::uint64_t sequence, std::string_view stage,
                                           const Bytes& envelope, Clock::time_point deadline) {

@@ -82,6 +82,8 @@ class KeyJanitor {
   std::thread thread_;
 };
 
+struct PeerAddressBook;  // store_transport.cpp
+
 struct StoreTransportState {
   StoreTransportOptions options;
   int port = 0;
@@ -99,6 +101,8 @@ struct StoreTransportState {
   // that wait an answer, which would desynchronise the next request).
   c10::intrusive_ptr<c10d::TCPStore> waiter;
   std::unique_ptr<KeyJanitor> janitor;
+  // The hosting rank's: which hosts' ranks are gone (StoreTransport::closedPeers).
+  std::shared_ptr<PeerAddressBook> addressBook;
 
   std::string endpoint() const { return options.host + ":" + std::to_string(port); }
   // "<prefix>/x/<sequence % keySlots>/<rank>": names are reused round robin (see

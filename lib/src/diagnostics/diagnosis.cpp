@@ -345,6 +345,36 @@ class Builder {
         absent.push_back(rank);
       }
     }
+    // Ranks that waited there too and then ended from outside (their heartbeat showed them
+    // waiting in it: killed with their node while the others waited for someone else) did
+    // arrive: not the cause, where another rank did not arrive.
+    std::vector<int> endedThere;
+    std::vector<std::string> endedHow;
+    for (const int rank : absent) {
+      const auto it = byRank_.find(rank);
+      if (it == byRank_.end()) continue;
+      const FailureView& view = *it->second;
+      if ((view.kind == kCrash || view.kind == kStopped) && view.waitedIn &&
+          view.waitedIn->first == first.stage &&
+          (first.stage == kWorldEndStage || view.waitedIn->second == first.sequence)) {
+        endedThere.push_back(rank);
+        endedHow.push_back(fmt::format("rank {}: {}", rank, printable(view.message)));
+      }
+    }
+    if (!endedThere.empty() && endedThere.size() < absent.size()) {
+      std::vector<int> rest;
+      std::set_difference(absent.begin(), absent.end(), endedThere.begin(), endedThere.end(),
+                          std::back_inserter(rest));
+      absent = std::move(rest);
+    } else {
+      endedThere.clear();
+      endedHow.clear();
+    }
+    const std::string endedText =
+        endedThere.empty()
+            ? std::string()
+            : fmt::format("; {} waited there too, then ended ({})", ranksWithHosts(endedThere),
+                          fmt::join(endedHow, "; "));
     if (absent.empty()) {
       // Every rank waited there: those that came after the others had given up ("it arrived
       // after ranks [1] had left this collective") are the late ones, the cause.
@@ -394,7 +424,8 @@ class Builder {
       failure.line =
           fmt::format("crash: {} ended without reaching {} ({}); {} waited for {} there",
                       ranksWithHosts(absent), where, fmt::join(how, "; "), waiters,
-                      absent.size() == 1 ? "it" : "them");
+                      absent.size() == 1 ? "it" : "them") +
+          endedText;
       return;
     }
     failure.kind = std::string(kHang);
@@ -403,6 +434,7 @@ class Builder {
                        : fmt::format("{} never arrived", ranksWithHosts(absent));
     failure.line = fmt::format("hang in {}: {} waited there; {}", where, waiters, missing);
     if (!how.empty()) failure.line += fmt::format(" ({})", fmt::join(how, "; "));
+    failure.line += endedText;
   }
 
   // " (step 4)" for hmc-run's steps.

@@ -223,6 +223,10 @@ std::optional<diagnostics::FailureView> rankFailure(const Scenario& scenario,
     }
     return view;
   }
+  // Where its heartbeat last showed it waiting, for a rank that ended from outside.
+  if (!rank.flight.empty() && diagnostics::isWaitStatus(rank.flight.back().status)) {
+    view.waitedIn = std::make_pair(rank.flight.back().stage, rank.flight.back().sequence);
+  }
   if (rank.crashed) {
     view.kind = std::string(diagnostics::kCrash);
     view.message = rank.crashReason.value_or("exited");

@@ -126,7 +126,7 @@ void RankRun::joinWorld() {
   }
   kv_ = transport_->control->keyValueStore();
   handOff_.setStore(transport_->control->keyValueStore());  // the watcher's own connection
-  handOff_.setClosedPeers(transport_->collective->closedPeers());
+  handOff_.setClosedPeers(collective::closedPeersOf(*transport_));
   if (!placement_.underLauncher()) return;
   silent_.emplace(timeout_);
   if (placement_.rank == 0) {

@@ -994,7 +994,7 @@ WorldEnd World::Impl::report(const RankEnd& own, collective::KeyValueStore& stor
   // transport can tell, for those that left no end.
   std::vector<int> closed;
   if (static_cast<int>(ends.size()) < size) {
-    if (const auto closedPeers = transport.collective->closedPeers()) closed = closedPeers();
+    if (const auto closedPeers = collective::closedPeersOf(transport)) closed = closedPeers();
   }
   std::optional<diagnostics::JobStatus> status;
   if ((static_cast<int>(ends.size()) < size || !own.clean()) && !storeWentWithRank0()) {

@@ -16,6 +16,9 @@
 //   joined/<rank>      set by each rank as it joins the world (StoreTransport's construction,
 //                      the gloo transport's store); joined/count counts them, so that joining
 //                      ranks poll one key and look rank by rank only to name who is missing.
+//   address/<rank>     set just before joined/<rank>: the address the rank reaches the store
+//                      from, so that the hosting rank can tell from its connections which
+//                      host's ranks are gone (StoreTransport::closedPeers).
 
 #include <chrono>
 #include <cstdint>
@@ -50,6 +53,7 @@ inline constexpr const char* kAnyDeadKey = "dead/any";
 inline constexpr const char* kFlightPublishedKey = "flight/published";
 inline std::string joinedRankKey(int rank) { return "joined/" + std::to_string(rank); }
 inline constexpr const char* kJoinedCountKey = "joined/count";
+inline std::string addressKey(int rank) { return "address/" + std::to_string(rank); }
 
 // What a launcher does when rank `rank` died: dead/<rank> = why, then dead/any.
 inline void announceDeadRank(KeyValueStore& store, int rank, const std::string& why) {

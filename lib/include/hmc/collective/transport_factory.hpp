@@ -49,6 +49,16 @@ struct ProcessTransport {
   std::shared_ptr<Collective> collective;
 };
 
+// Which peers' processes are gone, as the world's transport can tell (Collective::closedPeers):
+// the collective's own connections (tcp), else the control store's (its hosting rank sees the
+// connections of every rank: store, gloo); null where neither can tell.
+inline Collective::ClosedPeers closedPeersOf(const ProcessTransport& transport) {
+  Collective::ClosedPeers closed =
+      transport.collective ? transport.collective->closedPeers() : nullptr;
+  if (!closed && transport.control) closed = transport.control->closedPeers();
+  return closed;
+}
+
 // Throws ValueError for kAuto or kThreads (not a rank-process transport), BackendError when
 // this build lacks the transport (gloo without Gloo, nccl without CUDA), and what the
 // transports throw when connecting fails.

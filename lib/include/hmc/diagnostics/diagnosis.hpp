@@ -24,6 +24,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace hmc::diagnostics {
@@ -46,6 +47,10 @@ struct FailureView {
   std::string message;
   nlohmann::json mismatch;    // the manager's manifest diagnosis (lastMismatch), or null
   nlohmann::json openGroups;  // at the world's end: the specifications of its open groups
+  // A rank known from outside (crash, stopped): the collective its last heartbeat showed it
+  // waiting in before it ended (stage, sequence), if any; a hang there counts it among those
+  // that arrived. Not in toJson.
+  std::optional<std::pair<std::string, std::uint64_t>> waitedIn;
 
   nlohmann::json toJson() const;
   static FailureView fromJson(const nlohmann::json& value);  // throws nlohmann::json::exception
