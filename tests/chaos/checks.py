@@ -588,6 +588,10 @@ def host_named(doc, rank, host, lost=False):
         # never told anyone its host (mpirun's own output names it), so by rank alone.
         return True
     entry = end_entry(doc, rank)
+    if entry is not None and entry.get("joined") is False:
+        # hmc-run's report of a world that did not form: a rank that had not joined its
+        # store (never said its host), named as such beside a first failure of others.
+        return True
     if entry is None or entry.get("host") != host:
         return False
     if doc.get("format") == "hmc-world-end/1":

@@ -290,6 +290,33 @@ TEST_SUITE("teardown") {
               0) == 0);
   }
 
+  TEST_CASE("a signal before the world formed: a rank gone after its join crashed first") {
+    RankPlacement placement{0, 3, "h1", 29510, 0, StoreHost::kRankZero, "mpirun"};
+    hmc::world::JoinState join;
+    join.missing = {2};
+    join.hosts = {{0, "h1"}, {1, "h2"}};
+    join.gone = {1};  // joined, then every connection from h2 closed
+    const auto ranks = hmc::world::worldNotFormedResults(placement, SIGTERM, join, "");
+    REQUIRE(ranks.size() == 3);
+    CHECK(ranks[1].crashed);
+    CHECK_FALSE(ranks[1].stopped);
+    CHECK(ranks[1].host == "h2");
+    CHECK(ranks[1].crashReason->rfind("joined the store at h1:29510, then every connection "
+                                      "from its host h2 to it closed", 0) == 0);
+    CHECK(ranks[2].notJoined);
+    CHECK(ranks[0].crashReason->find("rank 1 joined it, then every connection from its host "
+                                     "to it closed") != std::string::npos);
+    static const hmc::scenario::Scenario threeRanks = hmc::scenario::parseScenarioText(
+        R"({"format": "hmc-scenario/1", "name": "t", "world_size": 3, "device": "cpu",
+            "steps": [{"op": "create", "module": "a"}, {"op": "close_all"}]})",
+        "t.json");
+    const auto report = hmc::scenario::buildReport(threeRanks, ranks, {});
+    REQUIRE(report.diagnosis.first);
+    CHECK(report.diagnosis.first->kind == "crash");
+    CHECK(report.diagnosis.first->ranks == std::vector<int>{1});
+    CHECK(report.diagnosis.first->hosts == std::vector<std::string>{"h2"});
+  }
+
   TEST_CASE("a signal before the world formed, its store unreadable: nobody called crashed") {
     RankProgress progress(true);
     Reports reports;

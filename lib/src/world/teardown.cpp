@@ -13,6 +13,7 @@
 #include "hmc/collective/store_transport.hpp"
 #include "hmc/host.hpp"
 #include "hmc/scenario/output_file.hpp"
+#include "../collective/store_connection.hpp"
 #include "hmc/world/result_files.hpp"
 #include "hmc/world/result_gatherer.hpp"
 #include "hmc/world/run_keys.hpp"
@@ -23,6 +24,34 @@ namespace {
 // A report made at Open MPI's warning is printed at the SIGTERM that follows within about 1 s;
 // one older than this (the warning was not a teardown) is made again.
 constexpr std::chrono::seconds kEarlyReportFresh{3};
+
+}  // namespace
+
+namespace {
+
+// The ranks of other hosts that had joined this process's store and from whose address no
+// connection to it is left (StoreTransport::closedPeers's rule, read while the world forms).
+std::vector<int> goneAfterJoin(collective::KeyValueStore& kv, const RankPlacement& placement,
+                               const JoinState& state) {
+  const auto peers = hmc::detail::establishedPeersOf(placement.masterPort);
+  if (!peers) return {};
+  const auto addressOf = [&kv](int rank) -> std::string {
+    const std::string key = collective::addressKey(rank);
+    if (!kv.check({key})) return {};
+    const collective::Bytes value = kv.get(key, std::chrono::seconds(1));
+    return std::string(value.begin(), value.end());
+  };
+  std::string own = addressOf(placement.rank);
+  if (own.empty()) own = hmc::detail::sourceAddressTo(placement.masterAddr, placement.masterPort);
+  std::vector<int> gone;
+  for (const auto& [rank, host] : state.hosts) {
+    if (rank == placement.rank || host == hostName()) continue;
+    const std::string address = addressOf(rank);
+    if (address.empty() || address == own || address.rfind("127.", 0) == 0) continue;
+    if (peers->count(address) == 0) gone.push_back(rank);
+  }
+  return gone;
+}
 
 }  // namespace
 
@@ -51,6 +80,9 @@ std::optional<JoinState> readJoinState(const RankPlacement& placement, std::stri
       }
       const collective::Bytes host = kv->get(key, std::chrono::seconds(1));
       state.hosts[rank] = std::string(host.begin(), host.end());
+    }
+    if (placement.rank == 0 && placement.storeHost == StoreHost::kRankZero) {
+      state.gone = goneAfterJoin(*kv, placement, state);
     }
     return state;
   } catch (const std::exception& error) {
@@ -82,6 +114,13 @@ std::vector<scenario::RankResult> worldNotFormedResults(const RankPlacement& pla
                         others.size() == 1 ? "rank" : "ranks", collective::formatRankList(others),
                         store);
   }
+  if (join && !join->gone.empty()) {
+    known += fmt::format("; {} joined it, then every connection from {} to it closed",
+                         join->gone.size() == 1
+                             ? fmt::format("rank {}", join->gone.front())
+                             : fmt::format("ranks {}", collective::formatRankList(join->gone)),
+                         join->gone.size() == 1 ? "its host" : "their hosts");
+  }
   std::vector<scenario::RankResult> results(static_cast<std::size_t>(placement.worldSize));
   for (int rank = 0; rank < placement.worldSize; ++rank) {
     scenario::RankResult& result = results[static_cast<std::size_t>(rank)];
@@ -89,6 +128,8 @@ std::vector<scenario::RankResult> worldNotFormedResults(const RankPlacement& pla
     result.stopped = true;
     result.leaks.reason = "the world did not form";
     const bool missing = std::find(others.begin(), others.end(), rank) != others.end();
+    const bool gone = join && std::find(join->gone.begin(), join->gone.end(), rank) !=
+                                  join->gone.end();
     if (rank == self) {
       result.host = hostName();
       result.pid = processId();
@@ -100,6 +141,14 @@ std::vector<scenario::RankResult> worldNotFormedResults(const RankPlacement& pla
           "process ended, never started, or is on a host that went down; {} stops every rank "
           "when one of its processes ends: its output names the one that ended first",
           store, self, stop, launcher);
+    } else if (gone) {
+      result.stopped = false;
+      result.crashed = true;
+      result.host = join->hosts.at(rank);
+      result.crashReason = fmt::format(
+          "joined the store at {}, then every connection from its host {} to it closed while "
+          "the world formed: its process ended (killed or crashed), or its host went down",
+          store, result.host);
     } else if (join) {
       result.host = join->hosts.count(rank) != 0 ? join->hosts.at(rank) : std::string();
       result.crashReason = fmt::format(

@@ -1182,44 +1182,75 @@ void reportFailedJoin(const JoinOptions& options, const world::RankPlacement& pl
                        fmt::format("HUNG: the world did not form, {}", namedRanks(missing)), 3);
 }
 
-// The ranks that had not joined rank 0's store (the transports' "joined/<rank>" keys), read
-// from rank 0's own store while the world forms; nullopt when it cannot be read in a second.
-std::optional<std::vector<int>> ranksNotJoined(const JoinOptions& options,
-                                               const world::RankPlacement& placement) {
-  if (placement.masterPort == 0 || placement.worldSize < 2) return std::nullopt;
-  std::string problem;
-  const std::optional<world::JoinState> state = world::readJoinState(placement, &problem);
-  if (!state) {
-    spdlog::warn("hmc world '{}': cannot read which ranks joined the store at {}:{}: {}",
-                 options.name, placement.masterAddr, placement.masterPort, problem);
-    return std::nullopt;
-  }
-  return state->missing;
-}
-
 // Rank 0's report of a world whose join a launcher's signal stopped: mpirun and torchrun tear a
-// job down when one of its processes ends, which may be a rank killed before it joined. The
-// ranks that had not joined are named (their hosts are not known: they never said).
+// job down when one of its processes ends, which may be a rank killed before it joined, or
+// after (its connections to rank 0's store closed). The ranks that had not joined are named
+// (their hosts are not known: they never said), and those gone after joining, with theirs.
 void reportStoppedJoin(const JoinOptions& options, const world::RankPlacement& placement,
                        int signal) {
   const std::string launcher = placement.launcher.empty() ? "the launcher" : placement.launcher;
-  const std::optional<std::vector<int>> missing = ranksNotJoined(options, placement);
+  std::string problem;
+  std::optional<world::JoinState> join;
+  if (placement.masterPort != 0 && placement.worldSize >= 2) {
+    join = world::readJoinState(placement, &problem);
+    if (!join) {
+      spdlog::warn("hmc world '{}': cannot read which ranks joined the store at {}:{}: {}",
+                   options.name, placement.masterAddr, placement.masterPort, problem);
+    }
+  }
+  const std::string store = fmt::format("{}:{}", placement.masterAddr, placement.masterPort);
   diagnostics::FirstFailure first;
-  first.kind = std::string(diagnostics::kStopped);
+  first.kind = std::string(join && !join->gone.empty() ? diagnostics::kCrash
+                                                       : diagnostics::kStopped);
   first.stage = "join";
-  first.ranks = missing && !missing->empty() ? *missing : std::vector<int>{placement.rank};
+  if (join) {
+    first.ranks = join->missing;
+    first.ranks.insert(first.ranks.end(), join->gone.begin(), join->gone.end());
+    std::sort(first.ranks.begin(), first.ranks.end());
+    for (const int rank : join->gone) {
+      const std::string& host = join->hosts.at(rank);
+      if (std::find(first.hosts.begin(), first.hosts.end(), host) == first.hosts.end()) {
+        first.hosts.push_back(host);
+      }
+    }
+  }
+  if (first.ranks.empty()) first.ranks = {placement.rank};
   first.seenBy = {placement.rank};
+  std::string known;
+  if (!join) {
+    known = "which ranks had joined is not known (the store did not answer)";
+  } else if (join->missing.empty() && join->gone.empty()) {
+    known = "every rank had joined the store";
+  } else {
+    std::vector<std::string> parts;
+    if (!join->gone.empty()) {
+      std::vector<std::string> named;
+      for (const int rank : join->gone) {
+        named.push_back(fmt::format("{} (host {})", rank, join->hosts.at(rank)));
+      }
+      parts.push_back(fmt::format(
+          "{} {} joined the store at {}, then every connection from {} to it closed (a "
+          "process that ends closes them: killed, crashed, or its host went down)",
+          join->gone.size() == 1 ? "rank" : "ranks",
+          join->gone.size() == 1 ? named.front() : fmt::format("[{}]", fmt::join(named, ", ")),
+          store, join->gone.size() == 1 ? "its host" : "their hosts"));
+    }
+    if (!join->missing.empty()) {
+      parts.push_back(
+          fmt::format("{} had not joined the store at {}", namedRanks(join->missing), store));
+    }
+    known = fmt::format("{}", fmt::join(parts, "; "));
+  }
+  const std::string stopped = fmt::format("rank {} was stopped by signal {} ({}) while the world "
+                                          "formed",
+                                          placement.rank, signal, strsignal(signal));
+  // A crash (ranks gone after they joined) first; else the stop, and what is known of who had
+  // joined.
   first.line = fmt::format(
-      "stopped in the world's join: rank {} was stopped by signal {} ({}) while the world "
-      "formed; {}; {} stops every rank when one of its processes ends: its output names the "
-      "one that ended first",
-      placement.rank, signal, strsignal(signal),
-      !missing ? std::string("which ranks had joined is not known (the store did not answer)")
-      : missing->empty()
-          ? std::string("every rank had joined the store")
-          : fmt::format("{} had not joined the store at {}:{}", namedRanks(*missing),
-                        placement.masterAddr, placement.masterPort),
-      launcher);
+      "{} in the world's join: {}; {}; {} stops every rank when one of its processes ends: its "
+      "output names the one that ended first",
+      first.kind, first.kind == diagnostics::kCrash ? known : stopped,
+      first.kind == diagnostics::kCrash ? stopped : known, launcher);
   reportWorldNotFormed(
       options, placement, first,
       fmt::format("STOPPED: the world did not form: rank {} was stopped by signal {} ({}) while "

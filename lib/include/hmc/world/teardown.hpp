@@ -92,13 +92,18 @@ InterruptWaits interruptWaits(const std::string& launcher, bool early);
 struct JoinState {
   std::vector<int> missing;            // the ranks that had not joined, in order
   std::map<int, std::string> hosts;    // the ranks that had, with the host each gave
+  // Read where this process hosts the store (rank 0 of a world whose rank 0 hosts it): the
+  // ranks of other hosts that had joined and from whose address (the store's address/<rank>)
+  // no connection to the store is left: their processes ended after they joined.
+  std::vector<int> gone;
 };
 std::optional<JoinState> readJoinState(const RankPlacement& placement, std::string* problem);
 
 // hmc-run's report of a world that a launcher's signal stopped while it formed (rank 0 in
 // its join, no store of its own yet): one repetition's results, every rank unfinished. The
 // ranks that had not joined are `notJoined` (stopped, their host unknown: the report's first
-// failure names them); the others, rank `self` among them, are stopped in the join.
+// failure names them); those gone after they joined crashed (the first failure); the others,
+// rank `self` among them, are stopped in the join.
 // `join` nullopt: the store could not be read (`problem`): who had joined is not known.
 std::vector<scenario::RankResult> worldNotFormedResults(const RankPlacement& placement,
                                                         int signal,
