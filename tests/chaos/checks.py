@@ -643,6 +643,10 @@ def report_in_time(results, f, baseline, meta, program):
         results.not_checked("report_in_time", f"{f.name}: the fault did not change the verdict")
         return
     bound = meta["timeout"] + 2 + meta["stall_s"]
+    if fault.get("joined") is False and fault.get("kind") in ("partition", "sigstop"):
+        # Before the world formed the ranks wait in the join, bounded by the join timeout
+        # (minutes), not by a collective's deadline: the fault's end comes first.
+        bound += fault.get("seconds") or 0
     if f.verdict_at is None:
         results.wrong("report_in_time", f"{f.name}: no verdict line after the {fault['kind']}")
         return

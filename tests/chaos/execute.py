@@ -114,7 +114,9 @@ def rank_pids(token, program):
     return ranks
 
 
-JOINED = re.compile(r"^# hmc: world '.*' of \d+ ranks joined", re.M)
+# joinWorld's (the driver's) line, and hmc-run's rank 0 under a launcher.
+JOINED = re.compile(r"^# (hmc: world '.*' of \d+ ranks|hmc-run: world of scenario '.*' \(\d+ "
+                    r"ranks\)) joined", re.M)
 
 
 class FaultPlan:

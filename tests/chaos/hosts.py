@@ -174,6 +174,9 @@ def injector(box, token, program, plan):
         host = box.host(plan.host)
         fault["at"] = time.monotonic()
         fault["after_report"] = execution.verdict_at is not None
+        # Whether the world had formed (rank 0's join line): before it, the ranks wait out a
+        # partition or a stop in the join (--join-timeout), not in a collective's deadline.
+        fault["joined"] = execution.joined_at is not None
         if proc.poll() is not None:
             fault["why"] = "the job had ended before the fault"
             return

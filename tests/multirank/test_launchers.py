@@ -227,6 +227,10 @@ def check_quickstart(launcher, world):
     assert_rank0_exit(launcher, run, 0)
     assert f"# hmc-run: quickstart ({world} ranks, transport tcp" in run.stdout, run
     assert "# OK: 1 scenario passed" in run.stdout, run
+    # Rank 0 says when the world formed and where `hmc-run status` attaches.
+    assert re.search(rf"^# hmc-run: world of scenario 'quickstart' \({world} ranks\) joined "
+                     rf"\({launcher}, transport tcp\); store at [\w.]+:\d+ \(attach: hmc-run "
+                     r"status --master-addr [\w.]+ --master-port \d+\)$", run.stderr, re.M), run
     assert run.report["outcome"] == "pass", run
     assert_all_ranks(run, world)
     assert_no_hmc_left(before)

@@ -130,6 +130,14 @@ void RankRun::joinWorld() {
   if (!placement_.underLauncher()) return;
   silent_.emplace(timeout_);
   if (placement_.rank == 0) {
+    // As joinWorld says it: the moment the world formed, and where `status` attaches.
+    const auto& control = *transport_->control;
+    fmt::print(stderr,
+               "# hmc-run: world of scenario '{}' ({} ranks) joined ({}, transport {}); store at "
+               "{}:{} (attach: hmc-run status --master-addr {} --master-port {})\n",
+               scenario_.name, placement_.worldSize, placement_.launcher,
+               collective::toString(launch_.transport), control.host(), control.port(),
+               control.host(), control.port());
     local_.announce(*kv_);
   } else {
     local_ = EvidenceFolder::join(*kv_, placement_.rank, launch_.joinTimeout);
