@@ -249,6 +249,14 @@ TEST_SUITE("missing ranks") {
     CHECK(done[0][0].crashReason ==
           "stopped by the launcher's teardown after its steps (alive then: its last heartbeat "
           "says done; its result did not come before the report)");
+    // A run shorter than the heartbeat's second: "starting" is a live rank's last word too.
+    const auto starting = fillMissing({{}}, 1, evidenceOf(true, false, RankState::kStarting, -1));
+    CHECK(starting[0][0].stopped);
+    CHECK_FALSE(starting[0][0].crashed);
+    CHECK(starting[0][0].crashReason ==
+          "stopped by the launcher's teardown as it started (alive then: its last heartbeat "
+          "says starting; its result did not come before the report)");
+    CHECK(fillMissing({{}}, 1, evidenceOf(true, true, RankState::kStarting, -1))[0][0].crashed);
     // Waiting is not at work: never stopped by the teardown (with no collective in its heartbeat
     // to wait in, a rank with no result is crashed).
     const auto waiting = fillMissing({{}}, 1, evidenceOf(true, false, RankState::kWaiting, 2));

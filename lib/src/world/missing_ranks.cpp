@@ -48,15 +48,18 @@ scenario::RankResult fromEvidence(int rank, MissingRankEvidence evidence,
     }
     if (evidence.atTeardown && !evidence.ended && !evidence.silent &&
         (beat->state == diagnostics::RankState::kRunning ||
-         beat->state == diagnostics::RankState::kDone)) {
-      // Alive when the teardown began (at work, or handing on its result after its steps),
-      // not crashed: the launcher stopped it before its result came.
+         beat->state == diagnostics::RankState::kDone ||
+         beat->state == diagnostics::RankState::kStarting)) {
+      // Alive when the teardown began (starting, at work, or handing on its result after its
+      // steps), not crashed: the launcher stopped it before its result came. (A run shorter
+      // than the heartbeat's second may leave a rank's "starting" as its last word.)
       result.stopped = true;
       result.crashReason = fmt::format(
           "stopped by the launcher's teardown {} (alive then: its last heartbeat says {}; its "
           "result did not come before the report)",
-          beat->step < 0 ? std::string("after its steps")
-                         : fmt::format("while running step {}", beat->step),
+          beat->state == diagnostics::RankState::kStarting ? std::string("as it started")
+          : beat->step < 0                                  ? std::string("after its steps")
+                           : fmt::format("while running step {}", beat->step),
           diagnostics::toString(beat->state));
       return result;
     }
