@@ -280,6 +280,7 @@ TEST_SUITE("teardown") {
             "steps": [{"op": "create", "module": "a"}, {"op": "close_all"}]})",
         "t.json");
     const auto report = hmc::scenario::buildReport(fourRanks, ranks, {});
+    CHECK((report.outcome == hmc::scenario::Outcome::kFail));
     REQUIRE(report.diagnosis.first);
     CHECK(report.diagnosis.first->kind == "stopped");
     CHECK(report.diagnosis.first->stage == "join");
@@ -288,6 +289,21 @@ TEST_SUITE("teardown") {
               "stopped in the world's join: ranks [2, 3] had not joined the store at "
               "127.0.0.1:29510 when rank 0 was stopped by signal 15",
               0) == 0);
+  }
+
+  TEST_CASE("a world stopped while it formed fails, even where the plan has a fault step") {
+    RankPlacement placement{0, 2, "127.0.0.1", 29510, 0, StoreHost::kRankZero, "mpirun"};
+    hmc::world::JoinState join;
+    join.missing = {1};
+    static const hmc::scenario::Scenario stall = hmc::scenario::parseScenarioText(
+        R"({"format": "hmc-scenario/1", "name": "t", "world_size": 2, "device": "cpu",
+            "steps": [{"op": "create", "module": "a"},
+                      {"op": "fault", "kind": "stall", "seconds": 0.5, "ranks": [1]},
+                      {"op": "close_all"}]})",
+        "t.json");
+    const auto report = hmc::scenario::buildReport(
+        stall, hmc::world::worldNotFormedResults(placement, SIGTERM, join, ""), {});
+    CHECK((report.outcome == hmc::scenario::Outcome::kFail));
   }
 
   TEST_CASE("a signal before the world formed: a rank gone after its join crashed first") {

@@ -177,7 +177,13 @@ Outcome computeOutcome(const Scenario& scenario, const std::vector<RankResult>& 
            (r.crashReason->find("killed by signal") != std::string::npos ||
             r.crashReason->rfind("could not join its world", 0) == 0);
   });
-  if (anyCrash && (!anyFaultStep || unplannedCrash || crashedOtherwise)) return Outcome::kFail;
+  // A world a launcher stopped while it formed (no rank has a step): nothing the plan did.
+  const bool notFormed =
+      std::any_of(ranks.begin(), ranks.end(), [](const RankResult& r) { return r.stopped; }) &&
+      std::all_of(ranks.begin(), ranks.end(), [](const RankResult& r) { return r.steps.empty(); });
+  if (anyCrash && (!anyFaultStep || unplannedCrash || crashedOtherwise || notFormed)) {
+    return Outcome::kFail;
+  }
   bool allExpected = true;
   bool unexpectedHang = false;
   for (const auto& rank : ranks) {
