@@ -112,13 +112,18 @@ class RankRun {
 };
 
 void RankRun::joinWorld() {
+  std::shared_ptr<JoinWatch> watch;
   if (placement_.underLauncher() && placement_.rank == 0) {
     local_ = EvidenceFolder::create(placement_.rank);
     handOff_.setFolder(local_);
+    watch = std::make_shared<JoinWatch>(placement_);
+    handOff_.setJoinWatch(watch);
   }
   try {
     transport_.emplace(formWorld());
+    if (watch) watch->stop();
   } catch (...) {
+    if (watch) watch->stop();
     // Rank 0 made the folder for a world that never formed: nobody else knows of it, and it
     // holds only rank 0's pid (a failed start under a launcher left one in /tmp each time).
     local_.remove();

@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
@@ -53,6 +54,35 @@ std::vector<int> goneAfterJoin(collective::KeyValueStore& kv, const RankPlacemen
   return gone;
 }
 
+// A connection to the store for reading who joined: 1 s bounds on each request.
+std::shared_ptr<collective::KeyValueStore> connectForJoin(const RankPlacement& placement) {
+  collective::StoreTransportOptions client;
+  client.host = placement.masterAddr;
+  client.port = placement.masterPort;
+  client.rank = placement.rank;
+  client.worldSize = placement.worldSize;
+  client.timeout = std::chrono::seconds(1);
+  client.joinTimeout = std::chrono::seconds(1);
+  return collective::connectKeyValueStore(client);
+}
+
+JoinState readJoinStateFrom(collective::KeyValueStore& kv, const RankPlacement& placement) {
+  JoinState state;
+  for (int rank = 0; rank < placement.worldSize; ++rank) {
+    const std::string key = collective::joinedRankKey(rank);
+    if (!kv.check({key})) {
+      state.missing.push_back(rank);
+      continue;
+    }
+    const collective::Bytes host = kv.get(key, std::chrono::seconds(1));
+    state.hosts[rank] = std::string(host.begin(), host.end());
+  }
+  if (placement.rank == 0 && placement.storeHost == StoreHost::kRankZero) {
+    state.gone = goneAfterJoin(kv, placement, state);
+  }
+  return state;
+}
+
 }  // namespace
 
 std::optional<JoinState> readJoinState(const RankPlacement& placement, std::string* problem) {
@@ -62,31 +92,69 @@ std::optional<JoinState> readJoinState(const RankPlacement& placement, std::stri
   };
   if (placement.worldSize < 2) return fail("a world of one rank has no store to join");
   if (placement.masterPort == 0) return fail("the store's port is not known");
+  // A store not up yet (rank 0 still loading, or gone) would hold the client's connect for a
+  // second of retries: past a launcher's SIGKILL, 50 ms after its SIGTERM under mpirun.
+  const std::string listens = hmc::detail::handshakeFails(
+      hmc::detail::resolveAddresses(placement.masterAddr, placement.masterPort),
+      std::chrono::milliseconds(200));
+  if (!listens.empty()) {
+    return fail(fmt::format("nothing answers at {}:{} yet: {}", placement.masterAddr,
+                            placement.masterPort, listens));
+  }
   try {
-    collective::StoreTransportOptions client;
-    client.host = placement.masterAddr;
-    client.port = placement.masterPort;
-    client.rank = placement.rank;
-    client.worldSize = placement.worldSize;
-    client.timeout = std::chrono::seconds(1);
-    client.joinTimeout = std::chrono::seconds(1);
-    const auto kv = collective::connectKeyValueStore(client);
-    JoinState state;
-    for (int rank = 0; rank < placement.worldSize; ++rank) {
-      const std::string key = collective::joinedRankKey(rank);
-      if (!kv->check({key})) {
-        state.missing.push_back(rank);
-        continue;
-      }
-      const collective::Bytes host = kv->get(key, std::chrono::seconds(1));
-      state.hosts[rank] = std::string(host.begin(), host.end());
-    }
-    if (placement.rank == 0 && placement.storeHost == StoreHost::kRankZero) {
-      state.gone = goneAfterJoin(*kv, placement, state);
-    }
-    return state;
+    return readJoinStateFrom(*connectForJoin(placement), placement);
   } catch (const std::exception& error) {
     return fail(error.what());
+  }
+}
+
+JoinWatch::JoinWatch(const RankPlacement& placement) : placement_(placement) {
+  if (placement.rank != 0 || placement.worldSize < 2 || placement.masterPort == 0) return;
+  thread_ = std::thread([this] { watch(); });
+}
+
+JoinWatch::~JoinWatch() { stop(); }
+
+void JoinWatch::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+std::optional<JoinState> JoinWatch::latest(std::chrono::milliseconds fresh) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!latest_ || std::chrono::steady_clock::now() - readAt_ > fresh) return std::nullopt;
+  return latest_;
+}
+
+void JoinWatch::watch() {
+  std::shared_ptr<collective::KeyValueStore> kv;
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!stopping_) {
+    lock.unlock();
+    std::optional<JoinState> state;
+    try {
+      // One connection, once the store answers (rank 0 makes it as it joins).
+      if (!kv && hmc::detail::handshakeFails(hmc::detail::resolveAddresses(
+                                                 placement_.masterAddr, placement_.masterPort),
+                                             std::chrono::milliseconds(200))
+                     .empty()) {
+        kv = connectForJoin(placement_);
+      }
+      if (kv) state = readJoinStateFrom(*kv, placement_);
+    } catch (const std::exception& error) {
+      spdlog::debug("rank 0: reading who joined the store: {}", error.what());
+      kv.reset();
+    }
+    lock.lock();
+    if (state) {
+      latest_ = std::move(state);
+      readAt_ = std::chrono::steady_clock::now();
+    }
+    wake_.wait_for(lock, kInterval, [this] { return stopping_; });
   }
 }
 
@@ -200,6 +268,11 @@ void TerminationHandOff::setStore(std::shared_ptr<collective::KeyValueStore> kv)
 void TerminationHandOff::setClosedPeers(collective::Collective::ClosedPeers closedPeers) {
   std::lock_guard<std::mutex> lock(mutex_);
   closedPeers_ = std::move(closedPeers);
+}
+
+void TerminationHandOff::setJoinWatch(std::shared_ptr<const JoinWatch> watch) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  joinWatch_ = std::move(watch);
 }
 
 void TerminationHandOff::setFolder(EvidenceFolder folder) {
@@ -320,7 +393,14 @@ void TerminationHandOff::report(int signal, bool early,
     // The world had not formed: no rank has a result or a folder but this one's, and the store
     // says who had joined it (a rank that never did is what a launcher's teardown follows).
     std::string problem;
-    const std::optional<JoinState> join = readJoinState(placement, &problem);
+    std::shared_ptr<const JoinWatch> watch;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      watch = joinWatch_;
+    }
+    // Read a moment ago (a read now may outlast mpirun's SIGKILL), else now.
+    std::optional<JoinState> join = watch ? watch->latest(std::chrono::seconds(1)) : std::nullopt;
+    if (!join) join = readJoinState(placement, &problem);
     std::vector<std::vector<scenario::RankResult>> merged{
         worldNotFormedResults(placement, signal, join, problem)};
     if (early) {

@@ -239,8 +239,15 @@ std::optional<diagnostics::FlightEntry> firstHang(const diagnostics::FlightRecor
 // world per process takes the signals.
 // A signal that came while the world ended (the main thread reported first, or stopped the
 // forwarder before it looked) ends the process too, once the program's handlers are back.
+// Who had joined rank 0's store, as read at a moment (JoinWatch's last read, or the signal's).
+struct JoinRead {
+  std::optional<world::JoinState> state;
+  std::string problem;
+  Clock::time_point at;
+};
+JoinRead readJoin(const JoinOptions& options, const world::RankPlacement& placement);
 void reportStoppedJoin(const JoinOptions& options, const world::RankPlacement& placement,
-                       int signal);
+                       int signal, const std::optional<JoinRead>& recent = std::nullopt);
 void reportFailedJoin(const JoinOptions& options, const world::RankPlacement& placement,
                       const std::exception& error);
 bool standsInAtJoin(const world::RankPlacement& placement);
@@ -336,6 +343,9 @@ struct World::Impl {
   // 0 reported at it (under reportMutex).
   std::atomic<bool> warning{false};
   std::optional<Clock::time_point> reportedAtWarning;
+  // Rank 0 while the world forms: who has joined its store, read every 200 ms, so that the
+  // report at a launcher's signal does not have to read it then (world/teardown.hpp).
+  std::unique_ptr<world::JoinWatch> joinWatch;
   std::unique_ptr<TerminationSignals> signals;
 
   ~Impl() {
@@ -643,7 +653,13 @@ void World::Impl::onSignal(int signal) {
     // where rank 0 has ended (a crash right after its own join), the rank that stands in.
     if (placement.rank == 0) {
       reported = true;
-      reportStoppedJoin(options, placement, signal);
+      std::optional<JoinRead> recent;
+      if (joinWatch) {
+        if (auto state = joinWatch->latest(std::chrono::seconds(1))) {
+          recent = JoinRead{std::move(state), std::string(), Clock::now()};
+        }
+      }
+      reportStoppedJoin(options, placement, signal, recent);
     } else if (standsInAtJoin(placement) && storeRefuses(placement)) {
       // At once: mpirun's SIGKILL comes 50 ms after its SIGTERM. Nothing listens at rank 0's
       // store as the teardown's signal arrives: rank 0 had ended before it (a rank 0 stopped by
@@ -1186,18 +1202,25 @@ void reportFailedJoin(const JoinOptions& options, const world::RankPlacement& pl
 // job down when one of its processes ends, which may be a rank killed before it joined, or
 // after (its connections to rank 0's store closed). The ranks that had not joined are named
 // (their hosts are not known: they never said), and those gone after joining, with theirs.
-void reportStoppedJoin(const JoinOptions& options, const world::RankPlacement& placement,
-                       int signal) {
-  const std::string launcher = placement.launcher.empty() ? "the launcher" : placement.launcher;
-  std::string problem;
-  std::optional<world::JoinState> join;
+JoinRead readJoin(const JoinOptions& options, const world::RankPlacement& placement) {
+  JoinRead read;
   if (placement.masterPort != 0 && placement.worldSize >= 2) {
-    join = world::readJoinState(placement, &problem);
-    if (!join) {
+    read.state = world::readJoinState(placement, &read.problem);
+    if (!read.state) {
       spdlog::warn("hmc world '{}': cannot read which ranks joined the store at {}:{}: {}",
-                   options.name, placement.masterAddr, placement.masterPort, problem);
+                   options.name, placement.masterAddr, placement.masterPort, read.problem);
     }
   }
+  read.at = Clock::now();
+  return read;
+}
+
+void reportStoppedJoin(const JoinOptions& options, const world::RankPlacement& placement,
+                       int signal, const std::optional<JoinRead>& recent) {
+  const std::string launcher = placement.launcher.empty() ? "the launcher" : placement.launcher;
+  // Read a moment ago (JoinWatch: a read now may outlast mpirun's SIGKILL), else now.
+  const JoinRead read = recent ? *recent : readJoin(options, placement);
+  const std::optional<world::JoinState>& join = read.state;
   const std::string store = fmt::format("{}:{}", placement.masterAddr, placement.masterPort);
   diagnostics::FirstFailure first;
   first.kind = std::string(join && !join->gone.empty() ? diagnostics::kCrash
@@ -1434,10 +1457,15 @@ World joinWorld(JoinOptions options) {
       [raw](int signal) { raw->onSignal(signal); },
       placement.launcher == "mpirun" ? std::function<void()>([raw] { raw->onWarning(); })
                                      : std::function<void()>());
+  if (placement.rank == 0 && placement.underLauncher()) {
+    impl->joinWatch = std::make_unique<world::JoinWatch>(placement);
+  }
   try {
     impl->transport =
         collective::makeTransport(resolved.transport, launch.transportOptions(resolved.timeout));
+    if (impl->joinWatch) impl->joinWatch->stop();
   } catch (const std::exception& error) {
+    if (impl->joinWatch) impl->joinWatch->stop();
     impl->joinFailed(error);
     throw;
   }

@@ -22,12 +22,14 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "hmc/collective/collective.hpp"
@@ -99,6 +101,34 @@ struct JoinState {
 };
 std::optional<JoinState> readJoinState(const RankPlacement& placement, std::string* problem);
 
+// Rank 0 while its world forms: who has joined its store, read every kInterval on a thread of
+// its own (one connection, made once the store answers), so that a report at a launcher's
+// signal does not have to read it then: a new connection and the reads took about 20 ms, and
+// mpirun's SIGKILL followed its SIGTERM within that (its teardown after a lost daemon gives
+// rank 0's host no warning first). Nothing runs on other ranks. stop() (or destruction) ends
+// the thread; latest() stays usable after it.
+class JoinWatch {
+ public:
+  explicit JoinWatch(const RankPlacement& placement);
+  ~JoinWatch();
+  JoinWatch(const JoinWatch&) = delete;
+  JoinWatch& operator=(const JoinWatch&) = delete;
+  void stop();
+  // The last read, if it is not older than `fresh`.
+  std::optional<JoinState> latest(std::chrono::milliseconds fresh) const;
+  static constexpr std::chrono::milliseconds kInterval{200};
+
+ private:
+  void watch();
+  const RankPlacement placement_;
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stopping_ = false;
+  std::optional<JoinState> latest_;
+  std::chrono::steady_clock::time_point readAt_;
+  std::thread thread_;
+};
+
 // hmc-run's report of a world that a launcher's signal stopped while it formed (rank 0 in
 // its join, no store of its own yet): one repetition's results, every rank unfinished. The
 // ranks that had not joined are `notJoined` (stopped, their host unknown: the report's first
@@ -125,6 +155,8 @@ class TerminationHandOff {
   // connection closed before the signal ended (a node lost), it is not waiting.
   void setClosedPeers(collective::Collective::ClosedPeers closedPeers);
   void setFolder(EvidenceFolder folder);
+  // Rank 0 while the world forms: who has joined (a signal then reports from it).
+  void setJoinWatch(std::shared_ptr<const JoinWatch> watch);
   // The main thread claims the hand-off of the end of the run; false when a signal's hand-off
   // claimed it first (which then reports and exits the process).
   bool claimForMainThread();
@@ -160,6 +192,7 @@ class TerminationHandOff {
   std::shared_ptr<collective::KeyValueStore> kv_;  // its own connection
   collective::Collective::ClosedPeers closedPeers_;
   EvidenceFolder folder_;
+  std::shared_ptr<const JoinWatch> joinWatch_;
   std::atomic<Claimant> claimant_{Claimant::kNobody};
   std::atomic<int> signal_{0};  // the signal whose hand-off claimed the end (awaitSignalExit)
   std::optional<std::chrono::steady_clock::time_point> earlyReportAt_;  // the signal's thread
