@@ -272,12 +272,7 @@ def agree_first_failure(results, a, b, meta):
     # `crashed`), so what it met before is not in hmc-run's report; the program's world end
     # knows it from the rank's heartbeat. Those ranks are left out of the comparison, as in
     # agree_first_step.
-    if why == "kind/ranks differ" and fa is not None and fb is not None:
-        blind = {r["rank"] for r in a.document.get("ranks", [])
-                 if r.get("crashed") and not r.get("steps")}
-        if blind and fa.get("kind") == fb.get("kind") and \
-                set(fa.get("ranks") or []) - blind == set(fb.get("ranks") or []) - blind:
-            why = same_failure(dict(fa, ranks=[]), dict(fb, ranks=[]))
+    why = unblind(why, fa, fb, a.document, b.document)
     # Documented difference 3: the program's world did not form (its rank 0 crashed by plan
     # right after its own join, while the others joined): the same crash, named at 'join',
     # where hmc-run's thread ranks, which have no join, name the collective they waited in.
@@ -305,6 +300,22 @@ def agree_first_failure(results, a, b, meta):
                       f"{b.name}: {show_failure(fb)}")
     else:
         results.ok("agree_first_failure")
+
+
+def unblind(why, fa, fb, *docs):
+    """same_failure's verdict with the ranks an hmc-run report is blind to left out: a rank
+    process that died (`crashed`) or that a launcher's teardown stopped before its result came
+    (`stopped`) has no steps, so what it met before is not in that report (the reference's
+    rule for a dead rank process); the other document may know it."""
+    if why != "kind/ranks differ" or fa is None or fb is None:
+        return why
+    blind = {r["rank"] for doc in docs if (doc or {}).get("format") == "hmc-report/1"
+             for r in doc.get("ranks", [])
+             if (r.get("crashed") or r.get("stopped")) and not r.get("steps")}
+    if blind and fa.get("kind") == fb.get("kind") and \
+            set(fa.get("ranks") or []) - blind == set(fb.get("ranks") or []) - blind:
+        return same_failure(dict(fa, ranks=[]), dict(fb, ranks=[]))
+    return why
 
 
 def shutdown_error_is(error, ff):
@@ -531,7 +542,7 @@ def agree_hosts(results, a, f, meta, program):
     if not (pa and pf):
         results.not_checked("agree_first_failure", "no first_failure in one of them")
         return
-    why = same_failure(fa, ff)
+    why = unblind(same_failure(fa, ff), fa, ff, a.document, f.document)
     if why:
         results.wrong("agree_first_failure", f"{why}: {a.name}: {show_failure(fa)}; "
                       f"{f.name}: {show_failure(ff)}")
@@ -570,8 +581,15 @@ def fault_mattered(f, baseline, meta, program):
         return not ended_before_fault(doc, fault.get("ranks") or [], meta.get("steps", 0))
     want = expected_outcome(baseline.document, meta, program) if baseline.document else None
     ff = doc.get("first_failure") or {}
-    return doc.get("outcome") != want or bool(set(ff.get("ranks") or []) &
-                                              set(fault.get("ranks") or []))
+    if doc.get("outcome") != want:
+        return True
+    if not set(ff.get("ranks") or []) & set(fault.get("ranks") or []):
+        return False
+    # The first failure names a rank the fault touched: the fault's doing, unless it is the
+    # plan's own, as the unfaulted baseline names it (a divergence of a rank on that host).
+    base = (baseline.document or {}).get("first_failure") or {}
+    return (ff.get("kind"), sorted(ff.get("ranks") or [])) != \
+        (base.get("kind"), sorted(base.get("ranks") or []))
 
 
 def host_named(doc, rank, host, lost=False):

@@ -81,26 +81,6 @@ std::vector<SocketAddress> resolveAddresses(const std::string& host, int port) {
   return out;
 }
 
-std::string sourceAddressTo(const std::string& host, int port) {
-  for (const SocketAddress& address : resolveAddresses(host, port)) {
-    Fd socket{::socket(address.family, SOCK_DGRAM | SOCK_CLOEXEC, 0)};
-    if (socket.fd < 0) continue;
-    if (::connect(socket.fd, reinterpret_cast<const sockaddr*>(&address.address),
-                  address.length) != 0) {
-      continue;
-    }
-    sockaddr_storage local{};
-    socklen_t length = sizeof(local);
-    if (::getsockname(socket.fd, reinterpret_cast<sockaddr*>(&local), &length) != 0) continue;
-    char text[INET6_ADDRSTRLEN] = {};
-    const void* raw = local.ss_family == AF_INET
-                          ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr)
-                          : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr);
-    if (::inet_ntop(local.ss_family, raw, text, sizeof(text)) != nullptr) return text;
-  }
-  return {};
-}
-
 namespace {
 
 // One /proc/net/tcp{,6} address ("0100007F:1F90", or 32 hex digits and a port): its text and
@@ -141,6 +121,34 @@ std::optional<std::pair<std::string, int>> procAddress(const std::string& field,
 
 }  // namespace
 
+std::pair<int, std::string> openLiveness(const std::string& host, int port,
+                                         std::chrono::milliseconds within) {
+  std::string why;
+  Fd socket{connectAny(resolveAddresses(host, port), Clock::now() + within, why)};
+  if (socket.fd < 0) return {-1, {}};
+  sockaddr_storage local{};
+  socklen_t length = sizeof(local);
+  if (::getsockname(socket.fd, reinterpret_cast<sockaddr*>(&local), &length) != 0) return {-1, {}};
+  char text[INET6_ADDRSTRLEN] = {};
+  int localPort = 0;
+  if (local.ss_family == AF_INET) {
+    const auto* four = reinterpret_cast<const sockaddr_in*>(&local);
+    if (::inet_ntop(AF_INET, &four->sin_addr, text, sizeof(text)) == nullptr) return {-1, {}};
+    localPort = ntohs(four->sin_port);
+  } else {
+    const auto* six = reinterpret_cast<const sockaddr_in6*>(&local);
+    if (IN6_IS_ADDR_V4MAPPED(&six->sin6_addr)) {
+      in_addr four{};
+      std::memcpy(&four, six->sin6_addr.s6_addr + 12, 4);
+      if (::inet_ntop(AF_INET, &four, text, sizeof(text)) == nullptr) return {-1, {}};
+    } else if (::inet_ntop(AF_INET6, &six->sin6_addr, text, sizeof(text)) == nullptr) {
+      return {-1, {}};
+    }
+    localPort = ntohs(six->sin6_port);
+  }
+  return {socket.release(), std::string(text) + ":" + std::to_string(localPort)};
+}
+
 std::optional<std::set<std::string>> establishedPeersOf(int port) {
   std::set<std::string> peers;
   bool read = false;
@@ -157,7 +165,9 @@ std::optional<std::set<std::string>> establishedPeersOf(int port) {
       if (state != "01") continue;  // TCP_ESTABLISHED
       const auto here = procAddress(local, six);
       const auto there = procAddress(remote, six);
-      if (here && there && here->second == port) peers.insert(there->first);
+      if (here && there && here->second == port) {
+        peers.insert(there->first + ":" + std::to_string(there->second));
+      }
     }
   }
   if (!read) return std::nullopt;

@@ -91,16 +91,18 @@ std::vector<SocketAddress> resolveAddresses(const std::string& host, int port);
 std::string handshakeFails(const std::vector<SocketAddress>& addresses,
                            std::chrono::milliseconds within);
 
-// The numeric address (inet_ntop's text) this host would send from to host:port: a UDP socket
-// connected to its first address and read back with getsockname (no packet is sent); "" when
-// it does not resolve or there is no route.
-std::string sourceAddressTo(const std::string& host, int port);
-
-// The numeric addresses of the peers of this network namespace's established TCP connections
-// whose local port is `port` (/proc/net/tcp and /proc/net/tcp6; an IPv4-mapped IPv6 peer as its
-// IPv4 text, so that both compare with sourceAddressTo's); nullopt when neither file can be
-// read.
+// The peers ("address:port", the address as inet_ntop writes it) of this network namespace's
+// established TCP connections whose local port is `port` (/proc/net/tcp and /proc/net/tcp6; an
+// IPv4-mapped IPv6 peer as its IPv4 text, so that both compare with openLiveness's); nullopt
+// when neither file can be read.
 std::optional<std::set<std::string>> establishedPeersOf(int port);
+
+// A TCP connection to host:port that says nothing and is kept for as long as the process
+// lives (close-on-exec): its end closes when the process does, however it ends, which the
+// listening side sees in its TCP table (establishedPeersOf). Returns the socket (-1 when it
+// cannot connect within `within`) and its own end as "address:port".
+std::pair<int, std::string> openLiveness(const std::string& host, int port,
+                                         std::chrono::milliseconds within);
 
 // A connected, non-blocking TCP socket to one of `addresses` (tried in order until `deadline`),
 // or -1 with `why` saying what the last attempt met.

@@ -452,7 +452,8 @@ void KeyJanitor::run() {
 }
 
 void joinWorld(c10d::Store& store, const StoreTransportOptions& options,
-               const std::string& endpoint, Clock::time_point deadline) {
+               const std::string& endpoint, Clock::time_point deadline,
+               const std::string& liveness) {
   if (options.worldSize == 1) return;
   const std::string kv = options.prefix + "/kv/";
   const std::string countKey = kv + collective::kJoinedCountKey;
@@ -468,11 +469,10 @@ void joinWorld(c10d::Store& store, const StoreTransportOptions& options,
     return missing;
   };
   try {
-    // The address it reaches the store from: the hosting rank tells from its connections
-    // which host's ranks are gone (StoreTransport::closedPeers).
-    const std::string source = sourceAddressTo(options.host, options.port);
-    if (!source.empty()) {
-      store.set(kv + collective::addressKey(options.rank), c10d_compat::toVector(source));
+    // Its liveness connection's end ("address:port"): the hosting rank tells from its TCP
+    // table which ranks' processes have ended (StoreTransport::closedPeers).
+    if (!liveness.empty()) {
+      store.set(kv + collective::addressKey(options.rank), c10d_compat::toVector(liveness));
     }
     // Its host as the value: a report of a world that did not form says where the ranks that
     // joined are (world.cpp).
@@ -621,10 +621,10 @@ void StoreTransportState::reconnectWaiter(std::string_view context) {
   waiter = freshConnection(*this, context);
 }
 
-// The hosting rank's view of which hosts' ranks are gone: each rank's address (read from the
-// store once, at the first question) against the peers of the store port's established
-// connections. A rank process holds several connections to the store; when every process of a
-// host has ended (a node lost, its ranks killed), none from that host's address is left.
+// The hosting rank's view of which ranks' processes are gone: each rank's liveness connection
+// ("address:port", read from the store once, at the first question) against the peers of the
+// store port's established connections. A process that ends, however it ends, closes it;
+// a partition leaves it established (nothing can be told then).
 struct PeerAddressBook {
   int self = 0;
   int worldSize = 0;
@@ -641,14 +641,9 @@ struct PeerAddressBook {
     if (!complete) read();
     const auto peers = establishedPeersOf(port);
     if (!peers || !alive) return {};
-    const auto own = addresses.find(self);
     std::vector<int> out;
     for (const auto& [rank, address] : addresses) {
-      // The hosting rank's own host (its own connections come from there too) and loopback
-      // cannot be told apart by address: the evidence folder knows those ranks.
-      if (rank == self || (own != addresses.end() && address == own->second)) continue;
-      if (address.rfind("127.", 0) == 0 || address == "::1") continue;
-      if (peers->count(address) == 0) out.push_back(rank);
+      if (rank != self && peers->count(address) == 0) out.push_back(rank);
     }
     return out;
   }
@@ -706,7 +701,13 @@ StoreTransport::StoreTransport(const StoreTransportOptions& options)
   s.waiter = hmc::detail::connectTcpStore(options, false, true, s.port);
   s.janitor = std::make_unique<hmc::detail::KeyJanitor>(
       hmc::detail::connectTcpStore(options, false, true, s.port));
-  hmc::detail::joinWorld(*s.client, options, s.endpoint(), deadline);
+  std::string liveness;
+  if (options.worldSize > 1) {
+    const auto [fd, end] = hmc::detail::openLiveness(options.host, s.port, std::chrono::seconds(1));
+    s.liveness = fd;
+    liveness = end;
+  }
+  hmc::detail::joinWorld(*s.client, options, s.endpoint(), deadline, liveness);
   if (options.hostsServer() && options.worldSize > 1) {
     s.addressBook = std::make_shared<hmc::detail::PeerAddressBook>();
     s.addressBook->self = options.rank;
@@ -721,6 +722,7 @@ StoreTransport::StoreTransport(const StoreTransportOptions& options)
 StoreTransport::~StoreTransport() {
   auto& s = *state_;
   if (s.addressBook) s.addressBook->alive = false;
+  if (s.liveness >= 0) ::close(s.liveness);
   s.janitor.reset();
   hmc::detail::leaveStore(*s.client, s.server.defined(), s.options);
 }

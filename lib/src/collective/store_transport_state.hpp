@@ -37,7 +37,8 @@ c10::intrusive_ptr<c10d::TCPStore> connectTcpStore(
 // naming the ranks that did not join, RankFailure at once when one of them was announced dead
 // ("<prefix>/kv/dead/<rank>") or the store's server is gone. `endpoint` names the store.
 void joinWorld(c10d::Store& store, const StoreTransportOptions& options,
-               const std::string& endpoint, collective::Clock::time_point deadline);
+               const std::string& endpoint, collective::Clock::time_point deadline,
+               const std::string& liveness = std::string());
 
 // "<prefix>/kv/dead/<rank>": the key a launcher sets when that rank's process died.
 std::string deadKeyOf(const std::string& prefix, int rank);
@@ -103,6 +104,9 @@ struct StoreTransportState {
   std::unique_ptr<KeyJanitor> janitor;
   // The hosting rank's: which hosts' ranks are gone (StoreTransport::closedPeers).
   std::shared_ptr<PeerAddressBook> addressBook;
+  // This rank's liveness connection to the store (store_connection.hpp's openLiveness), kept
+  // until the transport goes; -1 where it could not be made.
+  int liveness = -1;
 
   std::string endpoint() const { return options.host + ":" + std::to_string(port); }
   // "<prefix>/x/<sequence % keySlots>/<rank>": names are reused round robin (see

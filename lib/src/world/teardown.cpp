@@ -30,8 +30,8 @@ constexpr std::chrono::seconds kEarlyReportFresh{3};
 
 namespace {
 
-// The ranks of other hosts that had joined this process's store and from whose address no
-// connection to it is left (StoreTransport::closedPeers's rule, read while the world forms).
+// The ranks that had joined this process's store and whose liveness connection to it is no
+// longer established (StoreTransport::closedPeers's rule, read while the world forms).
 std::vector<int> goneAfterJoin(collective::KeyValueStore& kv, const RankPlacement& placement,
                                const JoinState& state) {
   const auto peers = hmc::detail::establishedPeersOf(placement.masterPort);
@@ -42,14 +42,11 @@ std::vector<int> goneAfterJoin(collective::KeyValueStore& kv, const RankPlacemen
     const collective::Bytes value = kv.get(key, std::chrono::seconds(1));
     return std::string(value.begin(), value.end());
   };
-  std::string own = addressOf(placement.rank);
-  if (own.empty()) own = hmc::detail::sourceAddressTo(placement.masterAddr, placement.masterPort);
   std::vector<int> gone;
   for (const auto& [rank, host] : state.hosts) {
-    if (rank == placement.rank || host == hostName()) continue;
+    if (rank == placement.rank) continue;
     const std::string address = addressOf(rank);
-    if (address.empty() || address == own || address.rfind("127.", 0) == 0) continue;
-    if (peers->count(address) == 0) gone.push_back(rank);
+    if (!address.empty() && peers->count(address) == 0) gone.push_back(rank);
   }
   return gone;
 }

@@ -16,9 +16,10 @@
 //   joined/<rank>      set by each rank as it joins the world (StoreTransport's construction,
 //                      the gloo transport's store); joined/count counts them, so that joining
 //                      ranks poll one key and look rank by rank only to name who is missing.
-//   address/<rank>     set just before joined/<rank>: the address the rank reaches the store
-//                      from, so that the hosting rank can tell from its connections which
-//                      host's ranks are gone (StoreTransport::closedPeers).
+//   address/<rank>     set just before joined/<rank>: "address:port", the rank's end of a
+//                      connection to the store it keeps open and silent while it lives, so
+//                      that the hosting rank can tell from its TCP table which ranks' processes
+//                      have ended (StoreTransport::closedPeers).
 
 #include <chrono>
 #include <cstdint>

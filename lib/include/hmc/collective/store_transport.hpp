@@ -118,10 +118,10 @@ class StoreTransport final : public Collective {
   // A new connection to the same store, keys under "<prefix>/kv/". Safe to use from
   // another thread while this transport blocks in an exchange.
   std::shared_ptr<KeyValueStore> keyValueStore();
-  // On the hosting rank: the ranks of other hosts from whose address no connection to the
-  // store is left (every process of that host ended: a node lost, its ranks killed), from this
-  // network namespace's TCP table and the address each rank joined from; null on the others.
-  // Ranks of the hosting rank's own host, or joined over loopback, are never in it.
+  // On the hosting rank: the ranks whose processes have ended (killed, crashed, their node
+  // lost): each rank keeps a connection to the store that says nothing for as long as it
+  // lives, whose end it wrote at its join (address/<rank>); the ones no longer established in
+  // this network namespace's TCP table. Null on the other ranks.
   ClosedPeers closedPeers() const override;
   // Time spent waiting in the first, blocking slice of an exchange before polling starts.
   static constexpr std::chrono::milliseconds kFirstWait{100};

@@ -95,8 +95,8 @@ struct JoinState {
   std::vector<int> missing;            // the ranks that had not joined, in order
   std::map<int, std::string> hosts;    // the ranks that had, with the host each gave
   // Read where this process hosts the store (rank 0 of a world whose rank 0 hosts it): the
-  // ranks of other hosts that had joined and from whose address (the store's address/<rank>)
-  // no connection to the store is left: their processes ended after they joined.
+  // ranks that had joined and whose liveness connection to the store (address/<rank>) is no
+  // longer established: their processes ended after they joined.
   std::vector<int> gone;
 };
 std::optional<JoinState> readJoinState(const RankPlacement& placement, std::string* problem);
