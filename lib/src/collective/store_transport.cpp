@@ -704,7 +704,7 @@ StoreTransport::StoreTransport(const StoreTransportOptions& options)
   std::string liveness;
   if (options.worldSize > 1) {
     const auto [fd, end] = hmc::detail::openLiveness(options.host, s.port, std::chrono::seconds(1));
-    s.liveness = fd;
+    s.liveness.fd = fd;
     liveness = end;
   }
   hmc::detail::joinWorld(*s.client, options, s.endpoint(), deadline, liveness);
@@ -722,7 +722,6 @@ StoreTransport::StoreTransport(const StoreTransportOptions& options)
 StoreTransport::~StoreTransport() {
   auto& s = *state_;
   if (s.addressBook) s.addressBook->alive = false;
-  if (s.liveness >= 0) ::close(s.liveness);
   s.janitor.reset();
   hmc::detail::leaveStore(*s.client, s.server.defined(), s.options);
 }

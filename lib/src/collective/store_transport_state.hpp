@@ -105,8 +105,8 @@ struct StoreTransportState {
   // The hosting rank's: which hosts' ranks are gone (StoreTransport::closedPeers).
   std::shared_ptr<PeerAddressBook> addressBook;
   // This rank's liveness connection to the store (store_connection.hpp's openLiveness), kept
-  // until the transport goes; -1 where it could not be made.
-  int liveness = -1;
+  // until the transport goes (or its construction fails); -1 where it could not be made.
+  Fd liveness;
 
   std::string endpoint() const { return options.host + ":" + std::to_string(port); }
   // "<prefix>/x/<sequence % keySlots>/<rank>": names are reused round robin (see

@@ -14,10 +14,10 @@
 #include "hmc/collective/store_transport.hpp"
 #include "hmc/host.hpp"
 #include "hmc/scenario/output_file.hpp"
-#include "../collective/store_connection.hpp"
 #include "hmc/world/result_files.hpp"
 #include "hmc/world/result_gatherer.hpp"
 #include "hmc/world/run_keys.hpp"
+#include "../collective/store_connection.hpp"
 
 namespace hmc::world {
 namespace {
@@ -25,10 +25,6 @@ namespace {
 // A report made at Open MPI's warning is printed at the SIGTERM that follows within about 1 s;
 // one older than this (the warning was not a teardown) is made again.
 constexpr std::chrono::seconds kEarlyReportFresh{3};
-
-}  // namespace
-
-namespace {
 
 // The ranks that had joined this process's store and whose liveness connection to it is no
 // longer established (StoreTransport::closedPeers's rule, read while the world forms).
