@@ -621,48 +621,33 @@ void StoreTransportState::reconnectWaiter(std::string_view context) {
   waiter = freshConnection(*this, context);
 }
 
-// The hosting rank's view of which ranks' processes are gone: each rank's liveness connection
-// ("address:port", read from the store once, at the first question) against the peers of the
-// store port's established connections. A process that ends, however it ends, closes it;
-// a partition leaves it established (nothing can be told then).
+// The hosting rank's closedPeers(): a LivenessTable over a connection of its own, made at the
+// first question.
 struct PeerAddressBook {
   int self = 0;
   int worldSize = 0;
-  int port = 0;
   std::function<std::shared_ptr<collective::KeyValueStore>()> connect;
   std::atomic<bool> alive{true};  // false once the transport (and its server) is gone
   std::mutex mutex;
-  std::map<int, std::string> addresses;  // by rank, as read
-  bool complete = false;
+  std::shared_ptr<collective::KeyValueStore> kv;
+  std::optional<collective::LivenessTable> table;
 
   std::vector<int> closed() {
     if (!alive) return {};
     std::lock_guard<std::mutex> lock(mutex);
-    if (!complete) read();
-    const auto peers = establishedPeersOf(port);
-    if (!peers || !alive) return {};
-    std::vector<int> out;
-    for (const auto& [rank, address] : addresses) {
-      if (rank != self && peers->count(address) == 0) out.push_back(rank);
+    std::vector<int> others;
+    for (int rank = 0; rank < worldSize; ++rank) {
+      if (rank != self) others.push_back(rank);
     }
-    return out;
-  }
-
- private:
-  void read() {
     try {
-      const auto kv = connect();
-      for (int rank = 0; rank < worldSize; ++rank) {
-        if (addresses.count(rank) != 0) continue;
-        const std::string key = collective::addressKey(rank);
-        if (!kv->check({key})) continue;
-        const collective::Bytes value = kv->get(key, std::chrono::milliseconds(500));
-        addresses[rank] = std::string(value.begin(), value.end());
-      }
-      complete = static_cast<int>(addresses.size()) == worldSize;
+      if (!kv) kv = connect();
     } catch (const std::exception& error) {
-      spdlog::debug("rank {}: cannot read the ranks' addresses: {}", self, error.what());
+      spdlog::debug("rank {}: cannot connect to read the ranks' liveness connections: {}", self,
+                    error.what());
+      return {};
     }
+    const std::vector<int> ended = table->ended(*kv, others);
+    return alive ? ended : std::vector<int>{};
   }
 };
 
@@ -675,6 +660,28 @@ namespace {
 // needs: usable where the transport may be gone (PeerAddressBook's first question).
 std::shared_ptr<KeyValueStore> formedKeyValueStore(StoreTransportOptions formed, int port);
 }  // namespace
+
+std::vector<int> LivenessTable::ended(KeyValueStore& kv, const std::vector<int>& ranks) {
+  try {
+    for (const int rank : ranks) {
+      if (ends_.count(rank) != 0) continue;
+      const std::string key = addressKey(rank);
+      if (!kv.check({key})) continue;
+      const Bytes value = kv.get(key, std::chrono::milliseconds(500));
+      ends_[rank] = std::string(value.begin(), value.end());
+    }
+  } catch (const std::exception& error) {
+    spdlog::debug("the ranks' liveness connections: cannot read their ends: {}", error.what());
+  }
+  const auto peers = hmc::detail::establishedPeersOf(port_);
+  if (!peers) return {};
+  std::vector<int> out;
+  for (const int rank : ranks) {
+    const auto it = ends_.find(rank);
+    if (it != ends_.end() && peers->count(it->second) == 0) out.push_back(rank);
+  }
+  return out;
+}
 
 Collective::ClosedPeers StoreTransport::closedPeers() const {
   const std::shared_ptr<hmc::detail::PeerAddressBook> book = state_->addressBook;
@@ -712,7 +719,7 @@ StoreTransport::StoreTransport(const StoreTransportOptions& options)
     s.addressBook = std::make_shared<hmc::detail::PeerAddressBook>();
     s.addressBook->self = options.rank;
     s.addressBook->worldSize = options.worldSize;
-    s.addressBook->port = s.port;
+    s.addressBook->table.emplace(s.port);
     s.addressBook->connect = [options = s.options, port = s.port] {
       return formedKeyValueStore(options, port);
     };

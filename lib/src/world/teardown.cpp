@@ -26,25 +26,13 @@ namespace {
 // one older than this (the warning was not a teardown) is made again.
 constexpr std::chrono::seconds kEarlyReportFresh{3};
 
-// The ranks that had joined this process's store and whose liveness connection to it is no
-// longer established (StoreTransport::closedPeers's rule, read while the world forms).
-std::vector<int> goneAfterJoin(collective::KeyValueStore& kv, const RankPlacement& placement,
-                               const JoinState& state) {
-  const auto peers = hmc::detail::establishedPeersOf(placement.masterPort);
-  if (!peers) return {};
-  const auto addressOf = [&kv](int rank) -> std::string {
-    const std::string key = collective::addressKey(rank);
-    if (!kv.check({key})) return {};
-    const collective::Bytes value = kv.get(key, std::chrono::seconds(1));
-    return std::string(value.begin(), value.end());
-  };
-  std::vector<int> gone;
-  for (const auto& [rank, host] : state.hosts) {
-    if (rank == placement.rank) continue;
-    const std::string address = addressOf(rank);
-    if (!address.empty() && peers->count(address) == 0) gone.push_back(rank);
-  }
-  return gone;
+// "" when the store at placement's address answers a TCP handshake within 200 ms, else why
+// not. c10d's client would retry a store that is not up yet (rank 0 still loading, or gone)
+// for a second: past a launcher's SIGKILL, 50 ms after its SIGTERM under mpirun.
+std::string storeSilence(const RankPlacement& placement) {
+  return hmc::detail::handshakeFails(
+      hmc::detail::resolveAddresses(placement.masterAddr, placement.masterPort),
+      std::chrono::milliseconds(200));
 }
 
 // A connection to the store for reading who joined: 1 s bounds on each request.
@@ -59,9 +47,16 @@ std::shared_ptr<collective::KeyValueStore> connectForJoin(const RankPlacement& p
   return collective::connectKeyValueStore(client);
 }
 
-JoinState readJoinStateFrom(collective::KeyValueStore& kv, const RankPlacement& placement) {
+// Who has joined. `known`: an earlier read, whose joined ranks (a rank's host never changes)
+// are not asked again; `table`: where this process hosts the store (rank 0 of a world whose
+// rank 0 hosts it), the ranks that joined and have ended since.
+JoinState readJoinStateFrom(collective::KeyValueStore& kv, const RankPlacement& placement,
+                            collective::LivenessTable& table,
+                            const std::optional<JoinState>& known = std::nullopt) {
   JoinState state;
+  if (known) state.hosts = known->hosts;
   for (int rank = 0; rank < placement.worldSize; ++rank) {
+    if (state.hosts.count(rank) != 0) continue;
     const std::string key = collective::joinedRankKey(rank);
     if (!kv.check({key})) {
       state.missing.push_back(rank);
@@ -71,7 +66,11 @@ JoinState readJoinStateFrom(collective::KeyValueStore& kv, const RankPlacement& 
     state.hosts[rank] = std::string(host.begin(), host.end());
   }
   if (placement.rank == 0 && placement.storeHost == StoreHost::kRankZero) {
-    state.gone = goneAfterJoin(kv, placement, state);
+    std::vector<int> joined;
+    for (const auto& [rank, host] : state.hosts) {
+      if (rank != placement.rank) joined.push_back(rank);
+    }
+    state.gone = table.ended(kv, joined);
   }
   return state;
 }
@@ -85,23 +84,20 @@ std::optional<JoinState> readJoinState(const RankPlacement& placement, std::stri
   };
   if (placement.worldSize < 2) return fail("a world of one rank has no store to join");
   if (placement.masterPort == 0) return fail("the store's port is not known");
-  // A store not up yet (rank 0 still loading, or gone) would hold the client's connect for a
-  // second of retries: past a launcher's SIGKILL, 50 ms after its SIGTERM under mpirun.
-  const std::string listens = hmc::detail::handshakeFails(
-      hmc::detail::resolveAddresses(placement.masterAddr, placement.masterPort),
-      std::chrono::milliseconds(200));
-  if (!listens.empty()) {
+  if (const std::string silence = storeSilence(placement); !silence.empty()) {
     return fail(fmt::format("nothing answers at {}:{} yet: {}", placement.masterAddr,
-                            placement.masterPort, listens));
+                            placement.masterPort, silence));
   }
   try {
-    return readJoinStateFrom(*connectForJoin(placement), placement);
+    collective::LivenessTable table(placement.masterPort);
+    return readJoinStateFrom(*connectForJoin(placement), placement, table);
   } catch (const std::exception& error) {
     return fail(error.what());
   }
 }
 
-JoinWatch::JoinWatch(const RankPlacement& placement) : placement_(placement) {
+JoinWatch::JoinWatch(const RankPlacement& placement)
+    : placement_(placement), table_(placement.masterPort) {
   if (placement.rank != 0 || placement.worldSize < 2 || placement.masterPort == 0) return;
   thread_ = std::thread([this] { watch(); });
 }
@@ -127,17 +123,13 @@ void JoinWatch::watch() {
   std::shared_ptr<collective::KeyValueStore> kv;
   std::unique_lock<std::mutex> lock(mutex_);
   while (!stopping_) {
+    const std::optional<JoinState> known = latest_;  // its joined ranks are not asked again
     lock.unlock();
     std::optional<JoinState> state;
     try {
       // One connection, once the store answers (rank 0 makes it as it joins).
-      if (!kv && hmc::detail::handshakeFails(hmc::detail::resolveAddresses(
-                                                 placement_.masterAddr, placement_.masterPort),
-                                             std::chrono::milliseconds(200))
-                     .empty()) {
-        kv = connectForJoin(placement_);
-      }
-      if (kv) state = readJoinStateFrom(*kv, placement_);
+      if (!kv && storeSilence(placement_).empty()) kv = connectForJoin(placement_);
+      if (kv) state = readJoinStateFrom(*kv, placement_, table_, known);
     } catch (const std::exception& error) {
       spdlog::debug("rank 0: reading who joined the store: {}", error.what());
       kv.reset();

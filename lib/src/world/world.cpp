@@ -239,15 +239,8 @@ std::optional<diagnostics::FlightEntry> firstHang(const diagnostics::FlightRecor
 // world per process takes the signals.
 // A signal that came while the world ended (the main thread reported first, or stopped the
 // forwarder before it looked) ends the process too, once the program's handlers are back.
-// Who had joined rank 0's store, as read at a moment (JoinWatch's last read, or the signal's).
-struct JoinRead {
-  std::optional<world::JoinState> state;
-  std::string problem;
-  Clock::time_point at;
-};
-JoinRead readJoin(const JoinOptions& options, const world::RankPlacement& placement);
 void reportStoppedJoin(const JoinOptions& options, const world::RankPlacement& placement,
-                       int signal, const std::optional<JoinRead>& recent = std::nullopt);
+                       int signal, std::optional<world::JoinState> recent = std::nullopt);
 void reportFailedJoin(const JoinOptions& options, const world::RankPlacement& placement,
                       const std::exception& error);
 bool standsInAtJoin(const world::RankPlacement& placement);
@@ -653,13 +646,8 @@ void World::Impl::onSignal(int signal) {
     // where rank 0 has ended (a crash right after its own join), the rank that stands in.
     if (placement.rank == 0) {
       reported = true;
-      std::optional<JoinRead> recent;
-      if (joinWatch) {
-        if (auto state = joinWatch->latest(std::chrono::seconds(1))) {
-          recent = JoinRead{std::move(state), std::string(), Clock::now()};
-        }
-      }
-      reportStoppedJoin(options, placement, signal, recent);
+      reportStoppedJoin(options, placement, signal,
+                        joinWatch ? joinWatch->latest(std::chrono::seconds(1)) : std::nullopt);
     } else if (standsInAtJoin(placement) && storeRefuses(placement)) {
       // At once: mpirun's SIGKILL comes 50 ms after its SIGTERM. Nothing listens at rank 0's
       // store as the teardown's signal arrives: rank 0 had ended before it (a rank 0 stopped by
@@ -1202,25 +1190,20 @@ void reportFailedJoin(const JoinOptions& options, const world::RankPlacement& pl
 // job down when one of its processes ends, which may be a rank killed before it joined, or
 // after (its connections to rank 0's store closed). The ranks that had not joined are named
 // (their hosts are not known: they never said), and those gone after joining, with theirs.
-JoinRead readJoin(const JoinOptions& options, const world::RankPlacement& placement) {
-  JoinRead read;
-  if (placement.masterPort != 0 && placement.worldSize >= 2) {
-    read.state = world::readJoinState(placement, &read.problem);
-    if (!read.state) {
+// `recent`: who had joined, read a moment ago (JoinWatch: a read now may outlast mpirun's
+// SIGKILL); else read now.
+void reportStoppedJoin(const JoinOptions& options, const world::RankPlacement& placement,
+                       int signal, std::optional<world::JoinState> recent) {
+  const std::string launcher = placement.launcher.empty() ? "the launcher" : placement.launcher;
+  std::optional<world::JoinState> join = std::move(recent);
+  if (!join && placement.masterPort != 0 && placement.worldSize >= 2) {
+    std::string problem;
+    join = world::readJoinState(placement, &problem);
+    if (!join) {
       spdlog::warn("hmc world '{}': cannot read which ranks joined the store at {}:{}: {}",
-                   options.name, placement.masterAddr, placement.masterPort, read.problem);
+                   options.name, placement.masterAddr, placement.masterPort, problem);
     }
   }
-  read.at = Clock::now();
-  return read;
-}
-
-void reportStoppedJoin(const JoinOptions& options, const world::RankPlacement& placement,
-                       int signal, const std::optional<JoinRead>& recent) {
-  const std::string launcher = placement.launcher.empty() ? "the launcher" : placement.launcher;
-  // Read a moment ago (JoinWatch: a read now may outlast mpirun's SIGKILL), else now.
-  const JoinRead read = recent ? *recent : readJoin(options, placement);
-  const std::optional<world::JoinState>& join = read.state;
   const std::string store = fmt::format("{}:{}", placement.masterAddr, placement.masterPort);
   diagnostics::FirstFailure first;
   first.kind = std::string(join && !join->gone.empty() ? diagnostics::kCrash

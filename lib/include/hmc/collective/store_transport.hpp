@@ -49,6 +49,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -103,6 +104,23 @@ struct StoreTransportOptions {
 // TimeoutError; BackendError for other failures. c10d logs each failed connect to stderr, so
 // callers that poll for a server probe the port first.
 std::shared_ptr<KeyValueStore> connectKeyValueStore(const StoreTransportOptions& options);
+
+// Which ranks' processes have ended, told by the connection each rank keeps to the store for
+// as long as it lives (its end written at its join: address/<rank>) against this network
+// namespace's TCP table; asked where the store listens, on its port. Each rank's end is read
+// from the store once and kept. Not thread-safe.
+class LivenessTable {
+ public:
+  explicit LivenessTable(int port) : port_(port) {}
+  // The ranks of `ranks` whose connection is no longer established (a rank whose end is not
+  // in the store yet, or could not be read from it, is left out); empty where the TCP table
+  // cannot be read.
+  std::vector<int> ended(KeyValueStore& kv, const std::vector<int>& ranks);
+
+ private:
+  int port_;
+  std::map<int, std::string> ends_;  // by rank, as read
+};
 
 class StoreTransport final : public Collective {
  public:

@@ -34,6 +34,7 @@
 
 #include "hmc/collective/collective.hpp"
 #include "hmc/collective/key_value_store.hpp"
+#include "hmc/collective/store_transport.hpp"
 #include "hmc/scenario/rank_result.hpp"
 #include "hmc/scenario/scenario.hpp"
 #include "hmc/world/evidence_folder.hpp"
@@ -102,7 +103,8 @@ struct JoinState {
 std::optional<JoinState> readJoinState(const RankPlacement& placement, std::string* problem);
 
 // Rank 0 while its world forms: who has joined its store, read every kInterval on a thread of
-// its own (one connection, made once the store answers), so that a report at a launcher's
+// its own (one connection, made once the store answers; a rank seen joined is not asked
+// again), so that a report at a launcher's
 // signal does not have to read it then: a new connection and the reads took about 20 ms, and
 // mpirun's SIGKILL followed its SIGTERM within that (its teardown after a lost daemon gives
 // rank 0's host no warning first). Nothing runs on other ranks. stop() (or destruction) ends
@@ -121,6 +123,7 @@ class JoinWatch {
  private:
   void watch();
   const RankPlacement placement_;
+  collective::LivenessTable table_;  // the watch thread's
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   bool stopping_ = false;
