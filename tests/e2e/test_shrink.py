@@ -5,7 +5,7 @@ usage: test_shrink.py HMC_RUN [REPO_ROOT]
 
 Seeded failures buried in noise (shrink_seeds.py: a skipped close, a divergent signature on one
 rank, ranks in different stages, a crash, a close error retried, a leak at shutdown; hundreds of
-steps on 16 ranks)
+steps on 8 ranks)
 shrink to their known minimal forms; the output validates and fails the same way (the
 signature printed by --signature is the same before and after, and across runs); --as-test
 gives a file that passes and fails once the failure is gone; a scenario that does not fail is
@@ -51,7 +51,7 @@ def hmc(*args, timeout=120):
     return subprocess.run([HMC_RUN, *args], capture_output=True, text=True, timeout=timeout)
 
 
-def write_seed(kind, steps=300, world=16):
+def write_seed(kind, steps=200, world=8):
     path = os.path.join(WORK, f"{kind}-{steps}x{world}.json")
     # A 1 s deadline: every run that hangs (the reference run, the confirmation, --signature)
     # costs it; trials use shrink's own 0.25 s.
