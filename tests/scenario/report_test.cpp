@@ -162,7 +162,26 @@ TEST_SUITE("report") {
     RankResult crashed = ok(1);
     crashed.crashed = true;
     CHECK((computeOutcome(plain, {ok(0), crashed}) == Outcome::kFail));
-    CHECK((computeOutcome(twoSteps(true), {ok(0), crashed}) == Outcome::kPass));
+    // The reference passes a crash once the scenario has any fault step (its ranks crash only
+    // by plan); hmc only a crash planned on that rank: a rank that fell silent beside a
+    // planned stall fails the run (it read '# OK' with 'no result from rank 3').
+    CHECK((computeOutcome(twoSteps(true), {ok(0), crashed}) == Outcome::kFail));
+    Scenario crashOnRank1 = twoSteps(true);
+    crashOnRank1.steps[1].faultKind = hmc::scenario::FaultKind::kCrash;
+    crashOnRank1.steps[1].ranks = std::vector<int>{1};
+    CHECK((computeOutcome(crashOnRank1, {ok(0), crashed}) == Outcome::kPass));
+    crashOnRank1.steps[1].ranks = std::vector<int>{0};  // planned on rank 0, rank 1 crashed
+    CHECK((computeOutcome(crashOnRank1, {ok(0), crashed}) == Outcome::kFail));
+    // Inside a repeat block, on every rank (beside a top-level stall: as in the reference,
+    // only a top-level fault step excuses a crash at all).
+    Scenario inRepeat = twoSteps(true);
+    Step block;
+    block.op = Op::kRepeat;
+    block.count = 3;
+    block.steps = {crashOnRank1.steps[1]};
+    block.steps[0].ranks.reset();
+    inRepeat.steps.push_back(block);
+    CHECK((computeOutcome(inRepeat, {ok(0), crashed}) == Outcome::kPass));
     // An unplanned crash (a killed rank's recording, merged) fails as in the run it stands
     // for, whatever other fault steps there are. A planned one is the scenario's own.
     Scenario unplanned = twoSteps(true);
