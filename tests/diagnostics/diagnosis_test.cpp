@@ -233,6 +233,36 @@ TEST_SUITE("diagnosis") {
     CHECK(alone.first->ranks == std::vector<int>{3, 4});
   }
 
+  TEST_CASE("ranks whose fate is not known here are not the cause beside a known crash") {
+    // Rank 0 (the store's host) crashed by plan; rank 1, on its host, waited for it and reports
+    // in its place; ranks 2-3 run on another host: their results had no way here ('missing',
+    // no stage). The crash is the cause; ranks 2-3 are named apart, not as ranks that never
+    // arrived (the report called them crashed, then 'never arrived' in a hang).
+    const std::string lost = "no result: it runs on another host than rank 1 (h1)";
+    std::vector<dx::FailureView> views = {
+        view(0, "crash", "", std::nullopt, "rank 0's process ended without a result"),
+        view(1, "rank_failure", "close validation", 1,
+             "rank 0 closed its connection in 'close validation' #1"),
+        view(2, "missing", "", std::nullopt, lost),
+        view(3, "missing", "", std::nullopt, lost),
+    };
+    const auto diagnosis = dx::diagnose(views, 4);
+    REQUIRE(diagnosis.first);
+    CHECK(diagnosis.first->kind == "crash");
+    CHECK(diagnosis.first->ranks == std::vector<int>{0});
+    CHECK(contains(diagnosis.first->line,
+                   "crash: rank 0 ended without reaching 'close validation' #1 (rank 0: rank 0's "
+                   "process ended without a result); rank 1 waited for it there"));
+    CHECK(contains(diagnosis.first->line,
+                   "what became of ranks [2, 3] is not known here (ranks 2-3: " + lost + ")"));
+    // With no known cause beside them, they are what the waiting rank did not get.
+    views[0] = view(0, "rank_failure", "close validation", 1, "rank 2 did not arrive");
+    const auto alone = dx::diagnose(views, 4);
+    REQUIRE(alone.first);
+    CHECK(alone.first->kind == "hang");
+    CHECK(alone.first->ranks == std::vector<int>{2, 3});
+  }
+
   TEST_CASE("a crash comes before the stops of the launcher's teardown that follow it") {
     std::vector<dx::FailureView> views;
     for (const int rank : {0, 1, 3}) {

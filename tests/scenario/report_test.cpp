@@ -427,6 +427,61 @@ TEST_SUITE("report") {
     CHECK(one.find("\n# ranks 2: crashed: " + closed(2) + "\n") != std::string::npos);
   }
 
+  TEST_CASE("a rank whose result had no way to the reporter is not called crashed") {
+    // Rank 0 (the store's host, h1) crashed by plan; rank 1 reports in its place and waited
+    // for it; ranks 2-3 on h2 lost the store too, and their results had no way to h1.
+    Scenario plan = twoSteps(true);
+    plan.worldSize = 4;
+    plan.steps[1].faultKind = hmc::scenario::FaultKind::kCrash;
+    plan.steps[1].ranks = std::vector<int>{0};
+    RankResult zero = rank(0, {});
+    zero.host = "h1";
+    zero.crashed = true;
+    zero.crashReason = "rank 0's process ended without a result (killed or crashed)";
+    StepResult waited = step(1, Op::kFault, StepStatus::kHang, false);
+    waited.error = StepError{hmc::ErrorKind::kRankFailure,
+                             "rank 0 closed its connection in 'close validation' #1"};
+    waited.error->stage = "close validation";
+    waited.error->sequence = 1;
+    waited.error->collectivesBefore = 1;
+    RankResult one = rank(1, {step(0, Op::kCreate, StepStatus::kOk), waited});
+    one.host = "h1";
+    one.hung = true;
+    one.flight = {entry(1, "close validation", 1, "rank_failure")};
+    const std::string why = "no result: it runs on another host than rank 1 (h1)";
+    std::vector<RankResult> ranks = {zero, one};
+    for (const int index : {2, 3}) {
+      RankResult lost = rank(index, {});
+      lost.host = "h2";
+      lost.resultLost = true;
+      lost.crashReason = why;
+      ranks.push_back(lost);
+    }
+    // Not crashes the plan did not ask for: the outcome is rank 1's hang, not a failure.
+    CHECK((computeOutcome(plan, ranks) == Outcome::kHang));
+    RunInfo info;
+    info.transport = "tcp";
+    const ScenarioReport report = buildReport(plan, ranks, info);
+    const json out = toJson(report);
+    CHECK(out["ranks"][2]["result_lost"] == true);
+    CHECK(out["ranks"][2]["lost_reason"] == why);
+    CHECK_FALSE(out["ranks"][2].contains("crashed"));
+    CHECK_FALSE(out["ranks"][2].contains("steps"));
+    const std::string text = console(report);
+    CAPTURE(text);
+    CHECK(text.find("\n# ranks 2-3 @h2: result lost: " + why + "\n") != std::string::npos);
+    CHECK(text.find("# host h2") == std::string::npos);  // not known to be lost
+    CHECK(text.find("# first failure: crash: rank 0 (host h1) ended without reaching 'close "
+                    "validation' #1") != std::string::npos);
+    CHECK(text.find("what became of ranks [2 (host h2), 3 (host h2)] is not known here") !=
+          std::string::npos);
+    CHECK(text.find("rank 2 (host h2) not known here (" + why + ")") != std::string::npos);
+    // The rank results document between ranks keeps it.
+    const RankResult back = rankResultFromJson(toJson(ranks[2]));
+    CHECK(back.resultLost);
+    CHECK_FALSE(back.crashed);
+  }
+
   TEST_CASE("timing percentiles are nearest-rank over the samples") {
     std::vector<double> samples;
     for (int i = 20; i >= 1; --i) samples.push_back(i);

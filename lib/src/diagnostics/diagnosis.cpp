@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <iterator>
 #include <limits>
+#include <map>
 #include <regex>
 #include <set>
 #include <tuple>
@@ -370,11 +371,36 @@ class Builder {
       endedThere.clear();
       endedHow.clear();
     }
-    const std::string endedText =
+    std::string endedText =
         endedThere.empty()
             ? std::string()
             : fmt::format("; {} waited there too, then ended ({})", ranksWithHosts(endedThere),
                           fmt::join(endedHow, "; "));
+    // Ranks whose fate is not known here (a result that had no way to the reporter, no end
+    // record): where another absent rank is known to have ended, that one is the cause, and
+    // these are named apart, not as ranks that never arrived.
+    std::vector<int> unknown;
+    std::map<std::string, std::vector<int>> unknownWhy;  // one text for ranks that share it
+    for (const int rank : absent) {
+      const auto it = byRank_.find(rank);
+      if (it != byRank_.end() && it->second->kind == kMissing && it->second->stage != "join") {
+        unknown.push_back(rank);
+        unknownWhy[printable(it->second->message)].push_back(rank);
+      }
+    }
+    std::vector<std::string> unknownHow;
+    for (const auto& [why, members] : unknownWhy) {
+      unknownHow.push_back(fmt::format("{} {}: {}", members.size() == 1 ? "rank" : "ranks",
+                                       rankRanges(members), why));
+    }
+    if (!unknown.empty() && unknown.size() < absent.size()) {
+      std::vector<int> rest;
+      std::set_difference(absent.begin(), absent.end(), unknown.begin(), unknown.end(),
+                          std::back_inserter(rest));
+      absent = std::move(rest);
+      endedText += fmt::format("; what became of {} is not known here ({})",
+                               ranksWithHosts(unknown), fmt::join(unknownHow, "; "));
+    }
     if (absent.empty()) {
       // Every rank waited there: those that came after the others had given up ("it arrived
       // after ranks [1] had left this collective") are the late ones, the cause.

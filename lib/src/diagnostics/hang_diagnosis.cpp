@@ -65,7 +65,9 @@ std::string diagnoseWaits(const std::vector<RankWhereabouts>& ranks) {
     const std::string last = lastDone ? fmt::format("last completed '{}' #{} ({})", lastDone->stage,
                                                     lastDone->sequence, stepText(lastDone->step))
                                       : std::string("no collective completed");
-    if (rank.gone) {
+    if (rank.unknown) {
+      parts.push_back(fmt::format("{} not known here ({})", who, *rank.unknown));
+    } else if (rank.gone) {
       parts.push_back(fmt::format("{} crashed ({}); {}", who, *rank.gone, last));
     } else if (rank.hung && waiting) {
       parts.push_back(fmt::format("{} waits in '{}' #{} ({}){}", who, waiting->stage,

@@ -250,6 +250,7 @@ json toJson(const RankResult& result) {
           {"hung", result.hung},
           {"stopped", result.stopped},
           {"not_joined", result.notJoined},
+          {"result_lost", result.resultLost},
           {"steps", std::move(steps)},
           {"final",
            {{"groups", result.final.groups},
@@ -291,6 +292,7 @@ RankResult rankResultFromJson(const json& value) {
   result.hung = in.get<bool>("hung");
   result.stopped = in.optional<bool>("stopped").value_or(false);
   result.notJoined = in.optional<bool>("not_joined").value_or(false);
+  result.resultLost = in.optional<bool>("result_lost").value_or(false);
   const json& steps = in.at("steps");
   for (std::size_t i = 0; i < steps.size(); ++i) {
     result.steps.push_back(stepFromJson(Reader(steps.at(i), fmt::format("/steps/{}", i))));

@@ -124,6 +124,10 @@ json rankJson(const RankResult& rank) {
     entry["stop_reason"] = rank.crashReason.value_or("");
   }
   if (rank.notJoined) entry["joined"] = false;  // a world that did not form: never joined
+  if (rank.resultLost) {  // not known to have crashed: its result could not come
+    entry["result_lost"] = true;
+    entry["lost_reason"] = rank.crashReason.value_or("");
+  }
   return entry;
 }
 
@@ -270,6 +274,11 @@ std::optional<diagnostics::FailureView> rankFailure(const Scenario& scenario,
     view.message = rank.crashReason.value_or("had not joined the world");
     return view;
   }
+  if (rank.resultLost) {  // its fate unknown here: after any failure seen, never the first
+    view.kind = std::string(diagnostics::kMissing);
+    view.message = rank.crashReason.value_or("its result was lost");
+    return view;
+  }
   if (rank.stopped) {
     view.kind = std::string(diagnostics::kStopped);
     view.message = rank.crashReason.value_or("stopped");
@@ -321,7 +330,11 @@ std::string diagnoseHang(const std::vector<RankResult>& ranks) {
     place.host = rank.host;
     place.flight = rank.flight;
     place.hung = rank.hung;
-    if (rank.crashed || rank.stopped) place.gone = rank.crashReason.value_or("exited");
+    if (rank.resultLost) {
+      place.unknown = rank.crashReason.value_or("its result was lost");
+    } else if (rank.crashed || rank.stopped) {
+      place.gone = rank.crashReason.value_or("exited");
+    }
     const bool finished = !rank.steps.empty() && rank.steps.back().status != StepStatus::kNotRun;
     place.elsewhere = finished ? "finished its steps" : "stopped early";
     places.push_back(std::move(place));

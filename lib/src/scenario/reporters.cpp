@@ -264,12 +264,15 @@ class ConsoleReporter final : public Reporter {
     // by text and host ("# ranks 2-3 @h2: crashed: ...").
     std::map<std::pair<std::string, std::string>, std::vector<int>> problems;
     for (const auto& rank : report.ranks) {
-      if (rank.crashed || rank.stopped) {
+      if (rank.crashed || rank.stopped || rank.resultLost) {
         const std::string where =
             byHost.size() >= 2 && !rank.host.empty() ? " @" + printable(rank.host) : "";
         // A stopped rank's reason says so ("stopped by the launcher's teardown ...").
         const std::string reason = printable(rank.crashReason.value_or("exited"));
-        problems[{rank.stopped ? reason : "crashed: " + reason, where}]
+        problems[{rank.stopped      ? reason
+                  : rank.resultLost ? "result lost: " + reason
+                                    : "crashed: " + reason,
+                  where}]
             .push_back(rank.rank);
       }
       for (const auto& step : rank.steps) {

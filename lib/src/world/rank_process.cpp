@@ -398,6 +398,23 @@ RankProcessOutcome RankRun::reportWithoutStore(const std::vector<scenario::RankR
         rank, local_.path());
   });
   Gathered gathered = gatherEveryRank(std::move(plan));
+  // A rank of another host had no way to send its result here: not known to have crashed
+  // (each such rank prints on its own output what it did). Only this host's ranks, whose pids
+  // the folder holds, are known to have ended.
+  for (auto& repetition : gathered.merged) {
+    for (auto& result : repetition) {
+      if (result.rank == self || !result.crashed || !result.steps.empty() ||
+          local_.known(result.rank)) {
+        continue;
+      }
+      result.crashed = false;
+      result.resultLost = true;
+      result.crashReason = fmt::format(
+          "no result: it runs on another host than rank {} ({}), which reports in rank 0's "
+          "place, and with {} gone its result had no way here; its own output says what it did",
+          self, hostName(), host);
+    }
+  }
   // A termination signal that came first owns the end: its thread reports and exits.
   handOff_.claimOrAwaitSignalExit();
   local_.remove();

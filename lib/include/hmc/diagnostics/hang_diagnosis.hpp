@@ -24,6 +24,8 @@ struct RankWhereabouts {
   std::vector<FlightEntry> flight;  // its last collectives, oldest first (the last two suffice)
   bool hung = false;                // it waits, or waited until its deadline, in a collective
   std::optional<std::string> gone;  // it crashed or died: how ("exited", "no heartbeat ...")
+  // Its fate is not known here (its result had no way to the reporter): why.
+  std::optional<std::string> unknown;
   // For a rank neither gone nor waiting: what it did instead ("finished its steps",
   // "stopped early", "runs step 3").
   std::string elsewhere;

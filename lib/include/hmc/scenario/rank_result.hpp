@@ -164,8 +164,14 @@ struct RankResult {
   // stopped (its host and process unknown: it never said). The report's first failure names
   // such ranks, the ones a launcher's teardown most likely followed (world/teardown.hpp).
   bool notJoined = false;
-  // Whether the rank did not come to the end of its steps: it hung, crashed or was stopped.
-  bool unfinished() const noexcept { return hung || crashed || stopped; }
+  // Its result could not reach the reporting rank, and what became of it is not known there:
+  // the store's host is gone, and the rank runs on another host than the local evidence
+  // folder (its own output says what it did). Neither crashed nor stopped; `crashReason`
+  // says why nothing came.
+  bool resultLost = false;
+  // Whether the rank did not come to the end of its steps (as far as the report knows): it
+  // hung, crashed, was stopped, or its result was lost.
+  bool unfinished() const noexcept { return hung || crashed || stopped || resultLost; }
   std::vector<StepResult> steps;
   FinalState final;
   LeakCheck leaks;
