@@ -263,6 +263,36 @@ TEST_SUITE("diagnosis") {
     CHECK(alone.first->ranks == std::vector<int>{2, 3});
   }
 
+  TEST_CASE("ranks that lost the store at the world's end come before the teardown it caused") {
+    // h3 cut off while its ranks met at the world's end: they could not reach the store, gave
+    // up and exited 1; mpirun tore the job down: ranks 0-1 stopped, ranks 2-3 of h2 had not
+    // published their end yet. The report named ranks 2-3 as the first failure.
+    const std::string lost = "the store at h1:29510 failed at the world's end: no answer";
+    std::vector<dx::FailureView> views = {
+        view(0, "stopped", "", std::nullopt, "stopped by mpirun's teardown"),
+        view(1, "stopped", "", std::nullopt, "stopped by mpirun's teardown"),
+        view(2, "missing", "", std::nullopt, "no end within 0.4 s"),
+        view(3, "missing", "", std::nullopt, "no end within 0.4 s"),
+        view(4, "store_lost", "world end", 5, lost),
+        view(5, "store_lost", "world end", 5, lost),
+    };
+    const std::vector<std::string> hosts = {"h1", "h1", "h2", "h2", "h3", "h3"};
+    const auto diagnosis = dx::diagnose(views, 6, hosts);
+    REQUIRE(diagnosis.first);
+    CHECK(diagnosis.first->kind == "store_lost");
+    CHECK(diagnosis.first->ranks == std::vector<int>{4, 5});
+    CHECK(diagnosis.first->hosts == std::vector<std::string>{"h3"});
+    CHECK(diagnosis.first->line ==
+          "lost the store in 'world end' #5: ranks [4 (host h3), 5 (host h3)]: " + lost);
+    CHECK(diagnosis.consequences.size() == 4);
+    // A crash (the store's host itself, say) comes first: the lost store follows from it.
+    views[0] = view(0, "crash", "", std::nullopt, "killed by signal 9");
+    const auto crashed = dx::diagnose(views, 6, hosts);
+    REQUIRE(crashed.first);
+    CHECK(crashed.first->kind == "crash");
+    CHECK(crashed.first->ranks == std::vector<int>{0});
+  }
+
   TEST_CASE("a crash comes before the stops of the launcher's teardown that follow it") {
     std::vector<dx::FailureView> views;
     for (const int rank : {0, 1, 3}) {

@@ -45,6 +45,7 @@ std::tuple<std::uint64_t, int, int, int> orderOf(const FailureView& view) {
   // Known from outside, in this order: a crash (the process ended by itself), then a rank
   // that left no end, then a stop (a signal: often the launcher's teardown after that crash).
   if (view.kind == kCrash) return {kLast, 2, priority, view.rank};
+  if (view.kind == kStoreLost) return {kLast, 2, priority + 1, view.rank};
   if (view.kind == kMissing) return {kLast, 3, priority, view.rank};
   if (view.kind == kStopped) return {kLast, 4, priority, view.rank};
   if (view.kind == kLeak) return {kLast, 5, priority, view.rank};
@@ -67,6 +68,7 @@ std::string whereText(const FailureView& view, bool orOp) {
 
 std::string failureKindWords(std::string_view kind) {
   if (kind == "rank_failure") return "lost a rank";
+  if (kind == kStoreLost) return "lost the store";
   std::string words(kind);
   std::replace(words.begin(), words.end(), '_', ' ');
   return words;
@@ -474,7 +476,7 @@ class Builder {
     failure.kind = notJoined             ? std::string(kStopped)
                    : first.kind == kMissing ? std::string(kHang)
                    : first.kind == kCrash || first.kind == kStopped || first.kind == kLeak ||
-                           first.kind == "unmet"
+                           first.kind == kStoreLost || first.kind == "unmet"
                        ? first.kind
                        : std::string(kError);
     const auto key = orderOf(first);
@@ -497,6 +499,9 @@ class Builder {
     } else if (notJoined) {
       failure.line = fmt::format("stopped in the world's join: {} {}",
                                  ranksWithHosts(failure.seenBy), printable(first.message));
+    } else if (first.kind == kStoreLost) {
+      failure.line = fmt::format("lost the store{}: {}: {}", where, ranksWithHosts(failure.seenBy),
+                                 printable(first.message));
     } else if (first.kind == kMissing) {
       failure.line = fmt::format("hang: {} did not reach the world's end: {}",
                                  ranksWithHosts(failure.seenBy), printable(first.message));

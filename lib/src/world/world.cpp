@@ -515,8 +515,26 @@ bool World::Impl::meetAtEnd(RankEnd& own, std::optional<diagnostics::FailureView
       std::this_thread::sleep_for(std::chrono::milliseconds(round < 40 ? 5 : 20));
     }
   } catch (const std::exception& error) {
-    return giveUp(fmt::format("the store at {} failed at the world's end: {}", storeAddress,
-                              error.what()));
+    // Its end could not complete: a failure of its own (a partition of its host ended its
+    // world while the others were fine), not an end with a note on its leaks. Ordered after a
+    // crash that may have ended the store, before the ranks it left waiting.
+    const std::string why =
+        fmt::format("the store at {} failed at the world's end: {}", storeAddress, error.what());
+    diagnostics::FailureView view;
+    view.rank = placement.rank;
+    view.host = hostName();
+    view.kind = std::string(diagnostics::kStoreLost);
+    view.stage = std::string(diagnostics::kWorldEndStage);
+    view.sequence = sequence;
+    view.collectivesBefore = sequence;
+    view.op = "world end";
+    view.message = why;
+    failure = std::move(view);
+    own.status = "error";
+    own.stage = std::string(diagnostics::kWorldEndStage);
+    own.sequence = sequence;
+    own.error = why;
+    return giveUp(why);
   }
 }
 

@@ -65,6 +65,9 @@ inline constexpr std::string_view kError = "error";
 inline constexpr std::string_view kStopped = "stopped";
 inline constexpr std::string_view kLeak = "leak";
 inline constexpr std::string_view kMissing = "missing";  // a view's kind, never a first failure's
+// A rank that lost the world's store at the world's end (its host cut off, or the store's
+// down): after a crash, which may be what ended the store, before the ranks it left waiting.
+inline constexpr std::string_view kStoreLost = "store_lost";
 // The stage of the world's end (hmc::World::close): a collective of its own, so that a rank
 // that reaches the end while the others run a collective of the program is named.
 inline constexpr std::string_view kWorldEndStage = "world end";
