@@ -334,10 +334,13 @@ TEST_SUITE("teardown") {
   }
 
   TEST_CASE("a signal before the world formed, its store unreadable: nobody called crashed") {
+    // The store is a launcher agent's (torchrun): nothing listens, so who had joined is not
+    // known.
     RankProgress progress(true);
     Reports reports;
-    RankLaunch launch = underLauncher(0, "mpirun");
-    launch.placement.masterPort = 1;  // nothing listens: who had joined is not known
+    RankLaunch launch = underLauncher(0, "torchrun");
+    launch.placement.storeHost = StoreHost::kLauncherAgent;
+    launch.placement.masterPort = 1;
     TerminationHandOff handOff(twoRanks(), launch, progress, reports.callback());
     CHECK(handOff.onSignal(SIGTERM));  // no store set: the world had not formed
     REQUIRE(reports.merged.size() == 1);
@@ -348,6 +351,30 @@ TEST_SUITE("teardown") {
     CHECK_FALSE(reports.merged[0][1].notJoined);
     CHECK(reports.merged[0][1].crashReason->rfind("unknown: the world was stopped before it "
                                                   "formed", 0) == 0);
+  }
+
+  TEST_CASE("a signal before rank 0 started its own store: no rank had joined") {
+    // mpirun's rank 0 hosts the store; nothing listens at its port, so it had not started it
+    // (its ranks load LibTorch first) and nobody can have joined: a host lost then is named by
+    // rank as not joined (it read "which ranks had joined is not known", naming nobody).
+    RankProgress progress(true);
+    Reports reports;
+    RankLaunch launch = underLauncher(0, "mpirun");
+    launch.placement.masterPort = 1;
+    TerminationHandOff handOff(twoRanks(), launch, progress, reports.callback());
+    CHECK(handOff.onSignal(SIGTERM));
+    REQUIRE(reports.merged.size() == 1);
+    REQUIRE(reports.merged[0].size() == 2);
+    CHECK(reports.merged[0][1].stopped);
+    CHECK_FALSE(reports.merged[0][1].crashed);
+    CHECK(reports.merged[0][1].notJoined);
+    CHECK(reports.merged[0][0].crashReason->find("this rank had not started the store at "
+                                                 "127.0.0.1:1 yet, so no rank had joined it") !=
+          std::string::npos);
+    const auto report = hmc::scenario::buildReport(twoRanks(), reports.merged[0], {});
+    REQUIRE(report.diagnosis.first);
+    CHECK(report.diagnosis.first->stage == "join");
+    CHECK(report.diagnosis.first->ranks == std::vector<int>{1});
   }
 
   TEST_CASE("once the main thread claimed the end of the run, a signal leaves it to it") {

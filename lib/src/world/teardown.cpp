@@ -85,6 +85,17 @@ std::optional<JoinState> readJoinState(const RankPlacement& placement, std::stri
   if (placement.worldSize < 2) return fail("a world of one rank has no store to join");
   if (placement.masterPort == 0) return fail("the store's port is not known");
   if (const std::string silence = storeSilence(placement); !silence.empty()) {
+    if (placement.hostsStore()) {
+      // The store would be this process's own: nothing listens at its port, so it had not
+      // been started, and nobody can have joined it (a lost host before then read "which
+      // ranks had joined is not known", and no rank was named).
+      JoinState none;
+      none.storeNotUp = true;
+      for (int rank = 0; rank < placement.worldSize; ++rank) {
+        if (rank != placement.rank) none.missing.push_back(rank);
+      }
+      return none;
+    }
     return fail(fmt::format("nothing answers at {}:{} yet: {}", placement.masterAddr,
                             placement.masterPort, silence));
   }
@@ -160,6 +171,9 @@ std::vector<scenario::RankResult> worldNotFormedResults(const RankPlacement& pla
   if (!join) {
     known = fmt::format("which ranks had joined is not known: the store at {} could not be read ({})",
                         store, problem);
+  } else if (join->storeNotUp) {
+    known = fmt::format("this rank had not started the store at {} yet, so no rank had joined it",
+                        store);
   } else if (others.empty()) {
     known = fmt::format("every other rank had joined the store at {}", store);
   } else {

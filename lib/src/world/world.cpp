@@ -1259,7 +1259,11 @@ void reportStoppedJoin(const JoinOptions& options, const world::RankPlacement& p
           join->gone.size() == 1 ? named.front() : fmt::format("[{}]", fmt::join(named, ", ")),
           store, join->gone.size() == 1 ? "its host" : "their hosts"));
     }
-    if (!join->missing.empty()) {
+    if (join->storeNotUp) {
+      parts.push_back(fmt::format(
+          "rank {} had not started the store at {} yet, so {} had not joined it", placement.rank,
+          store, namedRanks(join->missing)));
+    } else if (!join->missing.empty()) {
       parts.push_back(
           fmt::format("{} had not joined the store at {}", namedRanks(join->missing), store));
     }

@@ -99,6 +99,10 @@ struct JoinState {
   // ranks that had joined and whose liveness connection to the store (address/<rank>) is no
   // longer established: their processes ended after they joined.
   std::vector<int> gone;
+  // This process hosts the store and nothing answered at its port: it had not started its
+  // store yet (its ranks load LibTorch first), so no rank can have joined; `missing` holds
+  // every other rank.
+  bool storeNotUp = false;
 };
 std::optional<JoinState> readJoinState(const RankPlacement& placement, std::string* problem);
 
