@@ -185,8 +185,9 @@ Outcome computeOutcome(const Scenario& scenario, const std::vector<RankResult>& 
   // (hmc) A rank that crashed where its scenario planned no crash for it: one that fell silent
   // (SIGSTOP, a host cut off), a runner that failed. The reference exempts every crash once the
   // scenario has any fault step, which is right for it (its ranks crash only by plan); hmc sees
-  // ranks lost from outside, and a stall or a close error planned elsewhere does not excuse them
-  // (a rank stopped 4.6 s at the end read '# OK' with 'no result from rank 3').
+  // ranks lost from outside, and a stall or a close error planned elsewhere does not make their
+  // loss a pass (a rank stopped 4.6 s at the end read '# OK' with 'no result from rank 3').
+  // Where the others hung waiting for it, the table's `hang` stands.
   const bool crashedUnplanned = std::any_of(ranks.begin(), ranks.end(), [&](const RankResult& r) {
     return r.crashed && !plansCrashOn(scenario.steps, r.rank);
   });
@@ -208,8 +209,7 @@ Outcome computeOutcome(const Scenario& scenario, const std::vector<RankResult>& 
   const bool notFormed =
       std::any_of(ranks.begin(), ranks.end(), [](const RankResult& r) { return r.stopped; }) &&
       std::all_of(ranks.begin(), ranks.end(), [](const RankResult& r) { return r.steps.empty(); });
-  if (anyCrash &&
-      (!anyFaultStep || unplannedCrash || crashedOtherwise || crashedUnplanned || notFormed)) {
+  if (anyCrash && (!anyFaultStep || unplannedCrash || crashedOtherwise || notFormed)) {
     return Outcome::kFail;
   }
   bool allExpected = true;
@@ -220,7 +220,7 @@ Outcome computeOutcome(const Scenario& scenario, const std::vector<RankResult>& 
       unexpectedHang = unexpectedHang || (step.status == StepStatus::kHang && !step.expected);
     }
   }
-  if (allExpected) return Outcome::kPass;
+  if (allExpected) return crashedUnplanned ? Outcome::kFail : Outcome::kPass;
   return unexpectedHang ? Outcome::kHang : Outcome::kFail;
 }
 
