@@ -293,6 +293,28 @@ TEST_SUITE("diagnosis") {
     CHECK(crashed.first->ranks == std::vector<int>{0});
   }
 
+  TEST_CASE("ranks stopped by the teardown while they waited there are not the missing ones") {
+    // Rank 4 crashed by plan; mpirun's teardown stopped ranks 0-1 while they waited in 'close
+    // validation' #0 beside ranks 2, 3 and 5. The report named ranks [0, 1, 4] as never arriving.
+    std::vector<dx::FailureView> views;
+    for (const int rank : {2, 3, 5}) {
+      views.push_back(view(rank, "timeout", "close validation", 0, "no end within 0.4 s"));
+    }
+    for (const int rank : {0, 1}) {
+      dx::FailureView stopped = view(rank, "stopped", "", std::nullopt,
+                                     "stopped by mpirun's teardown while waiting in 'close "
+                                     "validation' #0");
+      stopped.waitedIn = std::make_pair(std::string("close validation"), std::uint64_t{0});
+      views.push_back(stopped);
+    }
+    views.push_back(view(4, "crash", "", std::nullopt, "its connection with rank 0 had closed"));
+    const auto diagnosis = dx::diagnose(views, 6);
+    REQUIRE(diagnosis.first);
+    CHECK(diagnosis.first->kind == "crash");
+    CHECK(diagnosis.first->ranks == std::vector<int>{4});
+    CHECK(contains(diagnosis.first->line, "ranks [0, 1] waited there too, then ended"));
+  }
+
   TEST_CASE("a crash comes before the stops of the launcher's teardown that follow it") {
     std::vector<dx::FailureView> views;
     for (const int rank : {0, 1, 3}) {

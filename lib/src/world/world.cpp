@@ -148,6 +148,8 @@ struct RankEnd {
   // specifications); unset when it did not come (a hang before, a signal).
   std::optional<std::uint64_t> atEndSequence;
   json openGroups;
+  // Stopped (status "stopped") while it waited in `stage` #`sequence`: it had arrived there.
+  bool stoppedWaiting = false;
 
   bool clean() const { return status == "ok" && groupsLeft && *groupsLeft == 0 && !failure; }
 
@@ -164,6 +166,7 @@ struct RankEnd {
     if (atEndSequence) {
       out["at_end"] = {{"collectives", *atEndSequence}, {"open_groups", openGroups}};
     }
+    if (stoppedWaiting) out["stopped_waiting"] = true;
     return out;
   }
   static RankEnd fromJson(const json& value) {
@@ -189,6 +192,7 @@ struct RankEnd {
     if (value.contains("failure") && !value.at("failure").is_null()) {
       end.failure = diagnostics::FailureView::fromJson(value.at("failure"));
     }
+    end.stoppedWaiting = value.value("stopped_waiting", false);
     return end;
   }
 
@@ -631,6 +635,7 @@ RankEnd World::Impl::stoppedEnd(int signal) const {
     own.error +=
         last->endS ? fmt::format(" after '{}' #{} ({})", last->stage, last->sequence, last->status)
                    : fmt::format(" while waiting in '{}' #{}", last->stage, last->sequence);
+    own.stoppedWaiting = !last->endS;
   }
   own.leakReason = "not checked: stopped by a signal before its end";
   // What went wrong before the signal (a caught error) comes first in the report, before the
@@ -918,6 +923,9 @@ std::optional<diagnostics::FailureView> failureOf(const RankEnd& end) {
   view.message = end.error;
   if (end.status == "stopped") {
     view.kind = std::string(diagnostics::kStopped);
+    // It had arrived where it waited: where the others waited for someone there, not the
+    // cause (mpirun's teardown after a crash reached it first).
+    if (end.stoppedWaiting) view.waitedIn = std::make_pair(end.stage, end.sequence);
   } else if (end.status == "hang" || end.status == "error") {
     view.kind = end.status == "hang" ? "timeout" : std::string(diagnostics::kError);
     view.stage = end.stage;
