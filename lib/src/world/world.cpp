@@ -461,6 +461,23 @@ bool World::Impl::meetAtEnd(RankEnd& own, std::optional<diagnostics::FailureView
     own.leakReason = "not checked: " + why;
     return false;
   };
+  // This rank's own failure here ('world end' #sequence): its view, and its end's status.
+  const auto failHere = [&](std::string_view kind, const char* status, std::string message) {
+    diagnostics::FailureView view;
+    view.rank = placement.rank;
+    view.host = hostName();
+    view.kind = std::string(kind);
+    view.stage = std::string(diagnostics::kWorldEndStage);
+    view.sequence = sequence;
+    view.collectivesBefore = sequence;
+    view.op = "world end";
+    view.message = std::move(message);
+    failure = std::move(view);
+    own.status = status;
+    own.stage = std::string(diagnostics::kWorldEndStage);
+    own.sequence = sequence;
+    own.error = failure->message;
+  };
   try {
     store.set(world::keys::worldAtEnd(placement.rank), std::to_string(sequence));
     store.add(world::keys::kWorldEndCount, 1);
@@ -493,24 +510,12 @@ bool World::Impl::meetAtEnd(RankEnd& own, std::optional<diagnostics::FailureView
       if (Clock::now() >= deadline) {
         const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(
             Clock::now() - began);
-        diagnostics::FailureView view;
-        view.rank = placement.rank;
-        view.host = hostName();
-        view.kind = "timeout";
-        view.stage = std::string(diagnostics::kWorldEndStage);
-        view.sequence = sequence;
-        view.collectivesBefore = sequence;
-        view.op = "world end";
-        view.message = fmt::format(
-            "'{}' timed out on rank {} after {:g} s: ranks {} did not arrive",
-            diagnostics::kWorldEndStage, placement.rank,
-            std::chrono::duration<double>(waited).count(), collective::formatRankList(absent));
-        view.openGroups = openGroups();
-        failure = std::move(view);
-        own.status = "hang";
-        own.stage = std::string(diagnostics::kWorldEndStage);
-        own.sequence = sequence;
-        own.error = failure->message;
+        failHere("timeout", "hang",
+                 fmt::format("'{}' timed out on rank {} after {:g} s: ranks {} did not arrive",
+                             diagnostics::kWorldEndStage, placement.rank,
+                             std::chrono::duration<double>(waited).count(),
+                             collective::formatRankList(absent)));
+        failure->openGroups = openGroups();
         return giveUp("the ranks did not all reach the world's end");
       }
       // Two store requests a round: every 5 ms for the first 0.2 s (a world whose ranks end
@@ -524,20 +529,7 @@ bool World::Impl::meetAtEnd(RankEnd& own, std::optional<diagnostics::FailureView
     // crash that may have ended the store, before the ranks it left waiting.
     const std::string why =
         fmt::format("the store at {} failed at the world's end: {}", storeAddress, error.what());
-    diagnostics::FailureView view;
-    view.rank = placement.rank;
-    view.host = hostName();
-    view.kind = std::string(diagnostics::kStoreLost);
-    view.stage = std::string(diagnostics::kWorldEndStage);
-    view.sequence = sequence;
-    view.collectivesBefore = sequence;
-    view.op = "world end";
-    view.message = why;
-    failure = std::move(view);
-    own.status = "error";
-    own.stage = std::string(diagnostics::kWorldEndStage);
-    own.sequence = sequence;
-    own.error = why;
+    failHere(diagnostics::kStoreLost, "error", why);
     return giveUp(why);
   }
 }
