@@ -102,7 +102,7 @@ struct StoreTransportState {
   // that wait an answer, which would desynchronise the next request).
   c10::intrusive_ptr<c10d::TCPStore> waiter;
   std::unique_ptr<KeyJanitor> janitor;
-  // The hosting rank's: which hosts' ranks are gone (StoreTransport::closedPeers).
+  // The hosting rank's: which ranks' processes have ended (StoreTransport::closedPeers).
   std::shared_ptr<PeerAddressBook> addressBook;
   // This rank's liveness connection to the store (store_connection.hpp's openLiveness), kept
   // until the transport goes (or its construction fails); -1 where it could not be made.
