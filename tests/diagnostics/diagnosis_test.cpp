@@ -263,6 +263,34 @@ TEST_SUITE("diagnosis") {
     CHECK(alone.first->ranks == std::vector<int>{2, 3});
   }
 
+  TEST_CASE("a rank that lost the store in its join follows from the crash that ended it") {
+    // chaos seed 53752704 (torchrun, one host): rank 0, the store's host, crashed right after
+    // its join while rank 2 still set its world up: rank 2's connection to the store failed and
+    // it wrote that end (store_lost, in the join). Rank 1, reporting in rank 0's place, named
+    // ranks [0, 2] as never arriving in a hang (before: rank 2 crashed beside rank 0).
+    const std::string lost = "hmc::joinWorld failed after the join: Connection reset by peer";
+    std::vector<dx::FailureView> views = {
+        view(0, "crash", "", std::nullopt, "rank 0's process ended without a result"),
+        view(1, "rank_failure", "close validation", 0,
+             "rank 0 closed its connection in 'close validation' #0"),
+        view(2, "store_lost", "join", std::nullopt, lost),
+    };
+    const auto diagnosis = dx::diagnose(views, 3);
+    REQUIRE(diagnosis.first);
+    CHECK(diagnosis.first->kind == "crash");
+    CHECK(diagnosis.first->ranks == std::vector<int>{0});
+    CHECK(contains(diagnosis.first->line,
+                   "crash: rank 0 ended without reaching 'close validation' #0"));
+    CHECK(contains(diagnosis.first->line, "; rank 2 lost the store after it (rank 2: " + lost));
+    // Alone (every other rank waited there), the rank that lost the store is the one missing.
+    views[0] = view(0, "rank_failure", "close validation", 0, "rank 2 did not arrive");
+    const auto alone = dx::diagnose(views, 3);
+    REQUIRE(alone.first);
+    CHECK(alone.first->kind == "hang");
+    CHECK(alone.first->ranks == std::vector<int>{2});
+    CHECK(contains(alone.first->line, "rank 2 never arrived"));
+  }
+
   TEST_CASE("ranks that lost the store at the world's end come before the teardown it caused") {
     // h3 cut off while its ranks met at the world's end: they could not reach the store, gave
     // up and exited 1; mpirun tore the job down: ranks 0-1 stopped, ranks 2-3 of h2 had not

@@ -337,20 +337,21 @@ class Builder {
                                majority->stage, majority->sequence);
   }
 
-  void hang(const FailureView& first, FirstFailure& failure) const {
-    // At the world's end each rank counts its own collectives: any rank waiting there waits
-    // for the same thing.
-    failure.seenBy = ranksWith("wait", first.stage == kWorldEndStage ? std::nullopt : first.sequence,
-                               first.stage);
-    std::vector<int> absent;
-    for (int rank = 0; rank < worldSize_; ++rank) {
-      if (!std::binary_search(failure.seenBy.begin(), failure.seenBy.end(), rank)) {
-        absent.push_back(rank);
-      }
-    }
-    // Ranks that waited there too and then ended from outside (their heartbeat showed them
-    // waiting in it: killed with their node while the others waited for someone else) did
-    // arrive: not the cause, where another rank did not arrive.
+  // Moves the ranks `apart` out of `absent` where some absent rank stays (the cause); whether
+  // it did.
+  static bool setApart(std::vector<int>& absent, const std::vector<int>& apart) {
+    if (apart.empty() || apart.size() >= absent.size()) return false;
+    std::vector<int> rest;
+    std::set_difference(absent.begin(), absent.end(), apart.begin(), apart.end(),
+                        std::back_inserter(rest));
+    absent = std::move(rest);
+    return true;
+  }
+
+  // Ranks that waited there too and then ended from outside (their heartbeat showed them
+  // waiting in it: killed with their node while the others waited for someone else) did
+  // arrive: not the cause, where another rank did not arrive.
+  std::string setApartEndedThere(const FailureView& first, std::vector<int>& absent) const {
     std::vector<int> endedThere;
     std::vector<std::string> endedHow;
     for (const int rank : absent) {
@@ -364,23 +365,15 @@ class Builder {
         endedHow.push_back(fmt::format("rank {}: {}", rank, printable(view.message)));
       }
     }
-    if (!endedThere.empty() && endedThere.size() < absent.size()) {
-      std::vector<int> rest;
-      std::set_difference(absent.begin(), absent.end(), endedThere.begin(), endedThere.end(),
-                          std::back_inserter(rest));
-      absent = std::move(rest);
-    } else {
-      endedThere.clear();
-      endedHow.clear();
-    }
-    std::string endedText =
-        endedThere.empty()
-            ? std::string()
-            : fmt::format("; {} waited there too, then ended ({})", ranksWithHosts(endedThere),
-                          fmt::join(endedHow, "; "));
-    // Ranks whose fate is not known here (a result that had no way to the reporter, no end
-    // record): where another absent rank is known to have ended, that one is the cause, and
-    // these are named apart, not as ranks that never arrived.
+    if (!setApart(absent, endedThere)) return std::string();
+    return fmt::format("; {} waited there too, then ended ({})", ranksWithHosts(endedThere),
+                       fmt::join(endedHow, "; "));
+  }
+
+  // Ranks whose fate is not known here (a result that had no way to the reporter, no end
+  // record): where another absent rank is known to have ended, that one is the cause, and
+  // these are named apart, not as ranks that never arrived.
+  std::string setApartUnknown(std::vector<int>& absent) const {
     std::vector<int> unknown;
     std::map<std::string, std::vector<int>> unknownWhy;  // one text for ranks that share it
     for (const int rank : absent) {
@@ -395,14 +388,43 @@ class Builder {
       unknownHow.push_back(fmt::format("{} {}: {}", members.size() == 1 ? "rank" : "ranks",
                                        rankRanges(members), why));
     }
-    if (!unknown.empty() && unknown.size() < absent.size()) {
-      std::vector<int> rest;
-      std::set_difference(absent.begin(), absent.end(), unknown.begin(), unknown.end(),
-                          std::back_inserter(rest));
-      absent = std::move(rest);
-      endedText += fmt::format("; what became of {} is not known here ({})",
-                               ranksWithHosts(unknown), fmt::join(unknownHow, "; "));
+    if (!setApart(absent, unknown)) return std::string();
+    return fmt::format("; what became of {} is not known here ({})", ranksWithHosts(unknown),
+                       fmt::join(unknownHow, "; "));
+  }
+
+  // Ranks that lost the store on their way there (its host, rank 0, ended while they finished
+  // their join, say: chaos seed 53752704) follow from the absent rank that did not come.
+  std::string setApartStoreLost(std::vector<int>& absent) const {
+    std::vector<int> lost;
+    std::vector<std::string> lostHow;
+    for (const int rank : absent) {
+      const auto it = byRank_.find(rank);
+      if (it != byRank_.end() && it->second->kind == kStoreLost) {
+        lost.push_back(rank);
+        lostHow.push_back(fmt::format("rank {}: {}", rank, printable(it->second->message)));
+      }
     }
+    if (!setApart(absent, lost)) return std::string();
+    return fmt::format("; {} lost the store after it ({})", ranksWithHosts(lost),
+                       fmt::join(lostHow, "; "));
+  }
+
+  void hang(const FailureView& first, FirstFailure& failure) const {
+    // At the world's end each rank counts its own collectives: any rank waiting there waits
+    // for the same thing.
+    failure.seenBy = ranksWith("wait", first.stage == kWorldEndStage ? std::nullopt : first.sequence,
+                               first.stage);
+    std::vector<int> absent;
+    for (int rank = 0; rank < worldSize_; ++rank) {
+      if (!std::binary_search(failure.seenBy.begin(), failure.seenBy.end(), rank)) {
+        absent.push_back(rank);
+      }
+    }
+    // The absent ranks that are not the cause, where another is: said after the line.
+    std::string endedText = setApartEndedThere(first, absent);
+    endedText += setApartUnknown(absent);
+    endedText += setApartStoreLost(absent);
     if (absent.empty()) {
       // Every rank waited there: those that came after the others had given up ("it arrived
       // after ranks [1] had left this collective") are the late ones, the cause.
