@@ -80,6 +80,13 @@ std::vector<EvidenceFolder> EvidenceFolder::orphans(const std::string& tag, int 
   return found;
 }
 
+EvidenceFolder EvidenceFolder::joinOrphan(const std::string& tag, int rank) {
+  std::vector<EvidenceFolder> found = orphans(tag, rank);
+  if (found.size() != 1) return {};  // none, or several worlds' (which one is not known)
+  found.front().writePid();
+  return std::move(found.front());
+}
+
 void EvidenceFolder::announce(collective::KeyValueStore& kv) const {
   try {
     // Without a folder too ("none"), so that no rank waits for the announcement.

@@ -128,6 +128,42 @@ world::RankPlacement placementOf(const JoinOptions& options) {
   return world::RankPlacement::fromLaunch(*launch);
 }
 
+// The store rank 0 hosts, gone while this rank set its world up after the join (rank 0 ended
+// right after its own join: chaos seed 53752704, rank 2's connection reset): every request fails
+// with what happened. The world forms all the same, and the program's first collective meets the
+// rank that ended, as on the ranks that finished their set-up before it did; a joinWorld that
+// threw there instead ended the program before its first step (an abort, read as a crash of its
+// own beside rank 0's).
+class LostStore final : public collective::KeyValueStore {
+ public:
+  explicit LostStore(std::string why) : why_(std::move(why)) {}
+  void set(const std::string&, const collective::Bytes&) override { fail(); }
+  collective::Bytes get(const std::string&, std::chrono::milliseconds) override { fail(); }
+  bool check(const std::vector<std::string>&) override { fail(); }
+  bool deleteKey(const std::string&) override { fail(); }
+  std::int64_t add(const std::string&, std::int64_t) override { fail(); }
+
+ private:
+  [[noreturn]] void fail() const { throw BackendError(why_); }
+  std::string why_;
+};
+
+// A new connection to the world's store for rank `rank` (not 0), or, where the store is gone
+// (refused, reset, no answer), a LostStore that says so.
+std::shared_ptr<collective::KeyValueStore> connectAfterJoin(collective::StoreTransport& control,
+                                                            int rank, const std::string& address) {
+  try {
+    return control.keyValueStore();
+  } catch (const std::exception& error) {  // refused, reset, or no answer (a TimeoutError)
+    spdlog::warn("hmc world: rank {} lost the store at {} while it set up its world after the "
+                 "join (rank 0 ended?): {}; its first collective will tell",
+                 rank, address, error.what());
+    return std::make_shared<LostStore>(
+        fmt::format("the store at {} was lost while rank {} set up its world after the join: {}",
+                    address, rank, error.what()));
+  }
+}
+
 // One rank's end, as it publishes it under keys::worldEnd(rank).
 struct RankEnd {
   int rank = 0;
@@ -388,6 +424,8 @@ struct World::Impl {
   // joinWorld failed with `error` before the world formed: rank 0 reports it (once), or the
   // rank standing in for a rank 0 that ended in or right after its join.
   void joinFailed(const std::exception& error);
+  // joinWorld failed on a rank other than 0 after it joined the evidence folder: its end there.
+  void writeJoinEnd(const std::exception& error);
   // A rank stopped by `signal` (0: Open MPI's warning, which a SIGCONT after a SIGSTOP also
   // looks like) while at work outside any collective: its recording says so, as a sleep past
   // the deadline (and ends, at a signal), so that the merged replay has it at work where the
@@ -692,6 +730,39 @@ void World::Impl::joinFailed(const std::exception& error) {
   } else if (standsInAtJoin(placement)) {
     reported = true;
     reportRank0LostAtJoin(options, placement, error.what());
+  } else if (folder.usable()) {
+    writeJoinEnd(error);
+  }
+}
+
+void World::Impl::writeJoinEnd(const std::exception& error) {
+  // Rank 0, the store's host, ended while this rank set its world up after the join: the store
+  // went with it (chaos seed 53752704 under torchrun: rank 2 called crashed beside rank 0, its
+  // abort read as a crash of its own). Its end says so in the evidence folder, where the rank
+  // reporting in rank 0's place reads it: it lost the store, after the crash that ended it.
+  const auto* hmcError = dynamic_cast<const Error*>(&error);
+  const bool storeLost = hmcError && hmcError->kind() == ErrorKind::kBackend;
+  RankEnd own;
+  own.rank = placement.rank;
+  own.host = hostName();
+  own.pid = processId();
+  own.status = "error";
+  own.stage = "join";
+  own.error = fmt::format("hmc::joinWorld failed after the join{}: {}",
+                          storeLost ? fmt::format(" (the store at {})", storeAddress) : "",
+                          error.what());
+  own.leakReason = "not checked: the world did not form";
+  diagnostics::FailureView view;
+  view.rank = own.rank;
+  view.host = own.host;
+  view.kind = storeLost ? std::string(diagnostics::kStoreLost) : std::string(diagnostics::kError);
+  view.stage = own.stage;
+  view.op = "join";
+  view.message = own.error;
+  own.failure = std::move(view);
+  if (const std::string problem = folder.writeResults(own.toJson().dump()); !problem.empty()) {
+    spdlog::debug("hmc world: rank {} cannot write its end to {}: {}", placement.rank,
+                  folder.path(), problem);
   }
 }
 
@@ -1479,17 +1550,26 @@ World joinWorld(JoinOptions options) {
   }
   impl->storeAddress =
       fmt::format("{}:{}", impl->transport.control->host(), impl->transport.control->port());
-  try {
-    impl->kv = impl->transport.control->keyValueStore();
-  } catch (const std::exception& error) {
-    impl->joinFailed(error);  // rank 0, the store's host, ended right after its own join
-    throw;
+  if (placement.rank != 0 && !standsInAtJoin(placement)) {
+    impl->kv = connectAfterJoin(*impl->transport.control, placement.rank, impl->storeAddress);
+  } else {
+    try {
+      impl->kv = impl->transport.control->keyValueStore();
+    } catch (const std::exception& error) {
+      impl->joinFailed(error);  // rank 0, the store's host, ended right after its own join
+      throw;
+    }
   }
   if (placement.rank == 0) {
     impl->folder = world::EvidenceFolder::create(0, folderTag(placement));
     impl->folder.announce(*impl->kv);
   } else {
     impl->folder = world::EvidenceFolder::join(*impl->kv, placement.rank, resolved.joinTimeout);
+    if (!impl->folder.usable() && dynamic_cast<LostStore*>(impl->kv.get()) != nullptr) {
+      // The announcement is out of reach with the store: rank 0's folder on this node, if
+      // rank 0 ran here, is where the rank reporting in its place reads this rank's end.
+      impl->folder = world::EvidenceFolder::joinOrphan(folderTag(placement), placement.rank);
+    }
   }
   try {
     impl->recorder = std::make_shared<diagnostics::FlightRecorder>(resolved.flightCapacity);
@@ -1515,15 +1595,21 @@ World joinWorld(JoinOptions options) {
       if (!view) return std::nullopt;
       return view->toJson();
     };
-    impl->watchdog = std::make_unique<diagnostics::Watchdog>(
-        impl->recorder, impl->transport.control->keyValueStore(), watch);
+    // Past the join, rank 0's store may go with rank 0 (it ended right after its own join):
+    // the other ranks go on without it, as the ranks that finished their set-up first do.
+    const auto connect = [&] {
+      return placement.rank == 0
+                 ? impl->transport.control->keyValueStore()
+                 : connectAfterJoin(*impl->transport.control, placement.rank, impl->storeAddress);
+    };
+    impl->watchdog = std::make_unique<diagnostics::Watchdog>(impl->recorder, connect(), watch);
     impl->manager->onFirstFailure([raw] {
       if (raw->watchdog) raw->watchdog->beatNow();  // gone after close()
     });
 
     {
       std::lock_guard<std::mutex> guard(impl->reportMutex);
-      impl->signalKv = impl->transport.control->keyValueStore();
+      impl->signalKv = connect();
     }
 
     impl->processScope = std::make_unique<lifecycle::ResourceManager::ProcessScope>(impl->manager);

@@ -34,6 +34,9 @@ class EvidenceFolder {
   // The folders with `tag` in this node's TMPDIR whose rank 0 wrote its pid and has ended (a
   // world whose rank 0 died before the others joined its folder), as rank `rank` sees them.
   static std::vector<EvidenceFolder> orphans(const std::string& tag, int rank);
+  // A rank that lost the store before it read the announcement (rank 0 ended right after its
+  // own join): the one such folder of this node, joined (its pid written); else none.
+  static EvidenceFolder joinOrphan(const std::string& tag, int rank);
   // Rank 0 announces the folder (or that it has none) in `kv`; the others read the announcement
   // (waiting up to `timeout`, as for any rendezvous key) and join it. Logged, never thrown.
   void announce(collective::KeyValueStore& kv) const;
