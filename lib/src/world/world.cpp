@@ -930,7 +930,7 @@ namespace {
 // `endedPid`: its process on this node (the evidence folder's pid file) has ended.
 json missingRank(int rank, const std::optional<diagnostics::JobStatus>& status,
                  std::chrono::milliseconds wait, bool connectionClosed,
-                 std::optional<std::int64_t> endedPid, int reporter) {
+                 std::optional<std::int64_t> endedPid, int reporter, bool resultLost) {
   std::string where = endedPid ? fmt::format("{}:{}", printable(hostName()), *endedPid)
                                : std::string("host unknown");
   std::string what = "no heartbeat";
@@ -957,6 +957,16 @@ json missingRank(int rank, const std::optional<diagnostics::JobStatus>& status,
     text = fmt::format("no end: its process ({}) has ended: it exited, crashed or was killed",
                        *endedPid);
     if (what != "no heartbeat") text += "; its heartbeat: " + what;
+  } else if (resultLost) {
+    text = fmt::format(
+        "no end: the store went with rank 0, and this rank is not in the evidence folder of rank "
+        "{}'s node ({}): it runs on another host (or never joined the folder), and its end had "
+        "no way here",
+        reporter, printable(hostName()));
+    if (connectionClosed) {
+      text += fmt::format("; its connection with rank {} had closed: it ended, exited, crashed or "
+                          "was killed", reporter);
+    }
   } else {
     text = fmt::format("no end within {:g} s; its heartbeat: {}", waitedS, what);
     if (connectionClosed) {
@@ -964,7 +974,9 @@ json missingRank(int rank, const std::optional<diagnostics::JobStatus>& status,
           "; its connection with rank {} had closed: it exited, crashed or was killed", reporter);
     }
   }
-  return {{"rank", rank}, {"status", "missing"}, {"where", where}, {"error", text}};
+  json entry = {{"rank", rank}, {"status", "missing"}, {"where", where}, {"error", text}};
+  if (resultLost) entry["result_lost"] = true;
+  return entry;
 }
 
 }  // namespace
@@ -1090,7 +1102,8 @@ WorldEnd World::Impl::report(const RankEnd& own, collective::KeyValueStore& stor
     if (const auto closedPeers = collective::closedPeersOf(transport)) closed = closedPeers();
   }
   std::optional<diagnostics::JobStatus> status;
-  if ((static_cast<int>(ends.size()) < size || !own.clean()) && !storeWentWithRank0()) {
+  const bool storeGone = storeWentWithRank0();
+  if ((static_cast<int>(ends.size()) < size || !own.clean()) && !storeGone) {
     try {
       status = diagnostics::readJobStatus(store, storeAddress, kStoreRequest);
     } catch (const std::exception& error) {
@@ -1109,9 +1122,14 @@ WorldEnd World::Impl::report(const RankEnd& own, collective::KeyValueStore& stor
     } else {
       const bool connectionClosed = std::find(closed.begin(), closed.end(), rank) != closed.end();
       const auto endedPid = folder.ended(rank) ? folder.pidOf(rank) : std::nullopt;
+      // In rank 0's place with the store gone with it, a rank of another host had no way to
+      // send its end here: a closed connection says that it ended, not how (it may have ended
+      // by itself after its program met rank 0's end: chaos seed 1402272991).
+      const bool resultLost = storeGone && !folder.known(rank);
       ranks.push_back(missingRank(rank, status, std::min(wait, waited), connectionClosed, endedPid,
-                                  placement.rank));
-      views.push_back(missingView(rank, ranks.back(), status, connectionClosed || endedPid));
+                                  placement.rank, resultLost));
+      views.push_back(missingView(rank, ranks.back(), status,
+                                  (connectionClosed && !resultLost) || endedPid));
       hosts[rank] = views.back().host;
     }
   }
@@ -1608,8 +1626,11 @@ World joinWorld(JoinOptions options) {
     });
 
     {
+      // Connected outside the lock: a teardown's signal that comes meanwhile reports as in a
+      // forming world (onSignal), not after the connection's wait, too late.
+      auto signalStore = connect();
       std::lock_guard<std::mutex> guard(impl->reportMutex);
-      impl->signalKv = connect();
+      impl->signalKv = std::move(signalStore);
     }
 
     impl->processScope = std::make_unique<lifecycle::ResourceManager::ProcessScope>(impl->manager);
