@@ -143,6 +143,20 @@ TEST_SUITE("result gatherer") {
     CHECK(merged[0][3].crashReason == "no result from rank 3");
   }
 
+  TEST_CASE("a rank without results or a heartbeat is named with the host it joined from") {
+    // chaos --modes hosts --run-seed 135353714: h3 cut off right after the join, before ranks
+    // 4-5 wrote a heartbeat; the report named them without h3, and no host line said h3.
+    MemoryStore kv;
+    kv.set(hmc::world::keys::result(0), hmc::world::rankResultsDocument({resultOf(0)}));
+    kv.set(hmc::collective::joinedRankKey(1), "h3");
+    const auto merged =
+        hmc::world::gatherResults(&kv, rankOf(0, 3), {}, 0ms, why, EvidenceFolder());
+    REQUIRE(merged.size() == 1);
+    CHECK(merged[0][1].crashed);
+    CHECK(merged[0][1].host == "h3");
+    CHECK(merged[0][2].host.empty());  // it did not join: nothing says where it runs
+  }
+
   TEST_CASE("a rank whose connection closed and that left no result ended: crashed, not hung") {
     // Ranks 1 and 2 both last beat 'waiting' in the same collective; rank 2's process ended
     // (its connection with rank 0 closed), rank 1 still waits.
@@ -398,7 +412,7 @@ TEST_SUITE("result gatherer") {
     CHECK_FALSE(shortDeadline.check(kv, 3, 0, t0));
     CHECK_FALSE(shortDeadline.check(kv, 3, 0, t0 + 2499ms));
     CHECK(shortDeadline.check(kv, 3, 0, t0 + 2500ms));
-    // Starting or done: never.
+    // Starting or done: never, but both once the results are what is awaited (awaitResults).
     SilentRanks other(0ms);
     writeWaiting(kv, 6, 1, 9.0, hmc::diagnostics::RankState::kDone);
     writeWaiting(kv, 7, 1, 9.0, hmc::diagnostics::RankState::kStarting);
@@ -406,6 +420,18 @@ TEST_SUITE("result gatherer") {
     CHECK_FALSE(other.check(kv, 6, 0, t0 + 1h));
     CHECK_FALSE(other.check(kv, 7, 0, t0));
     CHECK_FALSE(other.check(kv, 7, 0, t0 + 1h));
+    SilentRanks results(0ms);
+    results.awaitResults();
+    CHECK_FALSE(results.check(kv, 6, 0, t0));
+    CHECK_FALSE(results.check(kv, 6, 0, t0 + SilentRanks::kSilentAfter - 1ms));
+    const auto done = results.check(kv, 6, 0, t0 + SilentRanks::kSilentAfter);
+    REQUIRE(done);
+    CHECK(done->find("(a collective's deadline) after its steps (seen by rank 0)") !=
+          std::string::npos);
+    CHECK_FALSE(results.check(kv, 7, 0, t0));
+    const auto starting = results.check(kv, 7, 0, t0 + SilentRanks::kSilentAfter);
+    REQUIRE(starting);
+    CHECK(starting->find("before its steps") != std::string::npos);
   }
 
   TEST_CASE("a silent rank is announced gone, and reported as such, never as hung") {

@@ -56,15 +56,21 @@ std::optional<std::string> SilentRanks::check(collective::KeyValueStore& kv, int
         rank, host, silentS, beat.current->stage, beat.current->step,
         std::chrono::duration<double>(inStage - deadline_).count(), self);
   }
-  if (beat.state != diagnostics::RankState::kRunning &&
-      beat.state != diagnostics::RankState::kWaiting) {
-    return std::nullopt;  // starting (the join's deadline bounds it) or done
-  }
+  const bool outsideSteps = beat.state == diagnostics::RankState::kStarting ||
+                            beat.state == diagnostics::RankState::kDone;
+  if (outsideSteps && !awaitingResults_) return std::nullopt;  // see awaitResults()
   if (unchanged < std::max<Clock::duration>(kSilentAfter, deadline_)) return std::nullopt;
+  // Results that have not followed its last beat in seconds are not coming (its host cut off
+  // as it published them: chaos --modes hosts --run-seed 135353714 waited 2 s more for them).
+  const std::string doing =
+      beat.state == diagnostics::RankState::kDone ? std::string("after its steps")
+      : beat.state == diagnostics::RankState::kStarting
+          ? std::string("before its steps (a short plan runs between two beats)")
+          : fmt::format("while it ran step {}", beat.step);
   return fmt::format(
-      "rank {}{} fell silent: no heartbeat for {:.1f} s (a collective's deadline) while it ran "
-      "step {} (seen by rank {}): its host is down or cut off, or the rank is stopped",
-      rank, host, silentS, beat.step, self);
+      "rank {}{} fell silent: no heartbeat for {:.1f} s (a collective's deadline) {} (seen by "
+      "rank {}): its host is down or cut off, or the rank is stopped",
+      rank, host, silentS, doing, self);
 }
 
 namespace {
@@ -201,6 +207,7 @@ std::vector<std::vector<scenario::RankResult>> gatherResults(
   const int self = placement.rank;
   std::vector<std::vector<scenario::RankResult>> byRank(placement.worldSize);
   const auto deadline = Clock::now() + wait;
+  if (silent != nullptr) silent->awaitResults();
   std::string storeFailed;
   const auto fromStore = [&](auto&& read) {
     if (kv == nullptr || !storeFailed.empty()) return;
@@ -281,6 +288,16 @@ std::vector<std::vector<scenario::RankResult>> gatherResults(
     if (const auto pid = folder.pidOf(rank)) {  // a rank of this node
       evidence.host = hostName();
       evidence.pid = *pid;
+    } else if (!evidence.heartbeat || evidence.heartbeat->host.empty()) {
+      // No heartbeat (its host cut off before its first): the host it joined from, as its
+      // join wrote it in the store, so that the report names the host with the rank (chaos
+      // --modes hosts --run-seed 135353714, h3 cut off at the start).
+      fromStore([&] {
+        const std::string key = collective::joinedRankKey(rank);
+        if (!kv->check({key})) return;
+        const collective::Bytes host = kv->get(key, std::chrono::milliseconds(500));
+        evidence.host = std::string(host.begin(), host.end());
+      });
     }
     if (!evidence.ended) {
       fromStore([&] {  // another rank saw it fall silent (SilentRanks)

@@ -67,6 +67,12 @@ class SilentRanks {
   std::optional<std::string> check(collective::KeyValueStore& kv, int rank, int self,
                                    Clock::time_point now = Clock::now(),
                                    double unixNow = diagnostics::unixNow());
+  // From here on (gatherResults: the world formed, its ranks' results are awaited) a rank whose
+  // last heartbeat says "starting" or "done" and stopped counts too: a short plan runs between
+  // two beats, and its results follow its last beat within moments. Before, a starting rank
+  // is bounded by the join's deadline, and a done one may be in a vote or a wait of its own
+  // with its watchdog stopped.
+  void awaitResults() noexcept { awaitingResults_ = true; }
 
  private:
   struct Seen {
@@ -75,6 +81,7 @@ class SilentRanks {
   };
   std::chrono::milliseconds deadline_;
   std::map<int, Seen> seen_;
+  bool awaitingResults_ = false;
 };
 
 // Whether rank `rank` is known to be gone: announced dead in the store (hmc-run's own launcher
