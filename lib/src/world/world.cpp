@@ -424,6 +424,9 @@ struct World::Impl {
   // joinWorld failed with `error` before the world formed: rank 0 reports it (once), or the
   // rank standing in for a rank 0 that ended in or right after its join.
   void joinFailed(const std::exception& error);
+  // joinWorld's steps after the join (see their definitions).
+  void openStore();
+  void setUp();
   // joinWorld failed on a rank other than 0 after it joined the evidence folder: its end there.
   void writeJoinEnd(const std::exception& error);
   // A rank stopped by `signal` (0: Open MPI's warning, which a SIGCONT after a SIGSTOP also
@@ -1529,6 +1532,97 @@ WorldEnd World::close() {
   return end;
 }
 
+// After the join: this rank's connection to the world's store (rank 0 and the rank standing in
+// for it fail joinWorld where it is gone; the others go on: connectAfterJoin), and the evidence
+// folder of rank 0's node.
+void World::Impl::openStore() {
+  storeAddress = fmt::format("{}:{}", transport.control->host(), transport.control->port());
+  if (placement.rank != 0 && !standsInAtJoin(placement)) {
+    kv = connectAfterJoin(*transport.control, placement.rank, storeAddress);
+  } else {
+    try {
+      kv = transport.control->keyValueStore();
+    } catch (const std::exception& error) {
+      joinFailed(error);  // rank 0, the store's host, ended right after its own join
+      throw;
+    }
+  }
+  if (placement.rank == 0) {
+    folder = world::EvidenceFolder::create(0, folderTag(placement));
+    folder.announce(*kv);
+  } else {
+    folder = world::EvidenceFolder::join(*kv, placement.rank, options.joinTimeout);
+    if (!folder.usable() && dynamic_cast<LostStore*>(kv.get()) != nullptr) {
+      // The announcement is out of reach with the store: rank 0's folder on this node, if
+      // rank 0 ran here, is where the rank reporting in its place reads this rank's end.
+      folder = world::EvidenceFolder::joinOrphan(folderTag(placement), placement.rank);
+    }
+  }
+}
+
+// After the join: the flight recorder, the manager, the watchdog, the signal thread's store,
+// the recording; rank 0 prints the join line.
+void World::Impl::setUp() {
+  recorder = std::make_shared<diagnostics::FlightRecorder>(options.flightCapacity);
+  recorder->keepDurations(false);  // bounded however long the program runs
+  transport.collective->setObserver(recorder.get());
+  // The program's body is its one step (step 0) for the heartbeats and the hang diagnosis:
+  // "running" until close(), then "after its steps".
+  recorder->setStep(0);
+  diagnostics::WatchdogOptions watch;
+  watch.rank = placement.rank;
+  watch.deadline = options.timeout;
+  if (placement.rank == 0) {
+    watch.meta = diagnostics::JobMeta{options.name, placement.worldSize,
+                                      std::chrono::duration<double>(options.timeout).count(),
+                                      std::string(collective::toString(options.transport)),
+                                      diagnostics::unixNow()};
+  }
+  watch.dumpSignal = SIGUSR1;
+  // Created before the watchdog, whose thread reads its first failure for the heartbeat.
+  manager = std::make_shared<lifecycle::ResourceManager>(transport.collective);
+  watch.firstFailure = [this]() -> std::optional<json> {
+    const auto view = programFailure();
+    if (!view) return std::nullopt;
+    return view->toJson();
+  };
+  // Past the join, rank 0's store may go with rank 0 (it ended right after its own join):
+  // the other ranks go on without it, as the ranks that finished their set-up first do.
+  const auto connect = [&] {
+    return placement.rank == 0
+               ? transport.control->keyValueStore()
+               : connectAfterJoin(*transport.control, placement.rank, storeAddress);
+  };
+  watchdog = std::make_unique<diagnostics::Watchdog>(recorder, connect(), watch);
+  manager->onFirstFailure([this] {
+    if (watchdog) watchdog->beatNow();  // gone after close()
+  });
+
+  {
+    // Connected outside the lock: a teardown's signal that comes meanwhile reports as in a
+    // forming world (onSignal), not after the connection's wait, too late.
+    auto signalStore = connect();
+    std::lock_guard<std::mutex> guard(reportMutex);
+    signalKv = std::move(signalStore);
+  }
+
+  processScope = std::make_unique<lifecycle::ResourceManager::ProcessScope>(manager);
+  if (options.recordDirectory) {
+    manager->setRecorder(record::openRankRecording(
+        *options.recordDirectory, placement.rank, placement.worldSize, options.name,
+        std::chrono::duration<double>(options.timeout).count(), options.recordCap));
+  }
+  if (placement.rank == 0) {
+    const auto& control = *transport.control;
+    fmt::print(stderr,
+               "# hmc: world '{}' of {} ranks joined ({}, transport {}); store at {} (attach: "
+               "hmc-run status --master-addr {} --master-port {})\n",
+               options.name, placement.worldSize, placement.launcher,
+               collective::toString(options.transport), storeAddress, control.host(),
+               control.port());
+  }
+}
+
 World joinWorld(JoinOptions options) {
   setUpDefaultLogging();  // hmc/log.hpp: `warn` unless HMC_LOG_LEVEL, as under hmc-run
   auto impl = std::make_unique<World::Impl>();
@@ -1566,88 +1660,9 @@ World joinWorld(JoinOptions options) {
   if (!impl->transport.control) {
     throw ValueError("hmc::joinWorld: the transport has no control store");
   }
-  impl->storeAddress =
-      fmt::format("{}:{}", impl->transport.control->host(), impl->transport.control->port());
-  if (placement.rank != 0 && !standsInAtJoin(placement)) {
-    impl->kv = connectAfterJoin(*impl->transport.control, placement.rank, impl->storeAddress);
-  } else {
-    try {
-      impl->kv = impl->transport.control->keyValueStore();
-    } catch (const std::exception& error) {
-      impl->joinFailed(error);  // rank 0, the store's host, ended right after its own join
-      throw;
-    }
-  }
-  if (placement.rank == 0) {
-    impl->folder = world::EvidenceFolder::create(0, folderTag(placement));
-    impl->folder.announce(*impl->kv);
-  } else {
-    impl->folder = world::EvidenceFolder::join(*impl->kv, placement.rank, resolved.joinTimeout);
-    if (!impl->folder.usable() && dynamic_cast<LostStore*>(impl->kv.get()) != nullptr) {
-      // The announcement is out of reach with the store: rank 0's folder on this node, if
-      // rank 0 ran here, is where the rank reporting in its place reads this rank's end.
-      impl->folder = world::EvidenceFolder::joinOrphan(folderTag(placement), placement.rank);
-    }
-  }
+  impl->openStore();
   try {
-    impl->recorder = std::make_shared<diagnostics::FlightRecorder>(resolved.flightCapacity);
-    impl->recorder->keepDurations(false);  // bounded however long the program runs
-    impl->transport.collective->setObserver(impl->recorder.get());
-    // The program's body is its one step (step 0) for the heartbeats and the hang diagnosis:
-    // "running" until close(), then "after its steps".
-    impl->recorder->setStep(0);
-    diagnostics::WatchdogOptions watch;
-    watch.rank = placement.rank;
-    watch.deadline = resolved.timeout;
-    if (placement.rank == 0) {
-      watch.meta = diagnostics::JobMeta{resolved.name, placement.worldSize,
-                                        std::chrono::duration<double>(resolved.timeout).count(),
-                                        std::string(collective::toString(resolved.transport)),
-                                        diagnostics::unixNow()};
-    }
-    watch.dumpSignal = SIGUSR1;
-    // Created before the watchdog, whose thread reads its first failure for the heartbeat.
-    impl->manager = std::make_shared<lifecycle::ResourceManager>(impl->transport.collective);
-    watch.firstFailure = [raw]() -> std::optional<json> {
-      const auto view = raw->programFailure();
-      if (!view) return std::nullopt;
-      return view->toJson();
-    };
-    // Past the join, rank 0's store may go with rank 0 (it ended right after its own join):
-    // the other ranks go on without it, as the ranks that finished their set-up first do.
-    const auto connect = [&] {
-      return placement.rank == 0
-                 ? impl->transport.control->keyValueStore()
-                 : connectAfterJoin(*impl->transport.control, placement.rank, impl->storeAddress);
-    };
-    impl->watchdog = std::make_unique<diagnostics::Watchdog>(impl->recorder, connect(), watch);
-    impl->manager->onFirstFailure([raw] {
-      if (raw->watchdog) raw->watchdog->beatNow();  // gone after close()
-    });
-
-    {
-      // Connected outside the lock: a teardown's signal that comes meanwhile reports as in a
-      // forming world (onSignal), not after the connection's wait, too late.
-      auto signalStore = connect();
-      std::lock_guard<std::mutex> guard(impl->reportMutex);
-      impl->signalKv = std::move(signalStore);
-    }
-
-    impl->processScope = std::make_unique<lifecycle::ResourceManager::ProcessScope>(impl->manager);
-    if (resolved.recordDirectory) {
-      impl->manager->setRecorder(record::openRankRecording(
-          *resolved.recordDirectory, placement.rank, placement.worldSize, resolved.name,
-          std::chrono::duration<double>(resolved.timeout).count(), resolved.recordCap));
-    }
-    if (placement.rank == 0) {
-      const auto& control = *impl->transport.control;
-      fmt::print(stderr,
-                 "# hmc: world '{}' of {} ranks joined ({}, transport {}); store at {} (attach: "
-                 "hmc-run status --master-addr {} --master-port {})\n",
-                 resolved.name, placement.worldSize, placement.launcher,
-                 collective::toString(resolved.transport), impl->storeAddress, control.host(),
-                 control.port());
-    }
+    impl->setUp();
   } catch (const std::exception& error) {
     // A world that never started (HMC_RECORD names no folder, ...): its folder holds only
     // rank 0's pid and nobody else would remove it. Elsewhere: rank 0 may have ended right
