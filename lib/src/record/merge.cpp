@@ -83,6 +83,50 @@ bool sawPeerFail(const Recording& recording) {
   });
 }
 
+// The replay's step for the forward at events[i]: its dtype and device where it bound them,
+// else those the module bound before (`boundDtype`, kept up to date); no backward where the
+// recording says it left the backward pending.
+json forwardStep(const std::vector<Event>& events, std::size_t i, const std::string& module,
+                 std::map<std::int32_t, json>& boundDtype) {
+  const Event& event = events[i];
+  const json& d = event.detail;
+  json step = {{"op", "forward"}, {"module", module}};
+  if (d.is_object() && d.contains("dtype")) {
+    step["dtype"] = d["dtype"];
+    step["device"] = deviceKind(d.value("device", "cpu"));
+    if (event.outcome == Outcome::kOk) boundDtype[event.module] = step;
+  } else if (const auto bound = boundDtype.find(event.module); bound != boundDtype.end()) {
+    step["dtype"] = bound->second["dtype"];
+    step["device"] = bound->second["device"];
+  }
+  if (i + 1 < events.size() && events[i + 1].op == EventOp::kPending &&
+      events[i + 1].module == event.module) {
+    step["backward"] = false;
+  }
+  return step;
+}
+
+// The replay's step for the sleep at events[i], or none. A launcher stopped the rank at work
+// outside any collective (hmc::World writes this at Open MPI's warning and at the SIGTERM): it
+// stands for the rest of its work only where nothing followed it (a SIGCONT that was no
+// teardown: the rank went on); `stoppedAtWork` says it did.
+std::optional<json> sleepStep(const std::vector<Event>& events, std::size_t i,
+                              bool& stoppedAtWork) {
+  const json& d = events[i].detail;
+  json step = {{"op", "sleep"}, {"seconds", d.value("seconds", 0.0)}};
+  if (!d.is_object() || !d.contains("stopped_by")) return step;
+  const bool last =
+      std::none_of(events.begin() + static_cast<std::ptrdiff_t>(i) + 1, events.end(),
+                   [](const Event& later) {
+                     return later.op != EventOp::kEnd && later.op != EventOp::kType;
+                   });
+  if (!last) return std::nullopt;
+  stoppedAtWork = true;
+  step["label"] = fmt::format("stopped by {} at work outside any collective",
+                              d.value("stopped_by", std::string("a signal")));
+  return step;
+}
+
 std::vector<json> stepsOf(const Recording& recording, MergeExpect expect, bool deathSeen) {
   std::vector<json> steps;
   // A rank that worked outside hmc for half a deadline or more between two calls: a sleep that
@@ -126,22 +170,9 @@ std::vector<json> stepsOf(const Recording& recording, MergeExpect expect, bool d
         }
         break;
       }
-      case EventOp::kForward: {
-        step = {{"op", "forward"}, {"module", nameOf(event.module)}};
-        if (d.is_object() && d.contains("dtype")) {
-          step["dtype"] = d["dtype"];
-          step["device"] = deviceKind(d.value("device", "cpu"));
-          if (event.outcome == Outcome::kOk) boundDtype[event.module] = step;
-        } else if (const auto bound = boundDtype.find(event.module); bound != boundDtype.end()) {
-          step["dtype"] = bound->second["dtype"];
-          step["device"] = bound->second["device"];
-        }
-        if (i + 1 < events.size() && events[i + 1].op == EventOp::kPending &&
-            events[i + 1].module == event.module) {
-          step["backward"] = false;
-        }
+      case EventOp::kForward:
+        step = forwardStep(events, i, nameOf(event.module), boundDtype);
         break;
-      }
       case EventOp::kPending:
       case EventOp::kRelease:
       case EventOp::kEnd:
@@ -158,21 +189,9 @@ std::vector<json> stepsOf(const Recording& recording, MergeExpect expect, bool d
         step = {{"op", std::string(toString(event.op))}};
         break;
       case EventOp::kSleep: {
-        step = {{"op", "sleep"}, {"seconds", d.value("seconds", 0.0)}};
-        if (d.is_object() && d.contains("stopped_by")) {
-          // A launcher stopped the rank at work outside any collective (hmc::World writes this
-          // at Open MPI's warning and at the SIGTERM): it stands for the rest of its work only
-          // where nothing followed it (a SIGCONT that was no teardown: the rank went on).
-          const bool last = std::none_of(events.begin() + static_cast<std::ptrdiff_t>(i) + 1,
-                                         events.end(), [](const Event& later) {
-                                           return later.op != EventOp::kEnd &&
-                                                  later.op != EventOp::kType;
-                                         });
-          if (!last) continue;
-          stoppedAtWork = true;
-          step["label"] = fmt::format("stopped by {} at work outside any collective",
-                                      d.value("stopped_by", std::string("a signal")));
-        }
+        auto sleep = sleepStep(events, i, stoppedAtWork);
+        if (!sleep) continue;
+        step = std::move(*sleep);
         break;
       }
       case EventOp::kCheck:

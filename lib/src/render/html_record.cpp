@@ -33,30 +33,15 @@ std::string majorityOf(const json& cells) {
   return best;
 }
 
-}  // namespace
-
-std::string renderHtmlRecordShow(const json& document) {
-  if (textOf(document, "format") != "hmc-record-show/1") {
-    throw ValueError(fmt::format("render: expected an hmc-record-show/1 document, got format '{}'",
-                                 hmc::printable(textOf(document, "format", "(none)"))));
-  }
-  const json* ranks = arrayOf(document, "ranks");
-  const json* rows = arrayOf(document, "rows");
-  const std::optional<long long> divergence = integerOf(document, "divergence");
-  std::string out;
-  pageStart(out, "hmc-run record show \u2014 " + textOf(document, "directory", "?"));
-  out += "<section class=\"record\" data-divergence=\"" +
-         (divergence ? std::to_string(*divergence) : std::string("none")) + "\">\n";
-  out += "<h1>recording " + esc(textOf(document, "directory", "?")) + "</h1>\n";
-  out += fmt::format("<p class=\"sub\">{} ranks \u00b7 {} rows</p>\n",
-                     ranks ? ranks->size() : 0, integerOf(document, "total_rows").value_or(0));
-  // The first line a person reads: where the ranks went wrong.
+// The first line a person reads: where the ranks went wrong (or that they did not).
+void appendCallouts(std::string& out, const json& document,
+                    const std::optional<long long>& divergence,
+                    const std::optional<long long>& failure) {
   const json& firstDivergence = objectOf(document.contains("first_divergence")
                                              ? &document["first_divergence"]
                                              : nullptr);
   const json& firstFailure =
       objectOf(document.contains("first_failure") ? &document["first_failure"] : nullptr);
-  const std::optional<long long> failure = integerOf(firstFailure, "event");
   if (failure) {
     out += fmt::format(
         "<div class=\"callout fail\" id=\"first-failure\"><strong class=\"head\">Every rank "
@@ -78,7 +63,10 @@ std::string renderHtmlRecordShow(const json& document) {
         "<div class=\"callout pass\" id=\"verdict\"><strong class=\"head\">Every rank recorded "
         "the same events</strong>(kind, module and outcome of each event, in order).</div>\n";
   }
-  // Which rank is which, and where each file stopped.
+}
+
+// Which rank is which, and where each file stopped.
+void appendRankTable(std::string& out, const json* ranks) {
   out += "<h3>Ranks</h3>\n<table><tr><th>rank</th><th>host</th><th>pid</th><th>hmc</th>"
          "<th>events</th><th>end of file</th></tr>";
   std::size_t listed = 0;
@@ -95,7 +83,13 @@ std::string renderHtmlRecordShow(const json& document) {
                                                              "</strong>");
   }
   out += "</table>\n";
-  // The events side by side, a column per rank (at most kMaxTableRanks of them).
+}
+
+// The events side by side, a column per rank (at most kMaxTableRanks of them); the ranges
+// every rank has alike folded. Returns the rows drawn.
+std::size_t appendEvents(std::string& out, const json& document, const json* ranks,
+                         const json* rows, const std::optional<long long>& divergence,
+                         const std::optional<long long>& failure) {
   const std::size_t columns = std::min<std::size_t>(ranks ? ranks->size() : 0, kMaxTableRanks);
   out += "<h3>Events</h3>\n<div class=\"scroll\"><table class=\"events\"><tr><th>event</th>";
   for (std::size_t c = 0; c < columns; ++c) {
@@ -189,6 +183,32 @@ std::string renderHtmlRecordShow(const json& document) {
     ++drawn;
   }
   out += "</table></div>\n";
+  return drawn + drawnFolded;
+}
+
+}  // namespace
+
+std::string renderHtmlRecordShow(const json& document) {
+  if (textOf(document, "format") != "hmc-record-show/1") {
+    throw ValueError(fmt::format("render: expected an hmc-record-show/1 document, got format '{}'",
+                                 hmc::printable(textOf(document, "format", "(none)"))));
+  }
+  const json* ranks = arrayOf(document, "ranks");
+  const json* rows = arrayOf(document, "rows");
+  const std::optional<long long> divergence = integerOf(document, "divergence");
+  std::string out;
+  pageStart(out, "hmc-run record show \u2014 " + textOf(document, "directory", "?"));
+  out += "<section class=\"record\" data-divergence=\"" +
+         (divergence ? std::to_string(*divergence) : std::string("none")) + "\">\n";
+  out += "<h1>recording " + esc(textOf(document, "directory", "?")) + "</h1>\n";
+  out += fmt::format("<p class=\"sub\">{} ranks \u00b7 {} rows</p>\n",
+                     ranks ? ranks->size() : 0, integerOf(document, "total_rows").value_or(0));
+  const json& firstFailure =
+      objectOf(document.contains("first_failure") ? &document["first_failure"] : nullptr);
+  const std::optional<long long> failure = integerOf(firstFailure, "event");
+  appendCallouts(out, document, divergence, failure);
+  appendRankTable(out, ranks);
+  const std::size_t drawn = appendEvents(out, document, ranks, rows, divergence, failure);
   // Open at the first failure or divergence: scrolled to it when the page's first screen does
   // not show it, its row at three quarters of the window so that the rows before it show (a
   // link to another row, #event-N, wins).
@@ -202,7 +222,6 @@ std::string renderHtmlRecordShow(const json& document) {
         *opening);
   }
   const long long total = integerOf(document, "total_rows").value_or(0);
-  drawn += drawnFolded;
   if (rows && static_cast<long long>(drawn) < total) {
     out += fmt::format(
         "<p class=\"note\">{} of {} rows drawn (hmc-run record show --limit, or the page's "
