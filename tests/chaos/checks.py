@@ -118,6 +118,8 @@ def ended_cleanly_in_end(document, rank):
 
 
 def called_crashed_in_end(entry):
+    if entry.get("result_lost"):
+        return False  # its end had no way to the reporter: "not known here", never a crash
     text = (entry.get("error") or "") + " " + (entry.get("where") or "")
     return entry.get("status") == "missing" and (
         "has ended" in text or "crashed" in text or "was killed" in text)
@@ -613,7 +615,13 @@ def host_named(doc, rank, host, lost=False):
     if entry is None or entry.get("host") != host:
         return False
     if doc.get("format") == "hmc-world-end/1":
-        return entry.get("status") == "missing" if lost else entry.get("status") != "ok"
+        if not lost:
+            return entry.get("status") != "ok"
+        # Killed: no end of its own ("missing"), or an end that failed which it published before
+        # the kill (a hang's or an error's end comes at its deadline, from the rank itself: the
+        # node was lost after it; --modes hosts --run-seed 1051982539). Never "stopped" (a live
+        # rank at the teardown) nor a clean end beside a lost host's failure.
+        return entry.get("status") in ("missing", "hang", "error")
     return bool(entry.get("crashed")) if lost else named_in_report(doc, rank)
 
 
