@@ -239,6 +239,37 @@ class RankState {
     return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(cudaDeviceOf(rank_)));
   }
 
+  // A forward of a fresh input (its dtype and device), its bind's timing, and its backward now
+  // or pending (backward: false, until a backward step).
+  void runForward(const Step& step, StepResult* entry) {
+    auto& module = live(step.module);
+    const std::string dtypeName = step.dtype.value_or(scenario_.dtype);
+    const auto dtype = nn::dtypeFromName(dtypeName);
+    if (!dtype) throw ValueError(fmt::format("{}: unknown dtype '{}'", step.path, dtypeName));
+    auto x = torch::randn({step.batch, module->features()},
+                          torch::TensorOptions().dtype(*dtype).device(resolveDevice(step)))
+                 .requires_grad_(true);
+    torch::Tensor y = module->forward(x);
+    waitForDeviceWork(*module, step);
+    if (const auto& bind = module->lastBind()) {
+      const double seconds = bind->seconds.count();
+      (bind->reused ? timings_.reusedBind : timings_.freshBind).push_back(seconds);
+      if (entry != nullptr) {
+        entry->bind =
+            BindInfo{static_cast<std::int64_t>(bind->bindingId), bind->reused, seconds};
+      }
+    }
+    if (step.backward) {
+      y.sum().backward();
+    } else {
+      pending_[step.module].push_back(std::move(y));
+      if (record::Recorder* recording = manager_->recorder()) {
+        recording->append(record::EventOp::kPending, module->recordIndex(),
+                          record::Outcome::kOk, std::chrono::nanoseconds(0));
+      }
+    }
+  }
+
   void runOnce(const Step& step, StepResult* entry) {
     switch (step.op) {
       case Op::kCreate: {
@@ -265,35 +296,9 @@ class RankState {
         nn::MulticoreModule::shareExecutionResources(members);
         break;
       }
-      case Op::kForward: {
-        auto& module = live(step.module);
-        const std::string dtypeName = step.dtype.value_or(scenario_.dtype);
-        const auto dtype = nn::dtypeFromName(dtypeName);
-        if (!dtype) throw ValueError(fmt::format("{}: unknown dtype '{}'", step.path, dtypeName));
-        auto x = torch::randn({step.batch, module->features()},
-                              torch::TensorOptions().dtype(*dtype).device(resolveDevice(step)))
-                     .requires_grad_(true);
-        torch::Tensor y = module->forward(x);
-        waitForDeviceWork(*module, step);
-        if (const auto& bind = module->lastBind()) {
-          const double seconds = bind->seconds.count();
-          (bind->reused ? timings_.reusedBind : timings_.freshBind).push_back(seconds);
-          if (entry != nullptr) {
-            entry->bind =
-                BindInfo{static_cast<std::int64_t>(bind->bindingId), bind->reused, seconds};
-          }
-        }
-        if (step.backward) {
-          y.sum().backward();
-        } else {
-          pending_[step.module].push_back(std::move(y));
-          if (record::Recorder* recording = manager_->recorder()) {
-            recording->append(record::EventOp::kPending, module->recordIndex(),
-                              record::Outcome::kOk, std::chrono::nanoseconds(0));
-          }
-        }
+      case Op::kForward:
+        runForward(step, entry);
         break;
-      }
       case Op::kBackward: {
         auto it = pending_.find(step.module);
         if (it == pending_.end()) break;

@@ -557,6 +557,35 @@ class Parser {
     return out;
   }
 
+  void readForward(const json& value, const std::string& path, Step& step) {
+    step.module = readModuleRef(required(value, path, "module"), childPath(path, "module"));
+    if (const json* v = find(value, "batch")) {
+      step.batch = readInt(*v, childPath(path, "batch"), 0, kMaxBatch);
+    }
+    if (const json* v = find(value, "dtype")) step.dtype = readDtype(*v, childPath(path, "dtype"));
+    if (const json* v = find(value, "device")) {
+      step.device = readDevice(*v, childPath(path, "device"));
+    }
+    if (const json* v = find(value, "backward")) {
+      step.backward = readBool(*v, childPath(path, "backward"));
+    }
+  }
+
+  // A check naming none of its keys checks nothing, as in the reference runner.
+  void readCheck(const json& value, const std::string& path, Step& step) {
+    if (const json* v = find(value, "groups")) {
+      step.groups =
+          readInt(*v, childPath(path, "groups"), 0, std::numeric_limits<std::int64_t>::max());
+    }
+    if (const json* v = find(value, "bound_groups")) {
+      step.boundGroups = readInt(*v, childPath(path, "bound_groups"), 0,
+                                 std::numeric_limits<std::int64_t>::max());
+    }
+    if (const json* v = find(value, "runtime_live")) {
+      step.runtimeLive = readBool(*v, childPath(path, "runtime_live"));
+    }
+  }
+
   Step readStep(const json& value, const std::string& path, int depth, Cost& cost) {
     if (!value.is_object()) fail(path, "expected a step object, got " + describe(value));
     Step step;
@@ -603,18 +632,7 @@ class Parser {
         break;
       }
       case Op::kForward:
-        step.module = readModuleRef(required(value, path, "module"), childPath(path, "module"));
-        if (const json* v = find(value, "batch")) {
-          step.batch = readInt(*v, childPath(path, "batch"), 0, kMaxBatch);
-        }
-        if (const json* v = find(value, "dtype"))
-          step.dtype = readDtype(*v, childPath(path, "dtype"));
-        if (const json* v = find(value, "device")) {
-          step.device = readDevice(*v, childPath(path, "device"));
-        }
-        if (const json* v = find(value, "backward")) {
-          step.backward = readBool(*v, childPath(path, "backward"));
-        }
+        readForward(value, path, step);
         break;
       case Op::kDrop:
         if (const json* v = find(value, "collect")) {
@@ -629,18 +647,7 @@ class Parser {
       case Op::kBarrier:
         break;
       case Op::kCheck:
-        if (const json* v = find(value, "groups")) {
-          step.groups =
-              readInt(*v, childPath(path, "groups"), 0, std::numeric_limits<std::int64_t>::max());
-        }
-        if (const json* v = find(value, "bound_groups")) {
-          step.boundGroups = readInt(*v, childPath(path, "bound_groups"), 0,
-                                     std::numeric_limits<std::int64_t>::max());
-        }
-        if (const json* v = find(value, "runtime_live")) {
-          step.runtimeLive = readBool(*v, childPath(path, "runtime_live"));
-        }
-        // A check naming none of them checks nothing, as in the reference runner.
+        readCheck(value, path, step);
         break;
       case Op::kFault:
         readFault(value, path, step);
