@@ -88,6 +88,9 @@ struct PeerAddressBook;  // store_transport.cpp
 struct StoreTransportState {
   StoreTransportOptions options;
   int port = 0;
+  // The first failure of an exchange (timeout, lost rank, the store's error): every later
+  // exchange fails at once with it (StoreTransport::gather).
+  std::optional<std::string> broken;
   // The hosting rank's store object owns the server; it is also the first client.
   c10::intrusive_ptr<c10d::TCPStore> server;
   // The connection exchanges write, read and poll on. Its read deadline stays the store
