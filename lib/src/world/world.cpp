@@ -929,6 +929,20 @@ std::map<int, RankEnd> World::Impl::gatherEnds(const RankEnd& own, std::chrono::
 
 namespace {
 
+// The furthest program collective a rank with an end failed in (chaos --modes hosts
+// --run-seed 258839842: h3 cut off in 'recycle' #2 on the store transport, which ranks 0-3
+// completed before they hung in #3 without h3; rank 5's heartbeat in #2 read as the hang).
+std::optional<std::uint64_t> furthestFailure(const std::map<int, RankEnd>& ends) {
+  std::optional<std::uint64_t> furthest;
+  for (const auto& [rank, found] : ends) {
+    if ((found.status == "hang" || found.status == "error") && found.stage != "join" &&
+        found.stage != diagnostics::kWorldEndStage) {
+      furthest = std::max(furthest.value_or(0), found.sequence);
+    }
+  }
+  return furthest;
+}
+
 // The host rank `rank` joined from (its join wrote it in the store), or "".
 std::string joinedHostOf(collective::KeyValueStore& store, int rank) {
   try {
@@ -994,6 +1008,8 @@ json missingRank(int rank, const std::optional<diagnostics::JobStatus>& status,
     }
   }
   json entry = {{"rank", rank}, {"status", "missing"}, {"where", where}, {"error", text}};
+  // Its host as every other rank's entry has it ("" unknown), beside "where" (host:pid).
+  entry["host"] = where == "host unknown" ? std::string() : where.substr(0, where.rfind(':'));
   if (resultLost) entry["result_lost"] = true;
   return entry;
 }
@@ -1135,16 +1151,7 @@ WorldEnd World::Impl::report(const RankEnd& own, collective::KeyValueStore& stor
   std::vector<diagnostics::FailureView> views;
   std::vector<std::string> hosts(size);
   json ranks = json::array();
-  // The furthest program collective a rank with an end failed in (chaos --modes hosts
-  // --run-seed 258839842: h3 cut off in 'recycle' #2 on the store transport, which ranks 0-3
-  // completed before they hung in #3 without h3; rank 5's heartbeat in #2 read as the hang).
-  std::optional<std::uint64_t> passed;
-  for (const auto& [rank, found] : ends) {
-    if ((found.status == "hang" || found.status == "error") && found.stage != "join" &&
-        found.stage != diagnostics::kWorldEndStage) {
-      passed = std::max(passed.value_or(0), found.sequence);
-    }
-  }
+  const std::optional<std::uint64_t> passed = furthestFailure(ends);
   for (int rank = 0; rank < size; ++rank) {
     if (auto it = ends.find(rank); it != ends.end()) {
       const RankEnd& found = it->second;
