@@ -243,9 +243,11 @@ struct RankEnd {
     if (failure) {
       const bool part = first && std::find(first->seenBy.begin(), first->seenBy.end(), rank) !=
                                      first->seenBy.end();
-      failed = part ? fmt::format("saw the first failure ({} in '{}' #{})",
-                                  diagnostics::failureKindWords(failure->kind), failure->stage,
-                                  failure->sequence.value_or(0))
+      // "(manifest mismatch in 'close validation' #2)", "(error in forward)": where it was.
+      const std::string where = diagnostics::whereText(*failure, true);
+      failed = part ? fmt::format("saw the first failure ({}{})",
+                                  diagnostics::failureKindWords(failure->kind),
+                                  where.empty() ? where : " in " + where)
                     : diagnostics::describeFailure(*failure);
     }
     if (status == "ok" && !failure && !groupsLeft && atEndSequence) {

@@ -114,6 +114,9 @@ Diagnosis diagnose(const std::vector<FailureView>& views, int worldSize,
 std::string describeFailure(const FailureView& view);
 // A kind as words: "manifest mismatch", "lost a rank" (rank_failure).
 std::string failureKindWords(std::string_view kind);
+// Where a failure happened: "'close validation' #26 (step 4)"; `orOp`: for a failure no
+// collective raised, the call ("forward").
+std::string whereText(const FailureView& view, bool orOp);
 // The ranks a failure's text names: "ranks [1] did not arrive" (or "did not join"), "failed on
 // ranks [1, 2]", "rank 3 closed its connection", "rank 3 was announced dead"; empty otherwise.
 std::vector<int> ranksNamedIn(const std::string& message);
