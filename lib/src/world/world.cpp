@@ -741,10 +741,11 @@ void World::Impl::joinFailed(const std::exception& error) {
 }
 
 void World::Impl::writeJoinEnd(const std::exception& error) {
-  // Rank 0, the store's host, ended while this rank set its world up after the join: the store
-  // went with it (chaos seed 53752704 under torchrun: rank 2 called crashed beside rank 0, its
-  // abort read as a crash of its own). Its end says so in the evidence folder, where the rank
-  // reporting in rank 0's place reads it: it lost the store, after the crash that ended it.
+  // joinWorld failed after this rank joined the evidence folder (HMC_RECORD's folder unusable,
+  // say; a store lost there goes on with a LostStore instead, see connectAfterJoin). Its end
+  // says so in the folder, where the rank reporting in rank 0's place reads it, rather than a
+  // process that ended with no end, read as a crash (chaos seed 53752704). A store lost here is
+  // ordered after a crash that may have ended it (kind store_lost).
   const auto* hmcError = dynamic_cast<const Error*>(&error);
   const bool storeLost = hmcError && hmcError->kind() == ErrorKind::kBackend;
   RankEnd own;
