@@ -293,10 +293,9 @@ std::vector<std::vector<scenario::RankResult>> gatherResults(
       // join wrote it in the store, so that the report names the host with the rank (chaos
       // --modes hosts --run-seed 135353714, h3 cut off at the start).
       fromStore([&] {
-        const std::string key = collective::joinedRankKey(rank);
-        if (!kv->check({key})) return;
-        const collective::Bytes host = kv->get(key, std::chrono::milliseconds(500));
-        evidence.host = std::string(host.begin(), host.end());
+        if (auto host = collective::joinedHost(*kv, rank, std::chrono::milliseconds(500))) {
+          evidence.host = std::move(*host);
+        }
       });
     }
     if (!evidence.ended) {

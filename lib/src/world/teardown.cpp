@@ -57,13 +57,11 @@ JoinState readJoinStateFrom(collective::KeyValueStore& kv, const RankPlacement& 
   if (known) state.hosts = known->hosts;
   for (int rank = 0; rank < placement.worldSize; ++rank) {
     if (state.hosts.count(rank) != 0) continue;
-    const std::string key = collective::joinedRankKey(rank);
-    if (!kv.check({key})) {
+    if (auto host = collective::joinedHost(kv, rank, std::chrono::seconds(1))) {
+      state.hosts[rank] = std::move(*host);
+    } else {
       state.missing.push_back(rank);
-      continue;
     }
-    const collective::Bytes host = kv.get(key, std::chrono::seconds(1));
-    state.hosts[rank] = std::string(host.begin(), host.end());
   }
   if (placement.rank == 0 && placement.storeHost == StoreHost::kRankZero) {
     std::vector<int> joined;

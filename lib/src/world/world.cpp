@@ -949,10 +949,7 @@ std::optional<std::uint64_t> furthestFailure(const std::map<int, RankEnd>& ends)
 // The host rank `rank` joined from (its join wrote it in the store), or "".
 std::string joinedHostOf(collective::KeyValueStore& store, int rank) {
   try {
-    const std::string key = collective::joinedRankKey(rank);
-    if (!store.check({key})) return std::string();
-    const collective::Bytes host = store.get(key, kStoreRequest);
-    return std::string(host.begin(), host.end());
+    return collective::joinedHost(store, rank, kStoreRequest).value_or(std::string());
   } catch (const std::exception& error) {
     spdlog::debug("hmc world: rank {}'s host from the store: {}", rank, error.what());
     return std::string();

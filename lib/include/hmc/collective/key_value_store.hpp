@@ -23,6 +23,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -55,6 +56,16 @@ inline constexpr const char* kFlightPublishedKey = "flight/published";
 inline std::string joinedRankKey(int rank) { return "joined/" + std::to_string(rank); }
 inline constexpr const char* kJoinedCountKey = "joined/count";
 inline std::string addressKey(int rank) { return "address/" + std::to_string(rank); }
+
+// The host rank `rank` joined the world from (the value of joined/<rank>), or nullopt before
+// it joined. Throws as the store's calls do.
+inline std::optional<std::string> joinedHost(KeyValueStore& store, int rank,
+                                             std::chrono::milliseconds timeout) {
+  const std::string key = joinedRankKey(rank);
+  if (!store.check({key})) return std::nullopt;
+  const Bytes host = store.get(key, timeout);
+  return std::string(host.begin(), host.end());
+}
 
 // What a launcher does when rank `rank` died: dead/<rank> = why, then dead/any.
 inline void announceDeadRank(KeyValueStore& store, int rank, const std::string& why) {
