@@ -128,6 +128,71 @@ void failIfOneGaveUp(const std::vector<int>& peers,
                   *firstToGiveUp)));
 }
 
+// How long past the exchange's deadline the hosting rank still waits for read receipts when
+// the last value came just before it: the readers need a round trip or two after that.
+constexpr std::chrono::milliseconds kReceiptGrace{500};
+
+// On the hosting rank, after it read every value of exchange `sequence`: waits until every
+// peer has too (its read receipt, readKey), so that this rank, and the server with it, cannot
+// end (crash, exit) while a peer still reads this exchange's values. Without it the host could
+// leave a finished exchange and crash before the others' reads reached the server: they then
+// failed in an exchange the host had completed, and the report placed the host's end one
+// collective early (chaos --run-seed 83052566, 854846914). The tcp and gloo transports hold
+// the same guarantee through their own exchanges. A peer announced dead, or whose process
+// ended (closed), is not waited for. Throws TimeoutError naming the peers that did not confirm.
+void awaitReads(hmc::detail::StoreTransportState& s, const std::vector<int>& peers,
+                std::uint64_t sequence, std::string_view stage, int self,
+                std::chrono::milliseconds timeout, Clock::time_point deadline,
+                const Collective::ClosedPeers& closed) {
+  std::vector<int> waitFor = peers;
+  const auto keysOf = [&] {
+    std::vector<std::string> keys;
+    keys.reserve(waitFor.size());
+    for (int peer : waitFor) keys.push_back(s.readKey(sequence, peer));
+    return keys;
+  };
+  const auto until = std::max(deadline, Clock::now() + kReceiptGrace);
+  std::vector<std::string> keys = keysOf();
+  try {
+    s.waiter->wait(keys, std::min(remainingUntil(until), StoreTransport::kFirstWait));
+    return;
+  } catch (const std::exception& error) {
+    if (!compat::isTimeout(error)) throw;
+    s.reconnectWaiter(fmt::format("'{}' #{} on rank {}", stage, sequence, self));
+  }
+  const std::string anyDead = s.options.prefix + "/kv/" + collective::kAnyDeadKey;
+  while (!s.client->check(keys)) {
+    // Peers that ended need not be waited for: they read or not, and the next exchange meets
+    // their end.
+    std::vector<int> ended = closed ? closed() : std::vector<int>{};
+    if (s.client->check({anyDead})) {
+      for (int peer : waitFor) {
+        if (s.client->check({hmc::detail::deadKeyOf(s.options.prefix, peer)})) {
+          ended.push_back(peer);
+        }
+      }
+    }
+    std::vector<int> unread;
+    for (int peer : waitFor) {
+      if (std::find(ended.begin(), ended.end(), peer) == ended.end() &&
+          !s.client->check({s.readKey(sequence, peer)})) {
+        unread.push_back(peer);
+      }
+    }
+    if (unread.empty()) return;
+    if (Clock::now() >= until) {
+      throw TimeoutError(hmc::detail::timedOutText(
+          stage, sequence, self, timeout,
+          fmt::format("ranks {} did not confirm reading it (they arrived; the store's host "
+                      "waits for that)",
+                      formatRankList(unread))));
+    }
+    waitFor = std::move(unread);
+    keys = keysOf();
+    std::this_thread::sleep_for(std::min(remainingUntil(until), StoreTransport::kPollInterval));
+  }
+}
+
 }  // namespace
 
 void StoreTransportOptions::validate() const {
@@ -399,10 +464,18 @@ KeyJanitor::~KeyJanitor() {
 }
 
 void KeyJanitor::erase(std::uint64_t sequence, std::string key) {
+  queue(Pending{sequence, std::move(key), false});
+}
+
+void KeyJanitor::set(std::uint64_t sequence, std::string key) {
+  queue(Pending{sequence, std::move(key), true});
+}
+
+void KeyJanitor::queue(Pending next) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (stop_) return;
-    keys_.push_back(Pending{sequence, std::move(key)});
+    keys_.push_back(std::move(next));
   }
   wake_.notify_one();
 }
@@ -432,7 +505,11 @@ void KeyJanitor::run() {
     lock.unlock();
     bool failed = false;
     try {
-      store_->deleteKey(next.key);
+      if (next.write) {
+        store_->set(next.key, std::vector<std::uint8_t>{1});
+      } else {
+        store_->deleteKey(next.key);
+      }
     } catch (const std::exception&) {
       failed = true;  // the server is gone: the exchange path reports that
     }
@@ -443,7 +520,7 @@ void KeyJanitor::run() {
       // fails to) on its own connection.
       keys_.clear();
       stop_ = true;
-    } else {
+    } else if (!next.write) {
       deleted_.insert(next.sequence);
     }
     settled_.notify_all();
@@ -576,6 +653,11 @@ std::string deadKeyOf(const std::string& prefix, int rank) {
 
 std::string StoreTransportState::exchangeKey(std::uint64_t sequence, int rank) const {
   return fmt::format("{}/x/{}/{}", options.prefix,
+                     sequence % static_cast<std::uint64_t>(options.keySlots), rank);
+}
+
+std::string StoreTransportState::readKey(std::uint64_t sequence, int rank) const {
+  return fmt::format("{}/r/{}/{}", options.prefix,
                      sequence % static_cast<std::uint64_t>(options.keySlots), rank);
 }
 
@@ -868,7 +950,10 @@ std::vector<Bytes> StoreTransport::gather(std::uint64_t sequence, std::string_vi
             "at {} by the deadline ({}); the store answers too slowly (is its host overloaded?)",
             context(), stale, s.endpoint(), formatSeconds(timeout())));
       }
-      if (!*deleted) s.client->deleteKey(s.exchangeKey(stale, self));
+      if (!*deleted) {
+        s.client->deleteKey(s.exchangeKey(stale, self));
+        if (!s.options.hostsServer()) s.client->deleteKey(s.readKey(stale, self));
+      }
     }
     arrive(s, s.exchangeKey(sequence, self), compat::toVector(envelope), stage, sequence, self,
            context());
@@ -917,9 +1002,19 @@ std::vector<Bytes> StoreTransport::gather(std::uint64_t sequence, std::string_vi
       failIfOneGaveUp(peers, values, stage, sequence, self, timeout());
       for (std::size_t i = 0; i < peers.size(); ++i) out[peers[i]] = compat::toBytes(values[i]);
     }
+    const bool hosts = s.options.hostsServer();
+    if (world > 1 && hosts) {
+      waiting = true;
+      awaitReads(s, peers, sequence, stage, self, timeout(), deadline, closedPeers());
+      waiting = false;
+    }
     // Every rank has entered this exchange, so every rank has finished reading the previous
-    // one: our key of it can go.
-    if (sequence > 0) s.janitor->erase(sequence - 1, s.exchangeKey(sequence - 1, self));
+    // one (and the hosting rank its receipts): our keys of it can go.
+    if (sequence > 0) {
+      s.janitor->erase(sequence - 1, s.exchangeKey(sequence - 1, self));
+      if (!hosts) s.janitor->erase(sequence - 1, s.readKey(sequence - 1, self));
+    }
+    if (world > 1 && !hosts) s.janitor->set(sequence, s.readKey(sequence, self));
     return out;
   } catch (const Error& error) {
     broke(error.what());

@@ -50,16 +50,19 @@ std::string deadKeyOf(const std::string& prefix, int rank);
 void leaveStore(c10d::Store& store, bool hostsServer,
                 const StoreTransportOptions& options) noexcept;
 
-// Deletes exchange keys on its own connection and thread, off the exchange's critical path (a
-// delete is a round trip to the server). Keys come in increasing sequence order. Stops and
-// joins in its destructor; each delete is bounded by the store timeout. After a failed delete
-// (the server gone) it drops what is queued and deletes nothing more.
+// Deletes exchange keys, and writes read receipts, on its own connection and thread, off the
+// exchange's critical path (each is a round trip to the server). Keys come in increasing
+// sequence order. Stops and joins in its destructor; each request is bounded by the store
+// timeout. After a failed request (the server gone) it drops what is queued and sends nothing
+// more.
 class KeyJanitor {
  public:
   explicit KeyJanitor(c10::intrusive_ptr<c10d::TCPStore> store);
   ~KeyJanitor();
-  // Queues the delete of `key`, this rank's key of exchange `sequence`.
+  // Queues the delete of `key`, a key of this rank's of exchange `sequence`.
   void erase(std::uint64_t sequence, std::string key);
+  // Queues the write of `key` (one byte), this rank's read receipt of exchange `sequence`.
+  void set(std::uint64_t sequence, std::string key);
   // Waits until no delete of an exchange up to `through` is queued or in flight: then none can
   // reach the server after a later write of a key with the same name. Returns whether the key
   // of `through` itself was deleted (false: it was never queued, or the janitor stopped), or
@@ -70,7 +73,9 @@ class KeyJanitor {
   struct Pending {
     std::uint64_t sequence;
     std::string key;
+    bool write = false;  // set(), not erase()
   };
+  void queue(Pending next);
   void run();
   c10::intrusive_ptr<c10d::TCPStore> store_;
   std::mutex mutex_;
@@ -115,6 +120,9 @@ struct StoreTransportState {
   // "<prefix>/x/<sequence % keySlots>/<rank>": names are reused round robin (see
   // StoreTransportOptions::keySlots).
   std::string exchangeKey(std::uint64_t sequence, int rank) const;
+  // "<prefix>/r/<sequence % keySlots>/<rank>": that rank has read every value of exchange
+  // `sequence` (StoreTransport::gather: the hosting rank waits for these).
+  std::string readKey(std::uint64_t sequence, int rank) const;
   // Replace `client` and `waiter` (reconnect), or `waiter` alone, by fresh connections;
   // throw RankFailure when the server is gone.
   void reconnect(std::string_view context);
