@@ -144,6 +144,20 @@ std::string EvidenceFolder::writeResults(const std::string& document, bool early
   }
 }
 
+void EvidenceFolder::writeFirstFailure(const std::string& document) const {
+  if (!usable()) return;
+  try {
+    scenario::writeOutputFile(file(rank_, "first.json"), document);
+  } catch (const std::exception& error) {
+    spdlog::debug("rank {}: {}", rank_, error.what());
+  }
+}
+
+std::optional<std::string> EvidenceFolder::readFirstFailure(int rank) const {
+  if (!usable()) return std::nullopt;
+  return readFile(file(rank, "first.json"));
+}
+
 void EvidenceFolder::markReported() const {
   if (!usable()) return;
   try {

@@ -1056,37 +1056,49 @@ std::optional<diagnostics::FailureView> failureOf(const RankEnd& end) {
 // `passed`: the furthest collective a rank with an end failed in or reached the end after:
 // a rank still waiting in an earlier one that others completed arrived there (its host cut
 // off as it read the result), and is not where the world hung.
+// `local`: the first failure it wrote in this node's evidence folder, if it did.
 diagnostics::FailureView missingView(int rank, const json& entry,
                                      const std::optional<diagnostics::JobStatus>& status,
-                                     bool ended, std::optional<std::uint64_t> passed) {
+                                     bool ended, std::optional<std::uint64_t> passed,
+                                     const std::optional<std::string>& local) {
   diagnostics::FailureView view;
   view.rank = rank;
   view.message = entry.at("error").get<std::string>();
   const std::string where = entry.at("where").get<std::string>();
   if (where != "host unknown") view.host = where.substr(0, where.rfind(':'));
   view.kind = std::string(ended ? diagnostics::kCrash : diagnostics::kMissing);
-  if (!status || rank >= static_cast<int>(status->ranks.size())) return view;
-  const auto& beat = status->ranks[rank].heartbeat;
-  if (beat && beat->firstFailure) {
-    // Its own first failure, from its heartbeat: what it met before its end failed to come
-    // (killed later, or still at work past the wait).
+  const bool inStatus = status && rank < static_cast<int>(status->ranks.size());
+  const auto* beat = inStatus ? &status->ranks[rank].heartbeat : nullptr;
+  // Its own first failure: what it met before its end failed to come (killed later, or still
+  // at work past the wait), from its heartbeat, else from this node's evidence folder.
+  const auto ownFailure = [&](const json& document, const char* from) {
     try {
-      diagnostics::FailureView own = diagnostics::FailureView::fromJson(*beat->firstFailure);
+      diagnostics::FailureView own = diagnostics::FailureView::fromJson(document);
       own.rank = rank;
       if (own.host.empty()) own.host = view.host;
-      return own;
+      return std::optional<diagnostics::FailureView>(std::move(own));
     } catch (const json::exception& error) {
-      spdlog::warn("hmc world: rank {}'s heartbeat has an unreadable first failure: {}", rank,
+      spdlog::warn("hmc world: rank {}'s {} has an unreadable first failure: {}", rank, from,
                    error.what());
+      return std::optional<diagnostics::FailureView>();
+    }
+  };
+  if (beat && *beat && (*beat)->firstFailure) {
+    if (auto own = ownFailure(*(*beat)->firstFailure, "heartbeat")) return *own;
+  } else if (local) {
+    const json document = json::parse(*local, nullptr, false);
+    if (!document.is_discarded()) {
+      if (auto own = ownFailure(document, "evidence file")) return *own;
     }
   }
-  if (ended) return view;
-  if (beat && beat->current && diagnostics::isWaitStatus(beat->current->status) &&
-      !status->ranks[rank].dead && (!passed || beat->current->sequence >= *passed)) {
+  if (!inStatus || ended) return view;
+  const auto& heartbeat = status->ranks[rank].heartbeat;
+  if (heartbeat && heartbeat->current && diagnostics::isWaitStatus(heartbeat->current->status) &&
+      !status->ranks[rank].dead && (!passed || heartbeat->current->sequence >= *passed)) {
     view.kind = "timeout";
-    view.stage = beat->current->stage;
-    view.sequence = beat->current->sequence;
-    view.collectivesBefore = beat->current->sequence;
+    view.stage = heartbeat->current->stage;
+    view.sequence = heartbeat->current->sequence;
+    view.collectivesBefore = heartbeat->current->sequence;
   }
   return view;
 }
@@ -1169,7 +1181,8 @@ WorldEnd World::Impl::report(const RankEnd& own, collective::KeyValueStore& stor
                                   placement.rank, resultLost,
                                   storeGone ? std::string() : joinedHostOf(store, rank)));
       views.push_back(missingView(rank, ranks.back(), status,
-                                  (connectionClosed && !resultLost) || endedPid, passed));
+                                  (connectionClosed && !resultLost) || endedPid, passed,
+                                  folder.readFirstFailure(rank)));
       hosts[rank] = views.back().host;
     }
   }
@@ -1633,6 +1646,8 @@ void World::Impl::setUp() {
   watchdog = std::make_unique<diagnostics::Watchdog>(recorder, connect(), watch);
   manager->onFirstFailure([this] {
     if (watchdog) watchdog->beatNow();  // gone after close()
+    // Also on this node's disk: the heartbeat goes with the store when rank 0 ends.
+    if (const auto view = programFailure()) folder.writeFirstFailure(view->toJson().dump());
   });
 
   {

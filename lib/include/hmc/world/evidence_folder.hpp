@@ -52,6 +52,12 @@ class EvidenceFolder {
   std::string writeResults(const std::string& document, bool early = false) const;
   // Rank `rank`'s results document (or its early snapshot), if it wrote one.
   std::optional<std::string> readResults(int rank, bool early = false) const;
+  // This rank's first failure (a diagnostics::FailureView document), written when its program
+  // meets it: a reporting rank of this node reads it for a rank that left no end and whose
+  // heartbeat went with the store (rank 0, the store's host, crashed after an error it had
+  // caught: chaos --run-seed 1694153872). Logged, never thrown.
+  void writeFirstFailure(const std::string& document) const;
+  std::optional<std::string> readFirstFailure(int rank) const;
   // The reporting rank made the report at Open MPI's warning ("reported"): the others need not
   // write their results at the SIGTERM that follows (a file written then could keep the
   // reporting rank from removing the folder).
