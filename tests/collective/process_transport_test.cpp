@@ -265,20 +265,24 @@ TEST_SUITE("process transports") {
           CAPTURE(rank);
           // Each transport has one answer (the crash comes after the warm-up barrier, so every
           // connection exists by then): tcp and gloo see the crashed rank's connection close, a
-          // rank failure at once; the store transport has no connection to the crashed rank
-          // (the store is rank 0's), so its peers wait out the deadline for its value. The first
-          // to give up marks the crashed rank's key; a rank that sees the mark before its own
-          // deadline says who gave up first.
-          const std::string self = std::to_string(rank);
-          const std::string crashed = "[" + std::to_string(last) + "]";  // store, tcp
-          if (transport == "store") {
-            CHECK_MESSAGE(r.kind == "timeout", describe(r));
-            const std::string head = "'recycle' #1 timed out on rank " + self +
-                                     " after 6 s: ranks " + crashed + " did not arrive";
-            const bool alone = r.message == head;
-            const bool after = r.message.rfind(head + " (rank ", 0) == 0 &&
-                               r.message.find(" gave up waiting first)") != std::string::npos;
-            CHECK_MESSAGE((alone || after), r.message);
+          // rank failure at once. On the store transport the store's host (rank 0) sees the
+          // crashed rank's connection to the store close and says so in tcp's words; it
+          // announces the rank dead in the store, and the others fail with that notice (before,
+          // they all waited out the deadline).
+          const std::string lost = "rank " + std::to_string(last);
+          if (transport == "store" && rank == 0) {
+            CHECK_MESSAGE(r.kind == "rank_failure", describe(r));
+            CHECK(r.message == lost + " closed its connection in 'recycle' #1: it ended, exited "
+                                      "or crashed");
+          } else if (transport == "store") {
+            CHECK_MESSAGE(r.kind == "rank_failure", describe(r));
+            const std::string head =
+                lost + " was announced dead in 'recycle' #1: its connection to the store's host "
+                       "(rank 0) closed in 'recycle' #1: it ended, exited or crashed; ranks [";
+            CHECK_MESSAGE(r.message.rfind(head, 0) == 0, r.message);
+            CHECK_MESSAGE(r.message.find(std::to_string(last) + "] did not arrive") !=
+                              std::string::npos,
+                          r.message);
           } else if (transport == "tcp") {
             CHECK_MESSAGE(r.kind == "rank_failure", describe(r));
             CHECK(r.message == "rank " + std::to_string(last) +

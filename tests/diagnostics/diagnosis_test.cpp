@@ -191,26 +191,6 @@ TEST_SUITE("diagnosis") {
           "had left");
   }
 
-  TEST_CASE("a rank that the store's host waited for to read is named as such, not as absent") {
-    // The store transport's host waits for its peers to confirm they read an exchange; rank 1
-    // read #3 (and went on to #4, where it waits for the host that gave up on it): it arrived.
-    std::vector<dx::FailureView> views = {
-        view(0, "timeout", "recycle", 3,
-             "'recycle' #3 timed out on rank 0 after 2 s: ranks [1] did not confirm reading it "
-             "(they arrived; the store's host waits for that)"),
-        view(1, "timeout", "close validation", 4,
-             "'close validation' #4 timed out on rank 1 after 2 s: ranks [0] did not arrive"),
-    };
-    const auto diagnosis = dx::diagnose(views, 2);
-    REQUIRE(diagnosis.first);
-    CHECK(diagnosis.first->kind == "hang");
-    CHECK(diagnosis.first->sequence == 3);
-    CHECK(diagnosis.first->ranks == std::vector<int>{1});
-    CHECK(diagnosis.first->line ==
-          "hang in 'recycle' #3: rank 0 waited there; rank 1 arrived but never confirmed "
-          "reading its values");
-  }
-
   TEST_CASE("ranks that waited in the hang and then ended with their node are not its cause") {
     // Ranks 0 and 1 wait in 'close validation' #4 for rank 2, which skipped its close; ranks 3
     // and 4 waited there too (their heartbeats said so) and were killed with their host.

@@ -105,7 +105,7 @@ TEST_SUITE("evidence folder") {
     zero.remove();
   }
 
-  TEST_CASE("each rank's results and early snapshot, and the reporting rank's mark") {
+  TEST_CASE("each rank's results, early snapshot and first failure, and the reporting mark") {
     MemoryStore kv;
     const EvidenceFolder zero = EvidenceFolder::create(0);
     zero.announce(kv);
@@ -116,6 +116,11 @@ TEST_SUITE("evidence folder") {
     CHECK(one.writeResults("early", true).empty());
     CHECK(zero.readResults(1) == std::optional<std::string>("final"));
     CHECK(zero.readResults(1, true) == std::optional<std::string>("early"));
+    // Its first failure, apart from its results (a rank that crashed later wrote no results).
+    CHECK_FALSE(zero.readFirstFailure(1).has_value());
+    one.writeFirstFailure(R"({"kind": "error"})");
+    CHECK(zero.readFirstFailure(1) == std::optional<std::string>(R"({"kind": "error"})"));
+    CHECK_FALSE(zero.readFirstFailure(0).has_value());
     CHECK_FALSE(zero.reported());
     zero.markReported();
     CHECK(one.reported());

@@ -128,22 +128,20 @@ void failIfOneGaveUp(const std::vector<int>& peers,
                   *firstToGiveUp)));
 }
 
-// How long past the exchange's deadline the hosting rank still waits for read receipts when
-// the last value came just before it: the readers need a round trip or two after that.
-constexpr std::chrono::milliseconds kReceiptGrace{500};
-
-// On the hosting rank, after it read every value of exchange `sequence`: waits until every
-// peer has too (its read receipt, readKey), so that this rank, and the server with it, cannot
-// end (crash, exit) while a peer still reads this exchange's values. Without it the host could
-// leave a finished exchange and crash before the others' reads reached the server: they then
-// failed in an exchange the host had completed, and the report placed the host's end one
-// collective early (chaos --run-seed 83052566, 854846914). The tcp and gloo transports hold
-// the same guarantee through their own exchanges. A peer announced dead, or whose process
-// ended (closed), is not waited for. Throws TimeoutError naming the peers that did not confirm.
+// On the hosting rank, after it read every value of exchange `sequence`: waits, up to
+// options.readReceiptWait, until every peer has too (its read receipt, readKey), so that this
+// rank, and the server with it, does not end (crash, exit) while a peer still reads this
+// exchange's values. Without it the host could leave a finished exchange and crash before the
+// others' reads reached the server: they then failed in an exchange the host had completed,
+// and the report placed the host's end one collective early (chaos --run-seed 83052566,
+// 854846914). The tcp and gloo transports hold the same guarantee through their own exchanges.
+// A peer announced dead, or whose process ended (closed), is not waited for. Past the wait the
+// host goes on (a peer that has not confirmed by then is stopped or cut off, and the next
+// exchange names it at its deadline); never throws for a missing receipt.
 void awaitReads(hmc::detail::StoreTransportState& s, const std::vector<int>& peers,
                 std::uint64_t sequence, std::string_view stage, int self,
-                std::chrono::milliseconds timeout, Clock::time_point deadline,
                 const Collective::ClosedPeers& closed) {
+  const auto until = Clock::now() + s.options.readReceiptWait;
   std::vector<int> waitFor = peers;
   const auto keysOf = [&] {
     std::vector<std::string> keys;
@@ -151,7 +149,6 @@ void awaitReads(hmc::detail::StoreTransportState& s, const std::vector<int>& pee
     for (int peer : waitFor) keys.push_back(s.readKey(sequence, peer));
     return keys;
   };
-  const auto until = std::max(deadline, Clock::now() + kReceiptGrace);
   std::vector<std::string> keys = keysOf();
   try {
     s.waiter->wait(keys, std::min(remainingUntil(until), StoreTransport::kFirstWait));
@@ -181,11 +178,11 @@ void awaitReads(hmc::detail::StoreTransportState& s, const std::vector<int>& pee
     }
     if (unread.empty()) return;
     if (Clock::now() >= until) {
-      throw TimeoutError(hmc::detail::timedOutText(
-          stage, sequence, self, timeout,
-          fmt::format("ranks {} did not confirm reading it (they arrived; the store's host "
-                      "waits for that)",
-                      formatRankList(unread))));
+      spdlog::debug("'{}' #{} on rank {}: ranks {} had not confirmed reading it after {} ms; "
+                    "going on",
+                    stage, sequence, self, formatRankList(unread),
+                    s.options.readReceiptWait.count());
+      return;
     }
     waitFor = std::move(unread);
     keys = keysOf();
@@ -216,6 +213,10 @@ void StoreTransportOptions::validate() const {
         fmt::format("store join timeout must be positive, got {} ms", joinTimeout->count()));
   }
   if (prefix.empty()) throw ValueError("the store key prefix is empty");
+  if (readReceiptWait.count() < 0) {
+    throw ValueError(fmt::format("readReceiptWait must not be negative, got {} ms",
+                                 readReceiptWait.count()));
+  }
   if (keySlots < 3) {
     throw ValueError(fmt::format(
         "keySlots must be at least 3 (a name is reused once every rank read it), got {}",
@@ -901,6 +902,113 @@ std::shared_ptr<KeyValueStore> formedKeyValueStore(StoreTransportOptions formed,
 }
 }  // namespace
 
+namespace {
+
+// Before this rank's key of `sequence` is written: key names are reused every keySlots
+// exchanges, so its key of `sequence + 1 - keySlots` (the name exchange `sequence + 1` reuses;
+// every rank read it, since every rank has finished `sequence - 2`) must be gone, so that no
+// peer reads it as new, and no delete of an older value of these names may still be on its way
+// to the server, where it would remove the new one.
+void settleStaleKeys(hmc::detail::StoreTransportState& s, std::uint64_t sequence, int self,
+                     Clock::time_point deadline, const std::string& context,
+                     std::chrono::milliseconds timeout) {
+  const auto slots = static_cast<std::uint64_t>(s.options.keySlots);
+  if (sequence + 1 < slots) return;
+  const std::uint64_t stale = sequence + 1 - slots;
+  const std::optional<bool> deleted = s.janitor->settle(stale, deadline);
+  if (!deleted) {
+    throw TimeoutError(fmt::format(
+        "{}: this rank's deletes of exchange keys up to #{} had not reached the c10d store "
+        "at {} by the deadline ({}); the store answers too slowly (is its host overloaded?)",
+        context, stale, s.endpoint(), formatSeconds(timeout)));
+  }
+  if (!*deleted) {
+    s.client->deleteKey(s.exchangeKey(stale, self));
+    if (!s.options.hostsServer()) s.client->deleteKey(s.readKey(stale, self));
+  }
+}
+
+// On the hosting rank, while it waits for the values of exchange `sequence`: a missing peer
+// whose connection to the store closed (its process ended: liveness, closedPeers) is not
+// coming. The host announces it in the store, as a launcher does (dead/<rank>), so that every
+// rank waiting there fails at once, and fails itself in tcp's words. Before, under mpirun and
+// srun (no launcher of hmc's to announce it) the ranks waited out the deadline, or met the
+// launcher's teardown first and their recordings lost the call they were in (chaos --modes
+// hosts --run-seed 599448387).
+void failIfOneClosed(hmc::detail::StoreTransportState& s, const Collective::ClosedPeers& closed,
+                     const std::vector<int>& peers, std::uint64_t sequence,
+                     std::string_view stage, int self) {
+  if (!closed) return;
+  const std::vector<int> gone = closed();
+  if (gone.empty()) return;
+  const std::vector<int> missing = absentPeers(s, peers, sequence);
+  for (const int peer : gone) {
+    if (std::find(missing.begin(), missing.end(), peer) == missing.end()) continue;
+    const std::string why = fmt::format(
+        "its connection to the store's host (rank {}) closed in '{}' #{}: {}", self, stage,
+        sequence, hmc::detail::kClosedConnectionWhy);
+    try {
+      s.client->set(hmc::detail::deadKeyOf(s.options.prefix, peer),
+                    std::vector<std::uint8_t>(why.begin(), why.end()));
+      s.client->set(s.options.prefix + "/kv/" + collective::kAnyDeadKey,
+                    std::vector<std::uint8_t>{'1'});
+    } catch (const std::exception& error) {
+      spdlog::debug("rank {}: announcing rank {} dead: {}", self, peer, error.what());
+    }
+    throw RankFailure(hmc::detail::lostRankText(peer, hmc::detail::kClosedConnection, stage,
+                                                sequence, hmc::detail::kClosedConnectionWhy));
+  }
+}
+
+// Waits until every peer's key of exchange `sequence` is in the store. The common case: one
+// blocking wait, on the waiter connection (see StoreTransportState::waiter); a wait that
+// times out leaves its connection owing an answer, so the next wait uses a fresh one. Then it
+// polls, two requests a round whatever the world size (all keys there? anyone announced
+// dead?), and looks rank by rank only then. Throws RankFailure for a peer announced dead (or,
+// on the host, one whose connection closed), TimeoutError at the deadline naming the peers
+// that did not arrive; returns when they all did, also when the last ones came as it gave up.
+void awaitValues(hmc::detail::StoreTransportState& s, const std::vector<int>& peers,
+                 const std::vector<std::string>& peerKeys, std::uint64_t sequence,
+                 std::string_view stage, int self, std::chrono::milliseconds timeout,
+                 Clock::time_point deadline, const Collective::ClosedPeers& closed,
+                 const std::string& context) {
+  const auto first = std::min(remainingUntil(deadline), StoreTransport::kFirstWait);
+  try {
+    s.waiter->wait(peerKeys, first);
+    return;
+  } catch (const std::exception& error) {
+    if (!compat::isTimeout(error)) throw;
+    s.reconnectWaiter(context);
+  }
+  const std::string anyDead = s.options.prefix + "/kv/" + collective::kAnyDeadKey;
+  while (!s.client->check(peerKeys)) {
+    if (s.client->check({anyDead})) {
+      const std::vector<int> missing = absentPeers(s, peers, sequence);
+      for (int peer : missing) {
+        const std::string dead = hmc::detail::deadKeyOf(s.options.prefix, peer);
+        if (s.client->check({dead})) {
+          const std::string why = compat::toBytes(compat::getExisting(*s.client, {dead}).front());
+          throw RankFailure(hmc::detail::lostRankText(
+              peer, hmc::detail::kAnnouncedDead, stage, sequence,
+              fmt::format("{}; {}", why, hmc::detail::notArrivedText(missing))));
+        }
+      }
+    }
+    failIfOneClosed(s, closed, peers, sequence, stage, self);
+    if (Clock::now() >= deadline) {
+      const std::vector<int> absent = giveUpOn(s, peers, sequence, self);
+      if (!absent.empty()) {
+        throw TimeoutError(hmc::detail::timedOutText(stage, sequence, self, timeout,
+                                                    hmc::detail::notArrivedText(absent)));
+      }
+      return;
+    }
+    std::this_thread::sleep_for(std::min(remainingUntil(deadline), StoreTransport::kPollInterval));
+  }
+}
+
+}  // namespace
+
 std::vector<Bytes> StoreTransport::gather(std::uint64_t sequence, std::string_view stage,
                                           const Bytes& envelope, Clock::time_point deadline) {
   auto& s = *state_;
@@ -915,98 +1023,36 @@ std::vector<Bytes> StoreTransport::gather(std::uint64_t sequence, std::string_vi
     peers.push_back(peer);
     peerKeys.push_back(s.exchangeKey(sequence, peer));
   }
-  const auto context = [&] { return fmt::format("'{}' #{} on rank {}", stage, sequence, self); };
-  const auto timedOutError = [&](const std::vector<int>& missing) {
-    return TimeoutError(hmc::detail::timedOutText(stage, sequence, self, timeout(),
-                                                  hmc::detail::notArrivedText(missing)));
-  };
-
-  const auto missingPeers = [&] { return absentPeers(s, peers, sequence); };
-  const auto giveUp = [&] { return giveUpOn(s, peers, sequence, self); };
+  const std::string context = fmt::format("'{}' #{} on rank {}", stage, sequence, self);
   // After a failure, as the tcp and gloo transports: the ranks no longer agree on where they
   // are (a rank that did not come to #N would meet the others' #N+1 as its #N), and each later
   // collective would wait its whole deadline again for the rank that did not come (chaos
   // --modes hosts --run-seed 1438289707: a rank SIGSTOPped 7.7 s, the verdict 7.8 s after).
   if (s.broken) {
     throw BackendError(fmt::format(
-        "{}: the store transport is unusable after an earlier failure ({})", context(),
+        "{}: the store transport is unusable after an earlier failure ({})", context,
         *s.broken));
   }
   const auto broke = [&](const std::string& why) { s.broken = why; };
+  const bool hosts = s.options.hostsServer();
+  // The host watches its peers' connections (closedPeers); the others learn from its notice.
+  const ClosedPeers closed = hosts ? closedPeers() : nullptr;
   bool waiting = false;
   try {
-    // Key names are reused every keySlots exchanges. Before this rank's key of `sequence` is
-    // written, its key of `sequence + 1 - keySlots` (the name exchange `sequence + 1` reuses;
-    // every rank read it, since every rank has finished `sequence - 2`) must be gone, so that
-    // no peer reads it as new, and no delete of an older value of these names may still be on
-    // its way to the server, where it would remove the new one.
-    const auto slots = static_cast<std::uint64_t>(s.options.keySlots);
-    if (sequence + 1 >= slots) {
-      const std::uint64_t stale = sequence + 1 - slots;
-      const std::optional<bool> deleted = s.janitor->settle(stale, deadline);
-      if (!deleted) {
-        throw TimeoutError(fmt::format(
-            "{}: this rank's deletes of exchange keys up to #{} had not reached the c10d store "
-            "at {} by the deadline ({}); the store answers too slowly (is its host overloaded?)",
-            context(), stale, s.endpoint(), formatSeconds(timeout())));
-      }
-      if (!*deleted) {
-        s.client->deleteKey(s.exchangeKey(stale, self));
-        if (!s.options.hostsServer()) s.client->deleteKey(s.readKey(stale, self));
-      }
-    }
+    settleStaleKeys(s, sequence, self, deadline, context, timeout());
     arrive(s, s.exchangeKey(sequence, self), compat::toVector(envelope), stage, sequence, self,
-           context());
+           context);
     std::vector<Bytes> out(world);
     out[self] = envelope;
     if (world > 1) {
-      // The common case: one blocking wait, on the waiter connection (see
-      // StoreTransportState::waiter). A wait that times out leaves its connection owing an
-      // answer: the next wait uses a fresh one.
       waiting = true;
-      const auto first = std::min(remainingUntil(deadline), kFirstWait);
-      bool arrived = false;
-      try {
-        s.waiter->wait(peerKeys, first);
-        arrived = true;
-      } catch (const std::exception& error) {
-        if (!compat::isTimeout(error)) throw;
-        s.reconnectWaiter(context());
-      }
-      // Then poll, two requests a round whatever the world size: all keys there? anyone
-      // announced dead? Only then look rank by rank.
-      const std::string anyDead = s.options.prefix + "/kv/" + collective::kAnyDeadKey;
-      while (!arrived && !s.client->check(peerKeys)) {
-        if (s.client->check({anyDead})) {
-          const std::vector<int> missing = missingPeers();
-          for (int peer : missing) {
-            const std::string dead = hmc::detail::deadKeyOf(s.options.prefix, peer);
-            if (s.client->check({dead})) {
-              const std::string why =
-                  compat::toBytes(compat::getExisting(*s.client, {dead}).front());
-              throw RankFailure(hmc::detail::lostRankText(
-                  peer, hmc::detail::kAnnouncedDead, stage, sequence,
-                  fmt::format("{}; {}", why, hmc::detail::notArrivedText(missing))));
-            }
-          }
-        }
-        if (Clock::now() >= deadline) {
-          const std::vector<int> absent = giveUp();
-          if (!absent.empty()) throw timedOutError(absent);
-          break;
-        }
-        std::this_thread::sleep_for(std::min(remainingUntil(deadline), kPollInterval));
-      }
+      awaitValues(s, peers, peerKeys, sequence, stage, self, timeout(), deadline, closed,
+                  context);
       waiting = false;
       const auto values = compat::getExisting(*s.client, peerKeys);
       failIfOneGaveUp(peers, values, stage, sequence, self, timeout());
       for (std::size_t i = 0; i < peers.size(); ++i) out[peers[i]] = compat::toBytes(values[i]);
-    }
-    const bool hosts = s.options.hostsServer();
-    if (world > 1 && hosts) {
-      waiting = true;
-      awaitReads(s, peers, sequence, stage, self, timeout(), deadline, closedPeers());
-      waiting = false;
+      if (hosts) awaitReads(s, peers, sequence, stage, self, closed);
     }
     // Every rank has entered this exchange, so every rank has finished reading the previous
     // one (and the hosting rank its receipts): our keys of it can go.
@@ -1023,20 +1069,22 @@ std::vector<Bytes> StoreTransport::gather(std::uint64_t sequence, std::string_vi
     const std::string reason = compat::messageOf(error);
     const bool timedOut = waiting && (compat::isTimeout(reason) || Clock::now() >= deadline);
     if (!timedOut && compat::isConnectionLost(reason)) {
-      RankFailure gone(fmt::format("{}: the c10d store server at {} is gone: {}", context(),
+      RankFailure gone(fmt::format("{}: the c10d store server at {} is gone: {}", context,
                                    s.endpoint(), reason));
       broke(gone.what());
       throw gone;
     }
     // The old connection may still owe an answer to the wait: never reuse it.
-    s.reconnect(context());
+    s.reconnect(context);
     if (!timedOut) {
       BackendError failed(
-          fmt::format("{}: c10d store {} failed: {}", context(), s.endpoint(), reason));
+          fmt::format("{}: c10d store {} failed: {}", context, s.endpoint(), reason));
       broke(failed.what());
       throw failed;
     }
-    TimeoutError late = timedOutError(giveUp());
+    TimeoutError late = TimeoutError(hmc::detail::timedOutText(
+        stage, sequence, self, timeout(),
+        hmc::detail::notArrivedText(giveUpOn(s, peers, sequence, self))));
     broke(late.what());
     throw late;
   }

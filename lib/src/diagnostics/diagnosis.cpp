@@ -448,9 +448,6 @@ class Builder {
       }
     }
     if (absent.empty()) absent = ranksNamedIn(first.message);
-    // The store's host waited for ranks that arrived and did not confirm reading the values.
-    const bool unconfirmed = first.message.find("did not confirm reading") != std::string::npos &&
-                             absent == ranksNamedIn(first.message);
     std::vector<int> crashed;
     std::vector<std::string> how;
     for (const int rank : absent) {
@@ -484,8 +481,6 @@ class Builder {
     failure.kind = std::string(kHang);
     const std::string missing =
         absent.empty() ? std::string("the ranks that did not arrive are not known")
-        : unconfirmed  ? fmt::format("{} arrived but never confirmed reading its values",
-                                     ranksWithHosts(absent))
                        : fmt::format("{} never arrived", ranksWithHosts(absent));
     failure.line = fmt::format("hang in {}: {} waited there; {}", where, waiters, missing);
     if (!how.empty()) failure.line += fmt::format(" ({})", fmt::join(how, "; "));
@@ -620,7 +615,7 @@ Diagnosis diagnose(const std::vector<FailureView>& views, int worldSize,
 
 std::vector<int> ranksNamedIn(const std::string& message) {
   static const std::regex kList(
-      R"(ranks \[([0-9, ]*)\] did not (arrive|join|confirm)|failed on ranks \[([0-9, ]*)\])");
+      R"(ranks \[([0-9, ]*)\] did not (arrive|join)|failed on ranks \[([0-9, ]*)\])");
   static const std::regex kOne(R"(rank ([0-9]+) (closed its connection|was announced dead))");
   static const std::regex kNumber("[0-9]+");
   std::vector<int> ranks;

@@ -89,6 +89,12 @@ struct StoreTransportOptions {
   // minute). A name is reused only after every rank has read, and this rank deleted, its
   // previous value.
   int keySlots = 64;
+  // How long the hosting rank waits, after it has read an exchange's values, for every other
+  // rank to confirm it read them too (the store, and the values, live in the host's process:
+  // a host that crashed right after an exchange left a slower reader without them). Past it
+  // the host goes on: a rank that has not confirmed by then is stopped or cut off, and the
+  // next exchange names it at its deadline, as before.
+  std::chrono::milliseconds readReceiptWait{500};
 
   bool hostsServer() const noexcept { return isServer.value_or(rank == 0); }
   // The join deadline in force: joinTimeout, else timeout.
