@@ -387,14 +387,14 @@ void checkPortFree(const StoreTransportOptions& options, int port) {
   }
 }
 
+}  // namespace
+
 void boundReads(c10d::TCPStore& store, std::chrono::milliseconds timeout) {
   // c10d sets a connection's read deadline only in wait() (to that wait's timeout), and 1.13
   // connects without one: a request to a stopped server would block for good. A wait for no
   // key is answered at once and leaves the deadline at `timeout`.
   store.wait({}, timeout);
 }
-
-}  // namespace
 
 c10::intrusive_ptr<c10d::TCPStore> connectTcpStore(
     const StoreTransportOptions& options, bool asServer, bool joining, int port,
@@ -428,6 +428,13 @@ c10::intrusive_ptr<c10d::TCPStore> connectTcpStore(
     // From here on the collective deadline: c10d's get() and wait() without a timeout use the
     // store's, whatever bounded the connect.
     store->setTimeout(options.timeout);
+    if (joining) {
+      // The first request of a connection that forms the world may wait as long as the join
+      // may (a server paused or cut off for less than that is late, not gone); see joinWorld.
+      boundReads(*store, std::max(std::chrono::ceil<std::chrono::milliseconds>(
+                                      deadline - Clock::now()),
+                                  std::chrono::milliseconds(1)));
+    }
     boundReads(*store, readTimeout.value_or(options.timeout));
   } catch (const Error&) {
     throw;
@@ -529,10 +536,19 @@ void KeyJanitor::run() {
   }
 }
 
-void joinWorld(c10d::Store& store, const StoreTransportOptions& options,
+void joinWorld(c10d::TCPStore& store, const StoreTransportOptions& options,
                const std::string& endpoint, Clock::time_point deadline,
                const std::string& liveness) {
   if (options.worldSize == 1) return;
+  // While the world forms, a request may wait as long as the join may: a partition shorter
+  // than the join timeout delays the join, it does not end it. With the collective deadline
+  // as the read deadline a 4.5 s partition of h2 (deadline 3 s) failed rank 2's join with
+  // "Socket Timeout", and the program aborted (chaos --modes hosts --run-seed 2050791164).
+  // Back to the collective deadline once the world has formed.
+  const auto joinLeft = [&] {
+    return std::max(std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()),
+                    std::chrono::milliseconds(1));
+  };
   const std::string kv = options.prefix + "/kv/";
   const std::string countKey = kv + collective::kJoinedCountKey;
   // Added to the count by the hosting rank when its deadline passes; acknowledged in seenKey.
@@ -547,6 +563,7 @@ void joinWorld(c10d::Store& store, const StoreTransportOptions& options,
     return missing;
   };
   try {
+    boundReads(store, joinLeft());
     // Its liveness connection's end ("address:port"): the hosting rank tells from its TCP
     // table which ranks' processes have ended (StoreTransport::closedPeers).
     if (!liveness.empty()) {
@@ -598,10 +615,17 @@ void joinWorld(c10d::Store& store, const StoreTransportOptions& options,
       pause = std::min(pause * 2, std::chrono::milliseconds(50));
       joined = store.add(countKey, 0);
     }
+    boundReads(store, options.timeout);
   } catch (const Error&) {
     throw;
   } catch (const std::exception& error) {
     const std::string reason = c10d_compat::messageOf(error);
+    if (c10d_compat::isTimeout(reason)) {
+      throw TimeoutError(fmt::format(
+          "rank {} timed out after {} forming the world (--join-timeout): the c10d store at {} "
+          "did not answer ({}); its host is down, overloaded or cut off from this one",
+          options.rank, collective::formatSeconds(options.joinBound()), endpoint, reason));
+    }
     if (c10d_compat::isConnectionLost(reason)) {
       throw RankFailure(fmt::format(
           "rank {} lost the c10d store at {} while forming the world: {}; its host (rank 0, or "

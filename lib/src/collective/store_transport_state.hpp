@@ -36,9 +36,15 @@ c10::intrusive_ptr<c10d::TCPStore> connectTcpStore(
 // "<prefix>/kv/joined/count" and returns once every rank has. Throws TimeoutError at `deadline`
 // naming the ranks that did not join, RankFailure at once when one of them was announced dead
 // ("<prefix>/kv/dead/<rank>") or the store's server is gone. `endpoint` names the store.
-void joinWorld(c10d::Store& store, const StoreTransportOptions& options,
+// Requests on `store` wait up to the join deadline while it forms (a partition shorter than
+// that delays the join), then the collective deadline again (options.timeout).
+void joinWorld(c10d::TCPStore& store, const StoreTransportOptions& options,
                const std::string& endpoint, collective::Clock::time_point deadline,
                const std::string& liveness = std::string());
+
+// Sets the read deadline of `store`'s connection: every later request on it has `timeout` to
+// be answered (c10d 1.13 connects with none).
+void boundReads(c10d::TCPStore& store, std::chrono::milliseconds timeout);
 
 // "<prefix>/kv/dead/<rank>": the key a launcher sets when that rank's process died.
 std::string deadKeyOf(const std::string& prefix, int rank);
