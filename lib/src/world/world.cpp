@@ -421,6 +421,12 @@ struct World::Impl {
   // `early` (or once warned), a rank's snapshot from the warning stands for its end.
   std::map<int, RankEnd> gatherEnds(const RankEnd& own, std::chrono::milliseconds wait,
                                     collective::KeyValueStore& store, bool early);
+  // The ends of `ranks` (whose processes were seen to end after gatherEnds looked), read once
+  // more into `ends`: a rank publishes its end before it exits, so one that ended after the
+  // look may have published it in between (chaos --modes hosts --run-seed 432609112: ranks 2
+  // and 5 finished their steps as rank 0 reported at mpirun's warning, and read as crashed).
+  void lookAgain(std::map<int, RankEnd>& ends, const std::vector<int>& ranks,
+                 collective::KeyValueStore& store) const;
   // The signal's thread: hand on what this rank did before the signal ends the process.
   void onSignal(int signal);
   // joinWorld failed with `error` before the world formed: rank 0 reports it (once), or the
@@ -930,6 +936,23 @@ std::map<int, RankEnd> World::Impl::gatherEnds(const RankEnd& own, std::chrono::
   return ends;
 }
 
+void World::Impl::lookAgain(std::map<int, RankEnd>& ends, const std::vector<int>& ranks,
+                            collective::KeyValueStore& store) const {
+  const bool storeUp = !storeWentWithRank0();
+  for (const int rank : ranks) {
+    if (ends.count(rank) != 0) continue;
+    try {
+      std::optional<std::string> text = folder.readResults(rank);
+      if (!text && storeUp && store.check({world::keys::worldEnd(rank)})) {
+        text = store.get(world::keys::worldEnd(rank), kStoreRequest);
+      }
+      if (text) ends[rank] = RankEnd::fromJson(json::parse(*text));
+    } catch (const std::exception& error) {
+      spdlog::debug("hmc world: rank {}'s end, read again: {}", rank, error.what());
+    }
+  }
+}
+
 namespace {
 
 // The furthest program collective a rank with an end failed in (chaos --modes hosts
@@ -1143,13 +1166,18 @@ WorldEnd World::Impl::report(const RankEnd& own, collective::KeyValueStore& stor
                     : own.status == "hang" ? kWaitAfterHang
                                            : options.timeout;
   const auto began = Clock::now();
-  const std::map<int, RankEnd> ends = gatherEnds(own, wait, store, atWarning);
+  std::map<int, RankEnd> ends = gatherEnds(own, wait, store, atWarning);
   const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - began);
   // The ranks whose connections with this one closed (exited, crashed or killed), where the
   // transport can tell, for those that left no end.
   std::vector<int> closed;
   if (static_cast<int>(ends.size()) < size) {
     if (const auto closedPeers = collective::closedPeersOf(transport)) closed = closedPeers();
+    std::vector<int> ended = closed;
+    for (int rank = 0; rank < size; ++rank) {
+      if (folder.ended(rank)) ended.push_back(rank);
+    }
+    lookAgain(ends, ended, store);
   }
   std::optional<diagnostics::JobStatus> status;
   const bool storeGone = storeWentWithRank0();
