@@ -102,15 +102,16 @@ def skipped_close_is_named_at_the_deadline():
 def abort_at_the_deadline_ends_the_waiting_ranks():
     needs_reference()
     port = reserved_port()
-    proc = torchrun(3, ["--skip-close", "2", "--linger", "20"], port,
+    proc = torchrun(3, ["--skip-close", "2", "--linger", "90"], port,
                     environment(HMC_ON_HANG="abort"))
     began = time.monotonic()
     out = finish(proc)
     assert "HMC_ON_HANG=abort: ending this rank (exit status 3)" in out, out
     assert "exitcode  : 3" in out or "exit code 3" in out or "exitcode: 3" in out, out
     assert "rank 2 never arrived" in out, out
-    # torchrun stopped the job once a rank ended with 3: long before rank 2's 20 s linger.
-    assert time.monotonic() - began < 18, f"{time.monotonic() - began:.1f} s:\n{out}"
+    # torchrun stopped the job once a rank ended with 3: long before rank 2's 90 s linger (a
+    # bound on a wait, not a speed: a loaded machine takes 30 s here).
+    assert time.monotonic() - began < 75, f"{time.monotonic() - began:.1f} s:\n{out}"
 
 
 def hooks_find_every_name_they_need():
