@@ -959,21 +959,29 @@ void settleStaleKeys(hmc::detail::StoreTransportState& s, std::uint64_t sequence
 // srun (no launcher of hmc's to announce it) the ranks waited out the deadline, or met the
 // launcher's teardown first and their recordings lost the call they were in (chaos --modes
 // hosts --run-seed 599448387).
+// `seenBefore`: the peers this wait saw closed on an earlier poll.
 void failIfOneClosed(hmc::detail::StoreTransportState& s, const Collective::ClosedPeers& closed,
                      const std::vector<int>& peers, std::uint64_t sequence,
-                     std::string_view stage, int self) {
+                     std::string_view stage, int self, std::vector<int>& seenBefore) {
   if (!closed) return;
   const std::vector<int> gone = closed();
   if (gone.empty()) return;
   const std::vector<int> missing = absentPeers(s, peers, sequence);
   for (const int peer : gone) {
     if (std::find(missing.begin(), missing.end(), peer) == missing.end()) continue;
+    // Seen closed on two polls in a row: a launcher of hmc's own (hmc-run) announces the
+    // rank's end, in better words (its exit status), within a poll; its notice comes first.
+    if (std::find(seenBefore.begin(), seenBefore.end(), peer) == seenBefore.end()) {
+      seenBefore.push_back(peer);
+      continue;
+    }
     const std::string why = fmt::format(
         "its connection to the store's host (rank {}) closed in '{}' #{}: {}", self, stage,
         sequence, hmc::detail::kClosedConnectionWhy);
     try {
-      s.client->set(hmc::detail::deadKeyOf(s.options.prefix, peer),
-                    std::vector<std::uint8_t>(why.begin(), why.end()));
+      // Where absent only: never over a launcher's notice.
+      const std::vector<std::uint8_t> value(why.begin(), why.end());
+      s.client->compareSet(hmc::detail::deadKeyOf(s.options.prefix, peer), {}, value);
       s.client->set(s.options.prefix + "/kv/" + collective::kAnyDeadKey,
                     std::vector<std::uint8_t>{'1'});
     } catch (const std::exception& error) {
@@ -1005,6 +1013,7 @@ void awaitValues(hmc::detail::StoreTransportState& s, const std::vector<int>& pe
     s.reconnectWaiter(context);
   }
   const std::string anyDead = s.options.prefix + "/kv/" + collective::kAnyDeadKey;
+  std::vector<int> seenClosed;  // failIfOneClosed's first sightings
   while (!s.client->check(peerKeys)) {
     if (s.client->check({anyDead})) {
       const std::vector<int> missing = absentPeers(s, peers, sequence);
@@ -1018,7 +1027,7 @@ void awaitValues(hmc::detail::StoreTransportState& s, const std::vector<int>& pe
         }
       }
     }
-    failIfOneClosed(s, closed, peers, sequence, stage, self);
+    failIfOneClosed(s, closed, peers, sequence, stage, self, seenClosed);
     if (Clock::now() >= deadline) {
       const std::vector<int> absent = giveUpOn(s, peers, sequence, self);
       if (!absent.empty()) {
