@@ -333,6 +333,35 @@ TEST_SUITE("teardown") {
     CHECK(report.diagnosis.first->hosts == std::vector<std::string>{"h2"});
   }
 
+  TEST_CASE("a signal before the world formed: a joined rank whose host went silent crashed") {
+    RankPlacement placement{0, 3, "h1", 29510, 0, StoreHost::kRankZero, "mpirun"};
+    hmc::world::JoinState join;
+    join.hosts = {{0, "h1"}, {1, "h2"}, {2, "h3"}};
+    join.unreachable = {2};  // joined, then h3 gave no TCP handshake (probeJoinedHosts)
+    const auto ranks = hmc::world::worldNotFormedResults(placement, SIGTERM, join, "");
+    REQUIRE(ranks.size() == 3);
+    CHECK(ranks[2].crashed);
+    CHECK(ranks[2].host == "h3");
+    CHECK(ranks[2].crashReason->rfind("joined the store at h1:29510, then its host h3 stopped "
+                                      "answering while the world formed", 0) == 0);
+    CHECK_FALSE(ranks[1].crashed);  // had joined; stopped with the world
+    CHECK(ranks[0].crashReason->find("rank 2 joined it, then its host stopped answering") !=
+          std::string::npos);
+  }
+
+  TEST_CASE("the probe of joined ranks' hosts: a host that answers is not silent") {
+    // Loopback answers (a refused connection is an answer): no rank of it is unreachable;
+    // this rank and the ranks already gone are not probed. (A silent host needs a network
+    // that drops packets: the cluster in a box, scripts/chaos --modes hosts.)
+    hmc::world::JoinState join;
+    join.hosts = {{0, "h1"}, {1, "h1"}, {2, "h2"}};
+    // Port 1: nothing listens there on loopback (refused).
+    join.ends = {{0, "127.0.0.1:1"}, {1, "127.0.0.1:1"}, {2, "127.0.0.1:2"}};
+    join.gone = {2};
+    hmc::world::probeJoinedHosts(join, 0, std::chrono::milliseconds(300));
+    CHECK(join.unreachable.empty());
+  }
+
   TEST_CASE("a signal before the world formed, its store unreadable: nobody called crashed") {
     // The store is a launcher agent's (torchrun): nothing listens, so who had joined is not
     // known.

@@ -4,11 +4,13 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <condition_variable>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
+#include <sys/socket.h>
 #include <thread>
 
 #include "hmc/collective/store_transport.hpp"
@@ -69,6 +71,9 @@ JoinState readJoinStateFrom(collective::KeyValueStore& kv, const RankPlacement& 
       if (rank != placement.rank) joined.push_back(rank);
     }
     state.gone = table.ended(kv, joined);
+    for (const int rank : joined) {
+      if (auto end = table.endOf(rank)) state.ends[rank] = std::move(*end);
+    }
   }
   return state;
 }
@@ -152,6 +157,51 @@ void JoinWatch::watch() {
   }
 }
 
+void probeJoinedHosts(JoinState& state, int self, std::chrono::milliseconds within) {
+  std::map<std::string, std::vector<int>> byAddress;  // the end's address: its ranks
+  std::map<std::string, int> portOf;
+  for (const auto& [rank, end] : state.ends) {
+    if (rank == self || std::find(state.gone.begin(), state.gone.end(), rank) != state.gone.end())
+      continue;
+    const auto colon = end.rfind(':');
+    if (colon == std::string::npos) continue;
+    const std::string address = end.substr(0, colon);
+    byAddress[address].push_back(rank);
+    portOf[address] = std::atoi(end.c_str() + colon + 1);
+  }
+  // One handshake per host, all at once under one deadline: the report has about a second.
+  const auto by = Clock::now() + within;
+  std::vector<std::pair<std::string, std::vector<hmc::detail::SocketAddress>>> probes;
+  for (const auto& [address, ranks] : byAddress) {
+    probes.emplace_back(address, hmc::detail::resolveAddresses(address, portOf[address]));
+  }
+  std::vector<char> answered(probes.size(), 0);
+  std::vector<std::thread> threads;
+  for (std::size_t i = 0; i < probes.size(); ++i) {
+    threads.emplace_back([&, i] {
+      for (const auto& resolved : probes[i].second) {
+        hmc::detail::Fd socket{
+            ::socket(resolved.family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0)};
+        if (socket.fd < 0) continue;
+        // Connected, or refused (its kernel answered: nothing listens at a connection's end).
+        const int error = hmc::detail::connectBy(socket.fd, resolved, by);
+        if (error == 0 || error == ECONNREFUSED) {
+          answered[i] = 1;
+          return;
+        }
+      }
+      if (probes[i].second.empty()) answered[i] = 1;  // not resolved: nothing to judge by
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  for (std::size_t i = 0; i < probes.size(); ++i) {
+    if (answered[i]) continue;
+    const auto& ranks = byAddress[probes[i].first];
+    state.unreachable.insert(state.unreachable.end(), ranks.begin(), ranks.end());
+  }
+  std::sort(state.unreachable.begin(), state.unreachable.end());
+}
+
 std::vector<scenario::RankResult> worldNotFormedResults(const RankPlacement& placement,
                                                         int signal,
                                                         const std::optional<JoinState>& join,
@@ -186,6 +236,14 @@ std::vector<scenario::RankResult> worldNotFormedResults(const RankPlacement& pla
                              : fmt::format("ranks {}", collective::formatRankList(join->gone)),
                          join->gone.size() == 1 ? "its host" : "their hosts");
   }
+  if (join && !join->unreachable.empty()) {
+    known += fmt::format("; {} joined it, then {} stopped answering (down or cut off)",
+                         join->unreachable.size() == 1
+                             ? fmt::format("rank {}", join->unreachable.front())
+                             : fmt::format("ranks {}",
+                                           collective::formatRankList(join->unreachable)),
+                         join->unreachable.size() == 1 ? "its host" : "their hosts");
+  }
   std::vector<scenario::RankResult> results(static_cast<std::size_t>(placement.worldSize));
   for (int rank = 0; rank < placement.worldSize; ++rank) {
     scenario::RankResult& result = results[static_cast<std::size_t>(rank)];
@@ -213,6 +271,15 @@ std::vector<scenario::RankResult> worldNotFormedResults(const RankPlacement& pla
       result.crashReason = fmt::format(
           "joined the store at {}, then every connection from its host {} to it closed while "
           "the world formed: its process ended (killed or crashed), or its host went down",
+          store, result.host);
+    } else if (join && std::find(join->unreachable.begin(), join->unreachable.end(), rank) !=
+                           join->unreachable.end()) {
+      result.stopped = false;
+      result.crashed = true;
+      result.host = join->hosts.at(rank);
+      result.crashReason = fmt::format(
+          "joined the store at {}, then its host {} stopped answering while the world formed (no "
+          "TCP handshake): it went down or was cut off",
           store, result.host);
     } else if (join) {
       result.host = join->hosts.count(rank) != 0 ? join->hosts.at(rank) : std::string();
@@ -398,6 +465,7 @@ void TerminationHandOff::report(int signal, bool early,
     // Read a moment ago (a read now may outlast mpirun's SIGKILL), else now.
     std::optional<JoinState> join = watch ? watch->latest(std::chrono::seconds(1)) : std::nullopt;
     if (!join) join = readJoinState(placement, &problem);
+    if (join) probeJoinedHosts(*join, placement.rank, kHostProbe);
     std::vector<std::vector<scenario::RankResult>> merged{
         worldNotFormedResults(placement, signal, join, problem)};
     if (early) {

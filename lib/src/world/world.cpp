@@ -1392,16 +1392,21 @@ void reportStoppedJoin(const JoinOptions& options, const world::RankPlacement& p
                    options.name, placement.masterAddr, placement.masterPort, problem);
     }
   }
+  if (join) world::probeJoinedHosts(*join, placement.rank, world::kHostProbe);
   const std::string store = fmt::format("{}:{}", placement.masterAddr, placement.masterPort);
   diagnostics::FirstFailure first;
-  first.kind = std::string(join && !join->gone.empty() ? diagnostics::kCrash
-                                                       : diagnostics::kStopped);
+  std::vector<int> lost;  // joined, then their processes ended or their hosts went silent
+  if (join) {
+    lost = join->gone;
+    lost.insert(lost.end(), join->unreachable.begin(), join->unreachable.end());
+  }
+  first.kind = std::string(!lost.empty() ? diagnostics::kCrash : diagnostics::kStopped);
   first.stage = "join";
   if (join) {
     first.ranks = join->missing;
-    first.ranks.insert(first.ranks.end(), join->gone.begin(), join->gone.end());
+    first.ranks.insert(first.ranks.end(), lost.begin(), lost.end());
     std::sort(first.ranks.begin(), first.ranks.end());
-    for (const int rank : join->gone) {
+    for (const int rank : lost) {
       const std::string& host = join->hosts.at(rank);
       if (std::find(first.hosts.begin(), first.hosts.end(), host) == first.hosts.end()) {
         first.hosts.push_back(host);
@@ -1413,7 +1418,7 @@ void reportStoppedJoin(const JoinOptions& options, const world::RankPlacement& p
   std::string known;
   if (!join) {
     known = "which ranks had joined is not known (the store did not answer)";
-  } else if (join->missing.empty() && join->gone.empty()) {
+  } else if (join->missing.empty() && lost.empty()) {
     known = "every rank had joined the store";
   } else {
     std::vector<std::string> parts;
@@ -1428,6 +1433,20 @@ void reportStoppedJoin(const JoinOptions& options, const world::RankPlacement& p
           join->gone.size() == 1 ? "rank" : "ranks",
           join->gone.size() == 1 ? named.front() : fmt::format("[{}]", fmt::join(named, ", ")),
           store, join->gone.size() == 1 ? "its host" : "their hosts"));
+    }
+    if (!join->unreachable.empty()) {
+      std::vector<std::string> named;
+      for (const int rank : join->unreachable) {
+        named.push_back(fmt::format("{} (host {})", rank, join->hosts.at(rank)));
+      }
+      parts.push_back(fmt::format(
+          "{} {} joined the store at {}, then {} stopped answering (no TCP handshake within "
+          "{:g} s: down or cut off)",
+          join->unreachable.size() == 1 ? "rank" : "ranks",
+          join->unreachable.size() == 1 ? named.front()
+                                        : fmt::format("[{}]", fmt::join(named, ", ")),
+          store, join->unreachable.size() == 1 ? "its host" : "their hosts",
+          std::chrono::duration<double>(world::kHostProbe).count()));
     }
     if (join->storeNotUp) {
       parts.push_back(fmt::format(

@@ -122,6 +122,11 @@ class LivenessTable {
   // in the store yet, or could not be read from it, is left out); empty where the TCP table
   // cannot be read.
   std::vector<int> ended(KeyValueStore& kv, const std::vector<int>& ranks);
+  // Rank `rank`'s liveness end ("address:port") as read by ended(), if it was.
+  std::optional<std::string> endOf(int rank) const {
+    const auto it = ends_.find(rank);
+    return it == ends_.end() ? std::nullopt : std::optional<std::string>(it->second);
+  }
 
  private:
   int port_;

@@ -99,12 +99,26 @@ struct JoinState {
   // ranks that had joined and whose liveness connection to the store (address/<rank>) is no
   // longer established: their processes ended after they joined.
   std::vector<int> gone;
+  // The joined ranks' liveness ends ("address:port", where read) and, once
+  // probeJoinedHosts ran, the joined ranks (not `gone`) whose host did not answer a TCP
+  // handshake: down or cut off, its processes' connections still open on this side.
+  std::map<int, std::string> ends;
+  std::vector<int> unreachable;
   // This process hosts the store and nothing answered at its port: it had not started its
   // store yet (its ranks load LibTorch first), so no rank can have joined; `missing` holds
   // every other rank.
   bool storeNotUp = false;
 };
 std::optional<JoinState> readJoinState(const RankPlacement& placement, std::string* problem);
+// At the report of a world that did not form: each host of a joined rank that is not `gone`
+// gets one TCP handshake (to that rank's liveness end; a refused connection is an answer);
+// the ranks of a host that gives none within `within` go to `unreachable` (a host lost
+// during the join, its cable cut before its processes died: chaos --modes hosts --run-seed
+// 1942532273, 1742360719).
+void probeJoinedHosts(JoinState& state, int self, std::chrono::milliseconds within);
+// The handshake's bound: a host that is up answers within milliseconds, however loaded; the
+// report has about a second before mpirun's SIGKILL.
+inline constexpr std::chrono::milliseconds kHostProbe{300};
 
 // Rank 0 while its world forms: who has joined its store, read every kInterval on a thread of
 // its own (one connection, made once the store answers; a rank seen joined is not asked
