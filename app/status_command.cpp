@@ -98,10 +98,14 @@ void printTable(const diagnostics::JobStatus& status, double elapsedS) {
                   : fmt::format("{} ({})", beat.current->stage, beat.current->status);
       sequence = std::to_string(beat.current->sequence);
     }
+    // "(step N)" within a scenario's steps; a program's collectives, and a scenario's after
+    // its steps, have none (-1, which said nothing).
     const std::string last =
-        beat.lastCompleted ? fmt::format("'{}' #{} (step {})", beat.lastCompleted->stage,
-                                         beat.lastCompleted->sequence, beat.lastCompleted->step)
-                           : std::string("-");
+        !beat.lastCompleted ? std::string("-")
+        : beat.lastCompleted->step < 0
+            ? fmt::format("'{}' #{}", beat.lastCompleted->stage, beat.lastCompleted->sequence)
+            : fmt::format("'{}' #{} (step {})", beat.lastCompleted->stage,
+                          beat.lastCompleted->sequence, beat.lastCompleted->step);
     // Where it runs ("-": a heartbeat of an older hmc-run names no host).
     const std::string where =
         beat.host.empty() ? std::string("-") : fmt::format("{}:{}", printable(beat.host), beat.pid);
