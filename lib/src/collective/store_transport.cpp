@@ -431,9 +431,7 @@ c10::intrusive_ptr<c10d::TCPStore> connectTcpStore(
     if (joining) {
       // The first request of a connection that forms the world may wait as long as the join
       // may (a server paused or cut off for less than that is late, not gone); see joinWorld.
-      boundReads(*store, std::max(std::chrono::ceil<std::chrono::milliseconds>(
-                                      deadline - Clock::now()),
-                                  std::chrono::milliseconds(1)));
+      boundReads(*store, collective::remainingUntil(deadline));
     }
     boundReads(*store, readTimeout.value_or(options.timeout));
   } catch (const Error&) {
@@ -545,10 +543,6 @@ void joinWorld(c10d::TCPStore& store, const StoreTransportOptions& options,
   // as the read deadline a 4.5 s partition of h2 (deadline 3 s) failed rank 2's join with
   // "Socket Timeout", and the program aborted (chaos --modes hosts --run-seed 2050791164).
   // Back to the collective deadline once the world has formed.
-  const auto joinLeft = [&] {
-    return std::max(std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()),
-                    std::chrono::milliseconds(1));
-  };
   const std::string kv = options.prefix + "/kv/";
   const std::string countKey = kv + collective::kJoinedCountKey;
   // Added to the count by the hosting rank when its deadline passes; acknowledged in seenKey.
@@ -563,7 +557,7 @@ void joinWorld(c10d::TCPStore& store, const StoreTransportOptions& options,
     return missing;
   };
   try {
-    boundReads(store, joinLeft());
+    boundReads(store, collective::remainingUntil(deadline));
     // Its liveness connection's end ("address:port"): the hosting rank tells from its TCP
     // table which ranks' processes have ended (StoreTransport::closedPeers).
     if (!liveness.empty()) {

@@ -229,20 +229,21 @@ std::vector<scenario::RankResult> worldNotFormedResults(const RankPlacement& pla
                         others.size() == 1 ? "rank" : "ranks", collective::formatRankList(others),
                         store);
   }
+  // "rank 3 ... its host" or "ranks [2, 3] ... their hosts".
+  const auto who = [](const std::vector<int>& ranks) {
+    return ranks.size() == 1 ? fmt::format("rank {}", ranks.front())
+                             : fmt::format("ranks {}", collective::formatRankList(ranks));
+  };
+  const auto whose = [](const std::vector<int>& ranks) {
+    return ranks.size() == 1 ? "its host" : "their hosts";
+  };
   if (join && !join->gone.empty()) {
     known += fmt::format("; {} joined it, then every connection from {} to it closed",
-                         join->gone.size() == 1
-                             ? fmt::format("rank {}", join->gone.front())
-                             : fmt::format("ranks {}", collective::formatRankList(join->gone)),
-                         join->gone.size() == 1 ? "its host" : "their hosts");
+                         who(join->gone), whose(join->gone));
   }
   if (join && !join->unreachable.empty()) {
     known += fmt::format("; {} joined it, then {} stopped answering (down or cut off)",
-                         join->unreachable.size() == 1
-                             ? fmt::format("rank {}", join->unreachable.front())
-                             : fmt::format("ranks {}",
-                                           collective::formatRankList(join->unreachable)),
-                         join->unreachable.size() == 1 ? "its host" : "their hosts");
+                         who(join->unreachable), whose(join->unreachable));
   }
   std::vector<scenario::RankResult> results(static_cast<std::size_t>(placement.worldSize));
   for (int rank = 0; rank < placement.worldSize; ++rank) {
@@ -253,6 +254,9 @@ std::vector<scenario::RankResult> worldNotFormedResults(const RankPlacement& pla
     const bool missing = std::find(others.begin(), others.end(), rank) != others.end();
     const bool gone = join && std::find(join->gone.begin(), join->gone.end(), rank) !=
                                   join->gone.end();
+    const bool unreachable =
+        join && std::find(join->unreachable.begin(), join->unreachable.end(), rank) !=
+                    join->unreachable.end();
     if (rank == self) {
       result.host = hostName();
       result.pid = processId();
@@ -264,23 +268,19 @@ std::vector<scenario::RankResult> worldNotFormedResults(const RankPlacement& pla
           "process ended, never started, or is on a host that went down; {} stops every rank "
           "when one of its processes ends: its output names the one that ended first",
           store, self, stop, launcher);
-    } else if (gone) {
+    } else if (gone || unreachable) {
+      // Joined, then lost: its process ended (its connections closed), or its host went silent.
       result.stopped = false;
       result.crashed = true;
       result.host = join->hosts.at(rank);
-      result.crashReason = fmt::format(
-          "joined the store at {}, then every connection from its host {} to it closed while "
-          "the world formed: its process ended (killed or crashed), or its host went down",
-          store, result.host);
-    } else if (join && std::find(join->unreachable.begin(), join->unreachable.end(), rank) !=
-                           join->unreachable.end()) {
-      result.stopped = false;
-      result.crashed = true;
-      result.host = join->hosts.at(rank);
-      result.crashReason = fmt::format(
-          "joined the store at {}, then its host {} stopped answering while the world formed (no "
-          "TCP handshake): it went down or was cut off",
-          store, result.host);
+      result.crashReason =
+          gone ? fmt::format("joined the store at {}, then every connection from its host {} to "
+                             "it closed while the world formed: its process ended (killed or "
+                             "crashed), or its host went down",
+                             store, result.host)
+               : fmt::format("joined the store at {}, then its host {} stopped answering while "
+                             "the world formed (no TCP handshake): it went down or was cut off",
+                             store, result.host);
     } else if (join) {
       result.host = join->hosts.count(rank) != 0 ? join->hosts.at(rank) : std::string();
       result.crashReason = fmt::format(

@@ -427,6 +427,11 @@ struct World::Impl {
   // and 5 finished their steps as rank 0 reported at mpirun's warning, and read as crashed).
   void lookAgain(std::map<int, RankEnd>& ends, const std::vector<int>& ranks,
                  collective::KeyValueStore& store) const;
+  // Rank `rank`'s end document, where it is there: this node's evidence folder first, then
+  // `store` (none: the folder alone); `early`: else its snapshot from Open MPI's warning, in
+  // the same order. The store's errors propagate.
+  std::optional<std::string> endText(int rank, collective::KeyValueStore* store,
+                                     bool early) const;
   // The signal's thread: hand on what this rank did before the signal ends the process.
   void onSignal(int signal);
   // joinWorld failed with `error` before the world formed: rank 0 reports it (once), or the
@@ -865,16 +870,8 @@ std::map<int, RankEnd> World::Impl::gatherEnds(const RankEnd& own, std::chrono::
   };
   // Rank `rank`'s end, if it is there yet: its own end, else (early) its snapshot.
   const auto look = [&](int rank) {
-    if (auto text = folder.readResults(rank); text) return take(rank, *text);
-    if (early) {
-      if (auto text = folder.readResults(rank, true); text) return take(rank, *text);
-    }
-    if (!storeUp) return;
     try {
-      for (const auto& key : {world::keys::worldEnd(rank),
-                              early ? world::keys::worldEndAtWarning(rank) : std::string()}) {
-        if (!key.empty() && store.check({key})) return take(rank, store.get(key, kStoreRequest));
-      }
+      if (auto text = endText(rank, storeUp ? &store : nullptr, early)) take(rank, *text);
     } catch (const std::exception& error) {
       storeFailed(error);
     }
@@ -936,17 +933,27 @@ std::map<int, RankEnd> World::Impl::gatherEnds(const RankEnd& own, std::chrono::
   return ends;
 }
 
+std::optional<std::string> World::Impl::endText(int rank, collective::KeyValueStore* store,
+                                                bool early) const {
+  if (auto text = folder.readResults(rank)) return text;
+  if (early) {
+    if (auto text = folder.readResults(rank, true)) return text;
+  }
+  if (store == nullptr) return std::nullopt;
+  for (const auto& key : {world::keys::worldEnd(rank),
+                          early ? world::keys::worldEndAtWarning(rank) : std::string()}) {
+    if (!key.empty() && store->check({key})) return store->get(key, kStoreRequest);
+  }
+  return std::nullopt;
+}
+
 void World::Impl::lookAgain(std::map<int, RankEnd>& ends, const std::vector<int>& ranks,
                             collective::KeyValueStore& store) const {
-  const bool storeUp = !storeWentWithRank0();
+  collective::KeyValueStore* const up = storeWentWithRank0() ? nullptr : &store;
   for (const int rank : ranks) {
     if (ends.count(rank) != 0) continue;
     try {
-      std::optional<std::string> text = folder.readResults(rank);
-      if (!text && storeUp && store.check({world::keys::worldEnd(rank)})) {
-        text = store.get(world::keys::worldEnd(rank), kStoreRequest);
-      }
-      if (text) ends[rank] = RankEnd::fromJson(json::parse(*text));
+      if (auto text = endText(rank, up, false)) ends[rank] = RankEnd::fromJson(json::parse(*text));
     } catch (const std::exception& error) {
       spdlog::debug("hmc world: rank {}'s end, read again: {}", rank, error.what());
     }
@@ -1422,30 +1429,29 @@ void reportStoppedJoin(const JoinOptions& options, const world::RankPlacement& p
     known = "every rank had joined the store";
   } else {
     std::vector<std::string> parts;
-    if (!join->gone.empty()) {
+    // "rank 3 (host h2) ... its host" or "ranks [2 (host h2), 3 (host h2)] ... their hosts".
+    const auto withHosts = [&](const std::vector<int>& ranks) {
       std::vector<std::string> named;
-      for (const int rank : join->gone) {
+      for (const int rank : ranks) {
         named.push_back(fmt::format("{} (host {})", rank, join->hosts.at(rank)));
       }
+      return ranks.size() == 1 ? fmt::format("rank {}", named.front())
+                               : fmt::format("ranks [{}]", fmt::join(named, ", "));
+    };
+    const auto whose = [](const std::vector<int>& ranks) {
+      return ranks.size() == 1 ? "its host" : "their hosts";
+    };
+    if (!join->gone.empty()) {
       parts.push_back(fmt::format(
-          "{} {} joined the store at {}, then every connection from {} to it closed (a "
-          "process that ends closes them: killed, crashed, or its host went down)",
-          join->gone.size() == 1 ? "rank" : "ranks",
-          join->gone.size() == 1 ? named.front() : fmt::format("[{}]", fmt::join(named, ", ")),
-          store, join->gone.size() == 1 ? "its host" : "their hosts"));
+          "{} joined the store at {}, then every connection from {} to it closed (a process "
+          "that ends closes them: killed, crashed, or its host went down)",
+          withHosts(join->gone), store, whose(join->gone)));
     }
     if (!join->unreachable.empty()) {
-      std::vector<std::string> named;
-      for (const int rank : join->unreachable) {
-        named.push_back(fmt::format("{} (host {})", rank, join->hosts.at(rank)));
-      }
       parts.push_back(fmt::format(
-          "{} {} joined the store at {}, then {} stopped answering (no TCP handshake within "
-          "{:g} s: down or cut off)",
-          join->unreachable.size() == 1 ? "rank" : "ranks",
-          join->unreachable.size() == 1 ? named.front()
-                                        : fmt::format("[{}]", fmt::join(named, ", ")),
-          store, join->unreachable.size() == 1 ? "its host" : "their hosts",
+          "{} joined the store at {}, then {} stopped answering (no TCP handshake within {:g} s: "
+          "down or cut off)",
+          withHosts(join->unreachable), store, whose(join->unreachable),
           std::chrono::duration<double>(world::kHostProbe).count()));
     }
     if (join->storeNotUp) {
